@@ -1,0 +1,325 @@
+//! The decode loop: prompt → tokens → text, with llama-server's semantics for
+//! stop strings, UTF-8 split across tokens, end-of-generation and cancellation.
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::error::EngineError;
+use crate::llama::{Batch, Context, Sampler, SamplingParams};
+
+/// What to generate.
+#[derive(Debug, Clone, Default)]
+pub struct GenerateParams {
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (`None` = until end of generation or a full context).
+    pub max_tokens: Option<u32>,
+    /// Generation ends before the first occurrence of any of these strings,
+    /// which is not returned (matched on text, so also across token boundaries).
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+/// Wall-clock timings of one generation, measured around llama.cpp calls.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    pub prompt_eval_seconds: f64,
+    pub generated_tokens: usize,
+    pub eval_seconds: f64,
+}
+
+impl Timings {
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        rate(self.prompt_tokens, self.prompt_eval_seconds)
+    }
+    /// Decode speed over the tokens after the first (the first is sampled from the prompt's logits).
+    pub fn eval_tokens_per_second(&self) -> f64 {
+        rate(self.generated_tokens.saturating_sub(1), self.eval_seconds)
+    }
+}
+
+fn rate(n: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// The result of [`generate`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    pub text: String,
+    /// Every sampled token, including an end-of-generation token if one ended it.
+    pub tokens: Vec<i32>,
+    pub finish_reason: FinishReason,
+    pub timings: Timings,
+}
+
+/// Decodes `prompt` into sequence `seq` of `ctx` (whose KV cache for `seq`
+/// must be empty) and samples until end of generation, a stop string,
+/// `max_tokens`, a full context, or `on_text` returning `false`.
+/// `on_text` receives the text as it becomes final: whole UTF-8 characters,
+/// never a prefix of a stop string that may still complete.
+pub fn generate(
+    ctx: &mut Context,
+    seq: i32,
+    prompt: &[i32],
+    params: &GenerateParams,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Completion, EngineError> {
+    let n_ctx = ctx.n_ctx();
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidArgument("the prompt is empty".into()));
+    }
+    if prompt.len() >= n_ctx as usize {
+        return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), n_ctx });
+    }
+    let model = ctx.model().clone();
+    let mut sampler = Sampler::new(&params.sampling, model.n_vocab(), n_ctx)?;
+    for &t in prompt {
+        sampler.accept(t);
+    }
+
+    let mut timings = Timings { prompt_tokens: prompt.len(), ..Default::default() };
+    let started = Instant::now();
+    let mut last_row = decode_prompt(ctx, seq, prompt)?;
+    timings.prompt_eval_seconds = started.elapsed().as_secs_f64();
+
+    let mut text = TextStream::new(&params.stop);
+    let mut tokens = Vec::new();
+    let mut pos = prompt.len() as i32;
+    let mut batch = Batch::new(1);
+    let mut eval = Duration::ZERO;
+    let max_tokens = params.max_tokens.map_or(usize::MAX, |m| m as usize);
+    let finish = loop {
+        if tokens.len() >= max_tokens {
+            break FinishReason::Length;
+        }
+        let token = sampler.sample(ctx, last_row);
+        tokens.push(token);
+        if model.is_eog(token) {
+            break FinishReason::Stop;
+        }
+        let (emitted, stopped) = text.push(&model.token_to_bytes(token, false));
+        if !emitted.is_empty() && !on_text(&emitted) {
+            break FinishReason::Cancelled;
+        }
+        if stopped {
+            break FinishReason::Stop;
+        }
+        if tokens.len() >= max_tokens {
+            break FinishReason::Length;
+        }
+        if pos as u32 + 1 >= n_ctx {
+            break FinishReason::Length;
+        }
+        let step = Instant::now();
+        batch.clear();
+        last_row = batch.push(token, pos, seq, true)?;
+        ctx.decode(&batch)?;
+        eval += step.elapsed();
+        pos += 1;
+    };
+    if finish != FinishReason::Cancelled {
+        let rest = text.finish();
+        if !rest.is_empty() {
+            on_text(&rest);
+        }
+    }
+    timings.generated_tokens = tokens.len();
+    timings.eval_seconds = eval.as_secs_f64();
+    Ok(Completion { text: text.into_text(), tokens, finish_reason: finish, timings })
+}
+
+/// Decodes a prompt in chunks of the context's batch size; returns the batch
+/// row holding the last token's logits.
+fn decode_prompt(ctx: &mut Context, seq: i32, prompt: &[i32]) -> Result<i32, EngineError> {
+    let n_batch = ctx.n_batch().max(1) as usize;
+    let mut batch = Batch::new(n_batch.min(prompt.len()));
+    let mut last_row = 0;
+    for (chunk_index, chunk) in prompt.chunks(n_batch).enumerate() {
+        batch.clear();
+        let base = chunk_index * n_batch;
+        for (i, &t) in chunk.iter().enumerate() {
+            let is_last = base + i + 1 == prompt.len();
+            let row = batch.push(t, (base + i) as i32, seq, is_last)?;
+            if is_last {
+                last_row = row;
+            }
+        }
+        ctx.decode(&batch)?;
+    }
+    Ok(last_row)
+}
+
+/// Turns token bytes into text: holds back an incomplete UTF-8 character and
+/// any tail that could still become a stop string.
+pub struct TextStream {
+    stop: Vec<String>,
+    pending_bytes: Vec<u8>,
+    /// Text decoded but not yet released (may be the start of a stop string).
+    held: String,
+    emitted: String,
+    stopped: bool,
+}
+
+impl TextStream {
+    pub fn new(stop: &[String]) -> Self {
+        TextStream {
+            stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            pending_bytes: Vec::new(),
+            held: String::new(),
+            emitted: String::new(),
+            stopped: false,
+        }
+    }
+
+    /// Adds a token's bytes; returns the text now final and whether a stop
+    /// string was reached (the text before it is returned, the rest dropped).
+    pub fn push(&mut self, bytes: &[u8]) -> (String, bool) {
+        if self.stopped {
+            return (String::new(), true);
+        }
+        self.pending_bytes.extend_from_slice(bytes);
+        let valid = valid_utf8_prefix(&self.pending_bytes);
+        let decoded = String::from_utf8_lossy(&self.pending_bytes[..valid]).into_owned();
+        self.pending_bytes.drain(..valid);
+        self.held.push_str(&decoded);
+
+        if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            self.held.truncate(at);
+            self.stopped = true;
+            self.pending_bytes.clear();
+            return (self.release(self.held.len()), true);
+        }
+        let keep = self.partial_stop_suffix();
+        (self.release(self.held.len() - keep), false)
+    }
+
+    /// Releases whatever is held (end of generation): a partial stop string is
+    /// then just text, and stray bytes of a broken character become U+FFFD.
+    pub fn finish(&mut self) -> String {
+        if !self.stopped && !self.pending_bytes.is_empty() {
+            let tail = String::from_utf8_lossy(&self.pending_bytes).into_owned();
+            self.held.push_str(&tail);
+            self.pending_bytes.clear();
+        }
+        self.release(self.held.len())
+    }
+
+    /// All text released so far.
+    pub fn into_text(self) -> String {
+        self.emitted
+    }
+
+    fn release(&mut self, n: usize) -> String {
+        let out: String = self.held.drain(..n).collect();
+        self.emitted.push_str(&out);
+        out
+    }
+
+    /// Length of the longest tail of `held` that is a proper prefix of a stop string.
+    fn partial_stop_suffix(&self) -> usize {
+        let mut longest = 0;
+        for stop in &self.stop {
+            for (i, _) in stop.char_indices().skip(1) {
+                if i > longest && self.held.ends_with(&stop[..i]) {
+                    longest = i;
+                }
+            }
+        }
+        longest
+    }
+}
+
+/// Length of the longest prefix of `bytes` that is valid UTF-8 or ends in
+/// invalid bytes that can never become valid (those are decoded lossily);
+/// only an incomplete final character is held back.
+fn valid_utf8_prefix(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => bytes.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stop: &[&str], pieces: &[&[u8]]) -> (Vec<String>, bool, String) {
+        let stop: Vec<String> = stop.iter().map(|s| s.to_string()).collect();
+        let mut s = TextStream::new(&stop);
+        let mut out = Vec::new();
+        let mut stopped = false;
+        for p in pieces {
+            let (text, st) = s.push(p);
+            out.push(text);
+            if st {
+                stopped = true;
+                break;
+            }
+        }
+        if !stopped {
+            out.push(s.finish());
+        }
+        (out, stopped, s.into_text())
+    }
+
+    #[test]
+    fn utf8_character_split_across_tokens_is_held_until_complete() {
+        let euro = "€".as_bytes(); // 3 bytes
+        let (out, _, text) = run(&[], &[b"a", &euro[..1], &euro[1..2], &euro[2..], b"b"]);
+        assert_eq!(out, vec!["a", "", "", "€", "b", ""]);
+        assert_eq!(text, "a€b");
+    }
+
+    #[test]
+    fn stop_string_split_across_tokens_is_not_emitted() {
+        let (out, stopped, text) = run(&["</end>"], &[b"hello </", b"en", b"d> more"]);
+        assert!(stopped);
+        assert_eq!(out, vec!["hello ", "", ""]);
+        assert_eq!(text, "hello ");
+    }
+
+    #[test]
+    fn partial_stop_prefix_is_released_when_it_does_not_complete() {
+        let (out, stopped, text) = run(&["STOP"], &[b"a ST", b"ART"]);
+        assert!(!stopped);
+        assert_eq!(out, vec!["a ", "START", ""]);
+        assert_eq!(text, "a START");
+    }
+
+    #[test]
+    fn earliest_of_several_stop_strings_wins() {
+        let (_, stopped, text) = run(&["world", "lo w"], &[b"hello world"]);
+        assert!(stopped);
+        assert_eq!(text, "hel");
+    }
+
+    #[test]
+    fn held_prefix_released_at_end_of_generation() {
+        let (out, stopped, text) = run(&["\n\n"], &[b"line\n"]);
+        assert!(!stopped);
+        assert_eq!(out, vec!["line", "\n"]);
+        assert_eq!(text, "line\n");
+    }
+
+    #[test]
+    fn invalid_bytes_do_not_stall_the_stream() {
+        let (_, _, text) = run(&[], &[&[0xff], b"ok"]);
+        assert_eq!(text, "\u{fffd}ok");
+    }
+}

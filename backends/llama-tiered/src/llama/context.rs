@@ -1,0 +1,262 @@
+//! Inference contexts (KV cache + compute state) and token batches.
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hypura_llama_sys as sys;
+
+use super::model::Model;
+use crate::error::EngineError;
+
+/// Options for [`Context::new`].
+#[derive(Debug, Clone)]
+pub struct ContextParams {
+    /// Context length in tokens, shared by all sequences (`0` = the model's training length).
+    pub n_ctx: u32,
+    /// Most tokens submitted in one [`Context::decode`] call.
+    pub n_batch: u32,
+    /// Most sequences decoded together.
+    pub n_seq_max: u32,
+    /// Threads for decoding (`0` = one per available core).
+    pub n_threads: u32,
+    /// Compute embeddings instead of (or beside) logits.
+    pub embeddings: bool,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams { n_ctx: 4096, n_batch: 512, n_seq_max: 1, n_threads: 0, embeddings: false }
+    }
+}
+
+/// Timings llama.cpp kept for a context since its last reset, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PerfTimings {
+    pub load_ms: f64,
+    pub prompt_eval_ms: f64,
+    pub prompt_tokens: u32,
+    pub eval_ms: f64,
+    pub eval_tokens: u32,
+}
+
+/// One llama.cpp context over a shared [`Model`]. Not shareable between
+/// threads at once (decoding mutates it), but movable to another thread.
+pub struct Context {
+    raw: NonNull<sys::llama_context>,
+    // Kept boxed so its address, handed to llama.cpp's abort callback, is stable.
+    abort: Box<Arc<AtomicBool>>,
+    n_vocab: usize,
+    model: Arc<Model>,
+}
+
+// SAFETY: a context is used by one thread at a time (`&mut self` for every
+// mutating call); llama.cpp has no thread affinity.
+unsafe impl Send for Context {}
+
+unsafe extern "C" fn abort_trampoline(data: *mut c_void) -> bool {
+    // SAFETY: `data` points at the boxed `Arc<AtomicBool>` owned by the context,
+    // which outlives every decode call.
+    let flag = unsafe { &*(data as *const Arc<AtomicBool>) };
+    flag.load(Ordering::Relaxed)
+}
+
+pub fn default_threads() -> u32 {
+    std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(4)
+}
+
+impl Context {
+    pub fn new(model: Arc<Model>, params: &ContextParams) -> Result<Context, EngineError> {
+        if params.n_batch == 0 || params.n_seq_max == 0 {
+            return Err(EngineError::InvalidArgument("n_batch and n_seq_max must be at least 1".into()));
+        }
+        let abort = Box::new(Arc::new(AtomicBool::new(false)));
+        let threads = if params.n_threads == 0 { default_threads() } else { params.n_threads } as i32;
+        // SAFETY: returns a plain struct of defaults.
+        let mut raw_params = unsafe { sys::llama_context_default_params() };
+        raw_params.n_ctx = params.n_ctx;
+        raw_params.n_batch = params.n_batch;
+        raw_params.n_ubatch = params.n_batch.min(512);
+        raw_params.n_seq_max = params.n_seq_max;
+        raw_params.n_threads = threads;
+        raw_params.n_threads_batch = threads;
+        raw_params.embeddings = params.embeddings;
+        raw_params.no_perf = false;
+        raw_params.abort_callback = Some(abort_trampoline);
+        raw_params.abort_callback_data = &*abort as *const Arc<AtomicBool> as *mut c_void;
+        // SAFETY: the model is alive (we keep an Arc); the abort data outlives the context.
+        let raw = unsafe { sys::llama_init_from_model(model.as_ptr(), raw_params) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            EngineError::Context(format!(
+                "llama.cpp could not create a context of {} tokens (out of memory?)",
+                params.n_ctx
+            ))
+        })?;
+        let n_vocab = model.n_vocab();
+        Ok(Context { raw, abort, n_vocab, model })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Context length in tokens.
+    pub fn n_ctx(&self) -> u32 {
+        // SAFETY: the context is alive.
+        unsafe { sys::llama_n_ctx(self.raw.as_ptr()) }
+    }
+
+    pub fn n_batch(&self) -> u32 {
+        // SAFETY: the context is alive.
+        unsafe { sys::llama_n_batch(self.raw.as_ptr()) }
+    }
+
+    /// A flag that, once set, makes the running and every later
+    /// [`Context::decode`] fail with [`EngineError::Cancelled`] until cleared.
+    pub fn abort_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.abort)
+    }
+
+    /// Runs the model over a batch. Logits of the tokens marked for output are
+    /// then readable with [`Context::logits`].
+    pub fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        if batch.len() == 0 {
+            return Ok(());
+        }
+        // SAFETY: the batch's arrays hold `n_tokens` valid entries; the context is alive.
+        let rc = unsafe { sys::llama_decode(self.raw.as_ptr(), batch.raw) };
+        match rc {
+            0 => Ok(()),
+            1 => Err(EngineError::ContextFull),
+            2 => Err(EngineError::Cancelled),
+            rc => Err(EngineError::Decode(rc)),
+        }
+    }
+
+    /// The logits of output row `i` of the last batch (`-1` = the last row).
+    pub fn logits(&self, i: i32) -> Result<&[f32], EngineError> {
+        // SAFETY: the context is alive; llama.cpp returns NULL for an invalid index.
+        let p = unsafe { sys::llama_get_logits_ith(self.raw.as_ptr(), i) };
+        if p.is_null() {
+            return Err(EngineError::InvalidArgument(format!("no logits for batch row {i}")));
+        }
+        // SAFETY: a non-null result points at `n_vocab` floats owned by the
+        // context, valid until the next decode (which needs `&mut self`).
+        Ok(unsafe { std::slice::from_raw_parts(p, self.n_vocab) })
+    }
+
+    /// The pooled embedding of a sequence (contexts made with `embeddings`).
+    pub fn embeddings_seq(&self, seq: i32) -> Option<&[f32]> {
+        // SAFETY: the context is alive; NULL when there is no such embedding.
+        let p = unsafe { sys::llama_get_embeddings_seq(self.raw.as_ptr(), seq) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: points at `n_embd` floats owned by the context until the next decode.
+        Some(unsafe { std::slice::from_raw_parts(p, self.model.n_embd()) })
+    }
+
+    /// Forgets the KV cache of `seq` from position `from` on (`-1` = all of it).
+    pub fn clear_seq(&mut self, seq: i32, from: i32) {
+        // SAFETY: the context and its memory are alive.
+        unsafe {
+            let mem = sys::llama_get_memory(self.raw.as_ptr());
+            sys::llama_memory_seq_rm(mem, seq, from, -1);
+        }
+    }
+
+    /// Empties the whole KV cache.
+    pub fn clear_all(&mut self) {
+        // SAFETY: the context and its memory are alive.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.raw.as_ptr()), true) }
+    }
+
+    pub fn perf(&self) -> PerfTimings {
+        // SAFETY: the context is alive.
+        let p = unsafe { sys::llama_perf_context(self.raw.as_ptr()) };
+        PerfTimings {
+            load_ms: p.t_load_ms,
+            prompt_eval_ms: p.t_p_eval_ms,
+            prompt_tokens: p.n_p_eval.max(0) as u32,
+            eval_ms: p.t_eval_ms,
+            eval_tokens: p.n_eval.max(0) as u32,
+        }
+    }
+
+    pub fn reset_perf(&mut self) {
+        // SAFETY: the context is alive.
+        unsafe { sys::llama_perf_context_reset(self.raw.as_ptr()) }
+    }
+
+    pub(crate) fn as_ptr(&mut self) -> *mut sys::llama_context {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the context is alive and dropped once; the model outlives it.
+        unsafe { sys::llama_free(self.raw.as_ptr()) }
+    }
+}
+
+/// A batch of tokens, each with its position, sequence and output flag.
+pub struct Batch {
+    raw: sys::llama_batch,
+    capacity: usize,
+}
+
+// SAFETY: the batch owns its arrays; nothing else points into them.
+unsafe impl Send for Batch {}
+
+impl Batch {
+    /// A batch of at most `capacity` tokens, each in one sequence.
+    pub fn new(capacity: usize) -> Batch {
+        let capacity = capacity.max(1);
+        // SAFETY: allocates arrays for `capacity` tokens with one seq id each.
+        let raw = unsafe { sys::llama_batch_init(capacity as i32, 0, 1) };
+        Batch { raw, capacity }
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.n_tokens as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn clear(&mut self) {
+        self.raw.n_tokens = 0;
+    }
+
+    /// Appends a token; returns its row (for [`Context::logits`] when `output`).
+    pub fn push(&mut self, token: i32, pos: i32, seq: i32, output: bool) -> Result<i32, EngineError> {
+        let i = self.len();
+        if i >= self.capacity {
+            return Err(EngineError::InvalidArgument(format!("batch full ({} tokens)", self.capacity)));
+        }
+        // SAFETY: `i < capacity`, and every array was allocated for `capacity`
+        // entries (seq_id rows for one id each).
+        unsafe {
+            *self.raw.token.add(i) = token;
+            *self.raw.pos.add(i) = pos;
+            *self.raw.n_seq_id.add(i) = 1;
+            *(*self.raw.seq_id.add(i)) = seq;
+            *self.raw.logits.add(i) = output as i8;
+        }
+        self.raw.n_tokens += 1;
+        Ok(i as i32)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // SAFETY: the arrays were allocated by `llama_batch_init` and freed once.
+        unsafe { sys::llama_batch_free(self.raw) }
+    }
+}

@@ -1,0 +1,14 @@
+//! The one module of the engine that talks to llama.cpp through FFI.
+//!
+//! Every `unsafe` block of the engine lives below this module, each with a
+//! `// SAFETY:` line; the types it exports are safe to use from anywhere.
+mod backend;
+mod context;
+pub mod gguf_write;
+mod model;
+mod sampler;
+
+pub use backend::init as init_backend;
+pub use context::{default_threads, Batch, Context, ContextParams, PerfTimings};
+pub use model::{LoadMode, Model, ModelParams};
+pub use sampler::{Sampler, SamplingParams};

@@ -1,0 +1,264 @@
+//! A loaded llama.cpp model and its vocabulary.
+use std::ffi::{c_void, CString};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use hypura_llama_sys as sys;
+
+use crate::error::EngineError;
+
+/// How a model's weights are read at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadMode {
+    /// Read the weights into anonymous memory (no page-cache mapping): the
+    /// resident set is exactly what hypura placed.
+    #[default]
+    Read,
+    /// Memory-map the file (llama.cpp's default; shares the page cache).
+    Mmap,
+}
+
+/// Options for [`Model::load`].
+#[derive(Default)]
+pub struct ModelParams<'a> {
+    /// Layers to offload to a GPU (`-1` = all, `0` = none).
+    pub n_gpu_layers: i32,
+    pub load_mode: LoadMode,
+    /// Called with the load fraction in `[0, 1]`; returning `false` aborts the load.
+    pub progress: Option<&'a mut dyn FnMut(f32) -> bool>,
+}
+
+/// A model loaded by llama.cpp. Immutable after load, so it is shared between
+/// threads and contexts (llama.cpp only reads it during decoding).
+pub struct Model {
+    raw: NonNull<sys::llama_model>,
+    path: PathBuf,
+}
+
+// SAFETY: a `llama_model` is not mutated after loading; llama.cpp's server
+// shares one model between many contexts on many threads.
+unsafe impl Send for Model {}
+// SAFETY: as above, every method used through `&Model` only reads.
+unsafe impl Sync for Model {}
+
+unsafe extern "C" fn progress_trampoline(progress: f32, user_data: *mut c_void) -> bool {
+    // SAFETY: `user_data` is the `&mut &mut dyn FnMut` set up in `Model::load`,
+    // alive for the whole `llama_model_load_from_file` call.
+    let callback = unsafe { &mut *(user_data as *mut &mut dyn FnMut(f32) -> bool) };
+    callback(progress)
+}
+
+impl Model {
+    /// Loads a GGUF file. The file is checked by hypura's own reader first
+    /// (header, tensors inside the file, tokenizer sanity, architecture) so a
+    /// malformed file is an error rather than a crash inside llama.cpp.
+    pub fn load(path: &Path, params: ModelParams<'_>) -> Result<Model, EngineError> {
+        crate::gguf::GgufFile::open(path)?.validate()?;
+        super::backend::init();
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display())))?;
+
+        // SAFETY: returns a plain struct of defaults.
+        let mut raw_params = unsafe { sys::llama_model_default_params() };
+        raw_params.n_gpu_layers = params.n_gpu_layers;
+        raw_params.load_mode = match params.load_mode {
+            LoadMode::Read => sys::LLAMA_LOAD_MODE_NONE,
+            LoadMode::Mmap => sys::LLAMA_LOAD_MODE_MMAP,
+        };
+        let mut progress = params.progress;
+        let mut aborted_by_caller = false;
+        let mut wrapped = |p: f32| match progress.as_mut() {
+            Some(cb) => {
+                let keep_going = cb(p);
+                aborted_by_caller |= !keep_going;
+                keep_going
+            }
+            None => true,
+        };
+        let mut callback: &mut dyn FnMut(f32) -> bool = &mut wrapped;
+        raw_params.progress_callback = Some(progress_trampoline);
+        raw_params.progress_callback_user_data = &mut callback as *mut _ as *mut c_void;
+
+        // SAFETY: the path is NUL-terminated; the progress callback and its
+        // data outlive the call; llama.cpp catches its own exceptions and
+        // returns NULL on failure.
+        let raw = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), raw_params) };
+        drop(callback);
+        match NonNull::new(raw) {
+            Some(raw) => Ok(Model { raw, path: path.to_path_buf() }),
+            None if aborted_by_caller => Err(EngineError::Cancelled),
+            None => Err(EngineError::Load {
+                path: path.to_path_buf(),
+                reason: "llama.cpp could not load it (set RUST_LOG=llama.cpp=debug for its log)".into(),
+            }),
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {
+        self.raw.as_ptr()
+    }
+
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: the model is alive; the vocab lives as long as the model.
+        unsafe { sys::llama_model_get_vocab(self.raw.as_ptr()) }
+    }
+
+    /// The file this model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Context length the model was trained with.
+    pub fn n_ctx_train(&self) -> u32 {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_n_ctx_train(self.raw.as_ptr()) }.max(0) as u32
+    }
+
+    pub fn n_embd(&self) -> usize {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_n_embd(self.raw.as_ptr()) }.max(0) as usize
+    }
+
+    pub fn n_layer(&self) -> usize {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_n_layer(self.raw.as_ptr()) }.max(0) as usize
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the vocab is alive with the model.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab()) }.max(0) as usize
+    }
+
+    /// Bytes of all weights.
+    pub fn size_bytes(&self) -> u64 {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_size(self.raw.as_ptr()) }
+    }
+
+    pub fn n_params(&self) -> u64 {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_n_params(self.raw.as_ptr()) }
+    }
+
+    /// A metadata value as a string (`None` when absent).
+    pub fn meta(&self, key: &str) -> Option<String> {
+        let key = CString::new(key).ok()?;
+        let mut buf = vec![0u8; 256];
+        loop {
+            // SAFETY: `buf` is writable for `buf.len()` bytes; the key is NUL-terminated.
+            let n = unsafe {
+                sys::llama_model_meta_val_str(self.raw.as_ptr(), key.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            };
+            if n < 0 {
+                return None;
+            }
+            let n = n as usize;
+            if n < buf.len() {
+                buf.truncate(n);
+                return Some(String::from_utf8_lossy(&buf).into_owned());
+            }
+            buf.resize(n + 1, 0);
+        }
+    }
+
+    /// Beginning-of-sequence token, if the vocabulary has one.
+    pub fn token_bos(&self) -> Option<i32> {
+        // SAFETY: the vocab is alive with the model.
+        let t = unsafe { sys::llama_vocab_bos(self.vocab()) };
+        (t >= 0).then_some(t)
+    }
+
+    pub fn token_eos(&self) -> Option<i32> {
+        // SAFETY: the vocab is alive with the model.
+        let t = unsafe { sys::llama_vocab_eos(self.vocab()) };
+        (t >= 0).then_some(t)
+    }
+
+    /// True for end-of-generation tokens (EOS, EOT, `<|im_end|>`…).
+    pub fn is_eog(&self, token: i32) -> bool {
+        // SAFETY: the vocab is alive with the model.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
+    }
+
+    /// Whether tokenizing with `add_special` prepends a BOS token.
+    pub fn adds_bos(&self) -> bool {
+        // SAFETY: the vocab is alive with the model.
+        unsafe { sys::llama_vocab_get_add_bos(self.vocab()) }
+    }
+
+    /// The text of a token as stored in the vocabulary (special tokens verbatim).
+    pub fn token_text(&self, token: i32) -> Option<String> {
+        if token < 0 || token as usize >= self.n_vocab() {
+            return None;
+        }
+        // SAFETY: the token id is in range; the returned string lives with the vocab.
+        let p = unsafe { sys::llama_vocab_get_text(self.vocab(), token) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: llama.cpp returns a NUL-terminated string.
+        Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    /// Tokenizes `text`. `add_special` adds BOS/EOS as the model is configured
+    /// to; `parse_special` turns special-token text (e.g. `<|im_start|>`) into
+    /// those tokens, as needed for rendered chat templates.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<i32>, EngineError> {
+        let len = i32::try_from(text.len())
+            .map_err(|_| EngineError::InvalidArgument("text longer than 2 GiB".into()))?;
+        let mut tokens = vec![0i32; text.len() + 8];
+        loop {
+            // SAFETY: `text` is valid for `len` bytes; `tokens` is writable for its length.
+            let n = unsafe {
+                sys::llama_tokenize(
+                    self.vocab(),
+                    text.as_ptr().cast(),
+                    len,
+                    tokens.as_mut_ptr(),
+                    tokens.len() as i32,
+                    add_special,
+                    parse_special,
+                )
+            };
+            if n >= 0 {
+                tokens.truncate(n as usize);
+                return Ok(tokens);
+            }
+            if n == i32::MIN {
+                return Err(EngineError::InvalidArgument("tokenization overflowed".into()));
+            }
+            tokens.resize((-n) as usize, 0);
+        }
+    }
+
+    /// The bytes a token stands for. May be part of a UTF-8 character;
+    /// control tokens render as their text only when `special` is set.
+    pub fn token_to_bytes(&self, token: i32, special: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; 64];
+        loop {
+            // SAFETY: `buf` is writable for `buf.len()` bytes.
+            let n = unsafe {
+                sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr().cast(), buf.len() as i32, 0, special)
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
+    }
+
+    /// Detokenizes a whole sequence (lossy for invalid UTF-8).
+    pub fn detokenize(&self, tokens: &[i32], special: bool) -> String {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|&t| self.token_to_bytes(t, special)).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: every `Context` holds an `Arc<Model>`, so no context outlives this.
+        unsafe { sys::llama_model_free(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,28 @@
+//! Command-line interface: one module per subcommand.
+mod inspect;
+mod progress;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "hypura", version, about = "Run GGUF models bigger than memory, several at once, on one box")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show what a GGUF model holds: architecture, parameters, bytes per tensor role.
+    Inspect(inspect::InspectArgs),
+    /// Generate text from a prompt, or chat with --interactive.
+    Run(run::RunArgs),
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Inspect(args) => inspect::inspect(args),
+        Command::Run(args) => run::run(args),
+    }
+}

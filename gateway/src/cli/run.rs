@@ -1,0 +1,227 @@
+//! `hypura run`: one completion (streamed to stdout) or an interactive chat.
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::Args;
+use llama_tiered::chat::ChatMessage;
+use llama_tiered::generate::{generate, Completion, GenerateParams};
+use llama_tiered::llama::{Context, ContextParams, Model, ModelParams, SamplingParams};
+use llama_tiered::prompt;
+use serde_json::json;
+
+use super::progress::load_bar;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Path of a GGUF model file.
+    model: PathBuf,
+    /// The prompt (a user message, or raw text with --raw).
+    #[arg(long, short = 'p', required_unless_present = "interactive")]
+    prompt: Option<String>,
+    /// Feed the prompt as is, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// A system message (chat mode only).
+    #[arg(long, conflicts_with = "raw")]
+    system: Option<String>,
+    /// Chat in a loop, keeping the conversation.
+    #[arg(long, short = 'i', conflicts_with_all = ["raw", "json"])]
+    interactive: bool,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: u32,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    top_k: i32,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed (random when absent).
+    #[arg(long)]
+    seed: Option<u32>,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Context length in tokens (capped at the model's training length).
+    #[arg(long, default_value_t = 4096)]
+    context: u32,
+    /// Threads for decoding (default: all cores).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Print one JSON object (text, tokens, counts, stats) instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let params = generate_params(&args)?;
+    let load_started = Instant::now();
+    let model = Arc::new(load_model(&args.model)?);
+    let load_seconds = load_started.elapsed().as_secs_f64();
+
+    let n_ctx = args.context.clamp(16, model.n_ctx_train().max(16));
+    let ctx_params = ContextParams { n_ctx, n_threads: args.threads.unwrap_or(0), ..Default::default() };
+    let mut ctx = Context::new(Arc::clone(&model), &ctx_params)?;
+
+    if args.interactive {
+        return chat_loop(&mut ctx, &args, &params);
+    }
+    let text = args.prompt.as_deref().unwrap_or_default();
+    let tokens = if args.raw {
+        prompt::tokenize_raw(&model, text)?
+    } else {
+        let template = prompt::model_template(&model)?;
+        let messages = initial_messages(&args, text);
+        prompt::tokenize_chat(&model, &prompt::render_chat(&template, &messages)?)?
+    };
+
+    let completion = if args.json {
+        generate(&mut ctx, 0, &tokens, &params, &mut |_| true)?
+    } else {
+        let completion = generate(&mut ctx, 0, &tokens, &params, &mut print_piece)?;
+        println!();
+        completion
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&json_report(&completion, load_seconds))?);
+    } else {
+        eprintln!("{}", summary(&completion, load_seconds));
+    }
+    Ok(())
+}
+
+fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        seed: args.seed,
+        ..SamplingParams::default()
+    };
+    sampling.validate()?;
+    Ok(GenerateParams { sampling, max_tokens: Some(args.max_tokens), stop: args.stop.clone() })
+}
+
+fn load_model(path: &std::path::Path) -> anyhow::Result<Model> {
+    let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let bar = load_bar(&label);
+    let mut progress = |p: f32| {
+        bar.set_position((p.clamp(0.0, 1.0) * 1000.0) as u64);
+        true
+    };
+    let model = Model::load(path, ModelParams { progress: Some(&mut progress), ..Default::default() });
+    bar.finish_and_clear();
+    model.with_context(|| format!("loading {}", path.display()))
+}
+
+fn message(role: &str, content: &str) -> ChatMessage {
+    ChatMessage { role: role.into(), content: content.into(), tool_calls: None, name: None, tool_call_id: None }
+}
+
+fn initial_messages(args: &RunArgs, user: &str) -> Vec<ChatMessage> {
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(message("system", system));
+    }
+    messages.push(message("user", user));
+    messages
+}
+
+fn print_piece(piece: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (e.g. `| head`) ends generation instead of failing it.
+    out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+}
+
+/// The interactive chat: the whole conversation is re-rendered each turn
+/// (templates may change earlier turns' text) and decoded from a clean cache.
+fn chat_loop(ctx: &mut Context, args: &RunArgs, params: &GenerateParams) -> anyhow::Result<()> {
+    let model = Arc::clone(ctx.model());
+    let template = prompt::model_template(&model)?;
+    let mut history: Vec<ChatMessage> = args.system.iter().map(|s| message("system", s)).collect();
+    if let Some(first) = &args.prompt {
+        history.push(message("user", first));
+        answer(ctx, &template, &mut history, params)?;
+    }
+    let stdin = std::io::stdin();
+    loop {
+        eprint!(">>> ");
+        std::io::stderr().flush().ok();
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line).context("reading stdin")? == 0 {
+            return Ok(());
+        }
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/bye" | "/exit" => return Ok(()),
+            "/clear" => {
+                history.retain(|m| m.role == "system");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(message("user", line));
+        answer(ctx, &template, &mut history, params)?;
+    }
+}
+
+fn answer(
+    ctx: &mut Context,
+    template: &llama_tiered::chat::ChatTemplate,
+    history: &mut Vec<ChatMessage>,
+    params: &GenerateParams,
+) -> anyhow::Result<()> {
+    let model = Arc::clone(ctx.model());
+    let tokens = prompt::tokenize_chat(&model, &prompt::render_chat(template, history)?)?;
+    ctx.clear_all();
+    let completion = generate(ctx, 0, &tokens, params, &mut print_piece)?;
+    println!();
+    eprintln!("{}", summary(&completion, 0.0));
+    history.push(message("assistant", &completion.text));
+    Ok(())
+}
+
+fn summary(c: &Completion, load_seconds: f64) -> String {
+    let t = &c.timings;
+    let mut line = format!(
+        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s",
+        t.prompt_tokens,
+        t.prompt_tokens_per_second(),
+        t.generated_tokens,
+        t.eval_tokens_per_second()
+    );
+    if load_seconds > 0.0 {
+        line.push_str(&format!(" | load {load_seconds:.2} s"));
+    }
+    line
+}
+
+fn json_report(c: &Completion, load_seconds: f64) -> serde_json::Value {
+    let t = &c.timings;
+    json!({
+        "text": c.text,
+        "tokens": c.tokens,
+        "prompt_tokens": t.prompt_tokens,
+        "generated_tokens": t.generated_tokens,
+        "stats": {
+            "mode": "full-resident",
+            "finish_reason": c.finish_reason,
+            "load_seconds": load_seconds,
+            "prompt_eval_seconds": t.prompt_eval_seconds,
+            "prompt_tokens_per_second": t.prompt_tokens_per_second(),
+            "eval_seconds": t.eval_seconds,
+            "tokens_per_second": t.eval_tokens_per_second(),
+        }
+    })
+}

@@ -1,0 +1,19 @@
+//! `hypura`: the command-line entry point.
+//!
+//! - `hypura inspect MODEL`: what a GGUF file holds (see `cli/inspect.rs`).
+//! - `hypura run MODEL`: generate text from a prompt or chat interactively (see `cli/run.rs`).
+mod cli;
+
+use clap::Parser;
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,llama.cpp=error"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let args = cli::Cli::parse();
+    if let Err(e) = cli::dispatch(args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,8 @@
+//! hypura's placement and budget policy: pure Rust, no FFI.
+//!
+//! Everything here is unit-testable with synthetic inputs: it decides where each tensor of
+//! each model lives (GPU, RAM, or streamed from NVMe) but never touches a model itself.
+//!
+//! - [`roles`]: what a tensor does (attention, norm, experts, ...), judged from its name.
+
+pub mod roles;
