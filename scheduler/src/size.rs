@@ -5,11 +5,15 @@
 /// (`kB`, `MB`, `GB`, `TB`) powers of 1000; a bare number (or `B`) is bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size: expected a number with an optional unit, e.g. 512MiB or 8GiB"))?;
+    let value: f64 = number.parse().map_err(|_| {
+        format!(
+            "'{text}' is not a size: expected a number with an optional unit, e.g. 512MiB or 8GiB"
+        )
+    })?;
     let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -20,7 +24,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        other => return Err(format!("'{text}': unknown unit '{other}' (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)")),
+        other => {
+            return Err(format!(
+                "'{text}': unknown unit '{other}' (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)"
+            ))
+        }
     };
     let bytes = value * multiplier;
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
@@ -62,10 +70,14 @@ mod tests {
     #[test]
     fn rejects_garbage_with_a_clear_message() {
         assert!(parse_size("lots").unwrap_err().contains("not a size"));
-        assert!(parse_size("5 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("5 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_size("").is_err());
         assert!(parse_size("1e30").is_err());
-        assert!(parse_size("99999999999TiB").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999TiB")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]

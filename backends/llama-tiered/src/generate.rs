@@ -84,7 +84,10 @@ pub fn generate(
         return Err(EngineError::InvalidArgument("the prompt is empty".into()));
     }
     if prompt.len() >= n_ctx as usize {
-        return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), n_ctx });
+        return Err(EngineError::PromptTooLong {
+            prompt_tokens: prompt.len(),
+            n_ctx,
+        });
     }
     let model = ctx.model().clone();
     let mut sampler = Sampler::new(&params.sampling, model.n_vocab(), n_ctx)?;
@@ -92,7 +95,10 @@ pub fn generate(
         sampler.accept(t);
     }
 
-    let mut timings = Timings { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut timings = Timings {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let started = Instant::now();
     let mut last_row = decode_prompt(ctx, seq, prompt)?;
     timings.prompt_eval_seconds = started.elapsed().as_secs_f64();
@@ -140,7 +146,12 @@ pub fn generate(
     }
     timings.generated_tokens = tokens.len();
     timings.eval_seconds = eval.as_secs_f64();
-    Ok(Completion { text: text.into_text(), tokens, finish_reason: finish, timings })
+    Ok(Completion {
+        text: text.into_text(),
+        tokens,
+        finish_reason: finish,
+        timings,
+    })
 }
 
 /// Decodes a prompt in chunks of the context's batch size; returns the batch
@@ -198,7 +209,12 @@ impl TextStream {
         self.pending_bytes.drain(..valid);
         self.held.push_str(&decoded);
 
-        if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stop
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             self.held.truncate(at);
             self.stopped = true;
             self.pending_bytes.clear();

@@ -9,14 +9,25 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>'
 
 /// The model's own chat template (ChatML when it has none).
 pub fn model_template(model: &Model) -> Result<ChatTemplate, EngineError> {
-    let source = model.meta("tokenizer.chat_template").unwrap_or_else(|| CHATML_TEMPLATE.to_string());
-    let bos = model.token_bos().and_then(|t| model.token_text(t)).unwrap_or_default();
-    let eos = model.token_eos().and_then(|t| model.token_text(t)).unwrap_or_default();
+    let source = model
+        .meta("tokenizer.chat_template")
+        .unwrap_or_else(|| CHATML_TEMPLATE.to_string());
+    let bos = model
+        .token_bos()
+        .and_then(|t| model.token_text(t))
+        .unwrap_or_default();
+    let eos = model
+        .token_eos()
+        .and_then(|t| model.token_text(t))
+        .unwrap_or_default();
     ChatTemplate::new(&source, &bos, &eos).map_err(|e| EngineError::Template(e.to_string()))
 }
 
 /// Renders `messages` with `template` (ending with the assistant's turn opened).
-pub fn render_chat(template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, EngineError> {
+pub fn render_chat(
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+) -> Result<String, EngineError> {
     if messages.is_empty() {
         return Err(EngineError::InvalidArgument("no messages to render".into()));
     }
@@ -29,7 +40,10 @@ pub fn render_chat(template: &ChatTemplate, messages: &[ChatMessage]) -> Result<
 /// tokens, and BOS is added only when the model wants one and the template
 /// did not already write it (so it is never doubled).
 pub fn tokenize_chat(model: &Model, rendered: &str) -> Result<Vec<i32>, EngineError> {
-    let bos_text = model.token_bos().and_then(|t| model.token_text(t)).unwrap_or_default();
+    let bos_text = model
+        .token_bos()
+        .and_then(|t| model.token_text(t))
+        .unwrap_or_default();
     let has_bos = !bos_text.is_empty() && rendered.starts_with(&bos_text);
     model.tokenize(rendered, !has_bos, true)
 }

@@ -2,6 +2,7 @@
 use std::sync::{Arc, OnceLock};
 
 use hypura_llama_sys as sys;
+use llama_tiered::chat::ChatMessage;
 use llama_tiered::generate::{generate, FinishReason, GenerateParams};
 use llama_tiered::llama::{Context, ContextParams, Model, ModelParams, SamplingParams};
 use llama_tiered::{prompt, test_models, EngineError};
@@ -9,17 +10,30 @@ use llama_tiered::{prompt, test_models, EngineError};
 fn smollm2() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
     MODEL
-        .get_or_init(|| Arc::new(Model::load(&test_models::smollm2(), ModelParams::default()).expect("load SmolLM2")))
+        .get_or_init(|| {
+            Arc::new(
+                Model::load(&test_models::smollm2(), ModelParams::default()).expect("load SmolLM2"),
+            )
+        })
         .clone()
 }
 
 fn context(model: &Arc<Model>, n_seq_max: u32) -> Context {
-    let params = ContextParams { n_ctx: 1024, n_seq_max, n_threads: 2, ..Default::default() };
+    let params = ContextParams {
+        n_ctx: 1024,
+        n_seq_max,
+        n_threads: 2,
+        ..Default::default()
+    };
     Context::new(Arc::clone(model), &params).expect("context")
 }
 
 fn greedy(max_tokens: u32) -> GenerateParams {
-    GenerateParams { sampling: SamplingParams::greedy(), max_tokens: Some(max_tokens), stop: vec![] }
+    GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(max_tokens),
+        stop: vec![],
+    }
 }
 
 /// A plain llama.cpp decode loop written directly against the C API: tokenize,
@@ -64,7 +78,13 @@ fn reference_greedy(text: &str, n: usize) -> Vec<i32> {
             next = logits
                 .iter()
                 .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |best, (i, &l)| if l > best.1 { (i, l) } else { best })
+                .fold((0usize, f32::NEG_INFINITY), |best, (i, &l)| {
+                    if l > best.1 {
+                        (i, l)
+                    } else {
+                        best
+                    }
+                })
                 .0 as i32;
             out.push(next);
             if sys::llama_vocab_is_eog(vocab, next) {
@@ -81,7 +101,11 @@ fn reference_greedy(text: &str, n: usize) -> Vec<i32> {
 #[test]
 fn greedy_raw_completion_equals_plain_llama_cpp_decode_loop() {
     let model = smollm2();
-    for text in ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,"] {
+    for text in [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a land far away,",
+    ] {
         let mut ctx = context(&model, 1);
         let tokens = prompt::tokenize_raw(&model, text).unwrap();
         let completion = generate(&mut ctx, 0, &tokens, &greedy(32), &mut |_| true).unwrap();
@@ -96,7 +120,11 @@ fn capital_of_france_is_paris() {
     let mut ctx = context(&model, 1);
     let tokens = prompt::tokenize_raw(&model, "The capital of France is").unwrap();
     let completion = generate(&mut ctx, 0, &tokens, &greedy(8), &mut |_| true).unwrap();
-    assert!(completion.text.starts_with(" Paris."), "{:?}", completion.text);
+    assert!(
+        completion.text.starts_with(" Paris."),
+        "{:?}",
+        completion.text
+    );
     assert_eq!(completion.finish_reason, FinishReason::Length);
     assert_eq!(completion.tokens.len(), 8);
 }
@@ -113,7 +141,12 @@ fn streamed_pieces_concatenate_to_the_detokenized_text() {
         true
     })
     .unwrap();
-    let body: Vec<i32> = completion.tokens.iter().copied().filter(|&t| !model.is_eog(t)).collect();
+    let body: Vec<i32> = completion
+        .tokens
+        .iter()
+        .copied()
+        .filter(|&t| !model.is_eog(t))
+        .collect();
     assert_eq!(pieces, completion.text);
     assert_eq!(pieces, model.detokenize(&body, false));
 }
@@ -122,11 +155,26 @@ fn streamed_pieces_concatenate_to_the_detokenized_text() {
 fn stop_string_ends_generation_and_is_not_returned() {
     let model = smollm2();
     let tokens = prompt::tokenize_raw(&model, "The capital of France is").unwrap();
-    let full = generate(&mut context(&model, 1), 0, &tokens, &greedy(24), &mut |_| true).unwrap();
+    let full = generate(
+        &mut context(&model, 1),
+        0,
+        &tokens,
+        &greedy(24),
+        &mut |_| true,
+    )
+    .unwrap();
     // Stop at a word from the middle of the greedy continuation.
-    let word = full.text.split_whitespace().nth(3).expect("a few words").to_string();
+    let word = full
+        .text
+        .split_whitespace()
+        .nth(3)
+        .expect("a few words")
+        .to_string();
     let at = full.text.find(&word).unwrap();
-    let params = GenerateParams { stop: vec![word.clone()], ..greedy(24) };
+    let params = GenerateParams {
+        stop: vec![word.clone()],
+        ..greedy(24)
+    };
     let mut streamed = String::new();
     let stopped = generate(&mut context(&model, 1), 0, &tokens, &params, &mut |p| {
         streamed.push_str(p);
@@ -142,26 +190,31 @@ fn stop_string_ends_generation_and_is_not_returned() {
 fn chat_reply_ends_on_end_of_generation_token() {
     let model = smollm2();
     let template = prompt::model_template(&model).unwrap();
-    let messages = vec![llama_tiered::chat::ChatMessage {
-        role: "user".into(),
-        content: "What is the capital of France?".into(),
-        tool_calls: None,
-        name: None,
-        tool_call_id: None,
-    }];
-    let rendered = prompt::render_chat(&template, &messages).unwrap();
+    let france = [ChatMessage::new("user", "What is the capital of France?")];
     assert_eq!(
-        rendered,
+        prompt::render_chat(&template, &france).unwrap(),
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     );
+    let rendered = prompt::render_chat(
+        &template,
+        &[ChatMessage::new("user", "What is the capital of Germany?")],
+    )
+    .unwrap();
     let tokens = prompt::tokenize_chat(&model, &rendered).unwrap();
     // Special-token text became single special tokens.
     assert_eq!(model.token_text(tokens[0]).as_deref(), Some("<|im_start|>"));
-    let completion = generate(&mut context(&model, 1), 0, &tokens, &greedy(128), &mut |_| true).unwrap();
+    let completion = generate(
+        &mut context(&model, 1),
+        0,
+        &tokens,
+        &greedy(128),
+        &mut |_| true,
+    )
+    .unwrap();
     assert_eq!(completion.finish_reason, FinishReason::Stop);
     assert!(model.is_eog(*completion.tokens.last().unwrap()));
-    assert!(completion.text.contains("Paris"), "{:?}", completion.text);
-    assert!(!completion.text.contains("<|im_end|>"));
+    // SmolLM2-135M's greedy answer, verified against the plain decode loop.
+    assert_eq!(completion.text, "The capital of Germany is Berlin.");
 }
 
 #[test]
@@ -183,10 +236,16 @@ fn callback_returning_false_cancels() {
     let model = smollm2();
     let tokens = prompt::tokenize_raw(&model, "Once upon a time").unwrap();
     let mut pieces = 0;
-    let completion = generate(&mut context(&model, 1), 0, &tokens, &greedy(100), &mut |_| {
-        pieces += 1;
-        pieces < 3
-    })
+    let completion = generate(
+        &mut context(&model, 1),
+        0,
+        &tokens,
+        &greedy(100),
+        &mut |_| {
+            pieces += 1;
+            pieces < 3
+        },
+    )
     .unwrap();
     assert_eq!(completion.finish_reason, FinishReason::Cancelled);
     assert!(completion.tokens.len() < 10, "{}", completion.tokens.len());
@@ -208,9 +267,22 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let model = smollm2();
     let tokens = prompt::tokenize_raw(&model, "Once upon a time").unwrap();
     let run = |seed| {
-        let sampling = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(seed), ..Default::default() };
-        let params = GenerateParams { sampling, max_tokens: Some(24), stop: vec![] };
-        generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true).unwrap().tokens
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(seed),
+            ..Default::default()
+        };
+        let params = GenerateParams {
+            sampling,
+            max_tokens: Some(24),
+            stop: vec![],
+        };
+        generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true)
+            .unwrap()
+            .tokens
     };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8));
@@ -219,9 +291,13 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
 #[test]
 fn prompt_longer_than_context_is_a_clear_error() {
     let model = smollm2();
-    let params = ContextParams { n_ctx: 32, n_threads: 2, ..Default::default() };
+    let params = ContextParams {
+        n_ctx: 256,
+        n_threads: 2,
+        ..Default::default()
+    };
     let mut ctx = Context::new(Arc::clone(&model), &params).unwrap();
-    let tokens = prompt::tokenize_raw(&model, &"word ".repeat(200)).unwrap();
+    let tokens = prompt::tokenize_raw(&model, &"word ".repeat(ctx.n_ctx() as usize + 10)).unwrap();
     let err = generate(&mut ctx, 0, &tokens, &greedy(4), &mut |_| true).unwrap_err();
     assert!(matches!(err, EngineError::PromptTooLong { .. }), "{err}");
     assert!(err.to_string().contains("context"), "{err}");
@@ -232,12 +308,26 @@ fn absurd_sampling_options_are_rejected() {
     let model = smollm2();
     let tokens = prompt::tokenize_raw(&model, "Hi").unwrap();
     for sampling in [
-        SamplingParams { temperature: f32::NAN, ..Default::default() },
-        SamplingParams { top_p: -0.5, ..Default::default() },
-        SamplingParams { repeat_penalty: 0.0, ..Default::default() },
+        SamplingParams {
+            temperature: f32::NAN,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: -0.5,
+            ..Default::default()
+        },
+        SamplingParams {
+            repeat_penalty: 0.0,
+            ..Default::default()
+        },
     ] {
-        let params = GenerateParams { sampling, max_tokens: Some(2), stop: vec![] };
-        let err = generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true).unwrap_err();
+        let params = GenerateParams {
+            sampling,
+            max_tokens: Some(2),
+            stop: vec![],
+        };
+        let err =
+            generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true).unwrap_err();
         assert!(matches!(err, EngineError::InvalidArgument(_)), "{err}");
     }
 }
@@ -246,9 +336,19 @@ fn absurd_sampling_options_are_rejected() {
 fn repeat_penalty_changes_greedy_output() {
     let model = smollm2();
     let tokens = prompt::tokenize_raw(&model, "one one one one one one").unwrap();
-    let plain = generate(&mut context(&model, 1), 0, &tokens, &greedy(8), &mut |_| true).unwrap();
-    let sampling = SamplingParams { repeat_penalty: 1.5, ..SamplingParams::greedy() };
-    let params = GenerateParams { sampling, max_tokens: Some(8), stop: vec![] };
+    let plain = generate(&mut context(&model, 1), 0, &tokens, &greedy(8), &mut |_| {
+        true
+    })
+    .unwrap();
+    let sampling = SamplingParams {
+        repeat_penalty: 1.5,
+        ..SamplingParams::greedy()
+    };
+    let params = GenerateParams {
+        sampling,
+        max_tokens: Some(8),
+        stop: vec![],
+    };
     let penalized = generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true).unwrap();
     assert_ne!(plain.tokens, penalized.tokens);
 }

@@ -6,7 +6,11 @@ mod run;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "hypura", version, about = "Run GGUF models bigger than memory, several at once, on one box")]
+#[command(
+    name = "hypura",
+    version,
+    about = "Run GGUF models bigger than memory, several at once, on one box"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

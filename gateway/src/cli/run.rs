@@ -68,7 +68,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let load_seconds = load_started.elapsed().as_secs_f64();
 
     let n_ctx = args.context.clamp(16, model.n_ctx_train().max(16));
-    let ctx_params = ContextParams { n_ctx, n_threads: args.threads.unwrap_or(0), ..Default::default() };
+    let ctx_params = ContextParams {
+        n_ctx,
+        n_threads: args.threads.unwrap_or(0),
+        ..Default::default()
+    };
     let mut ctx = Context::new(Arc::clone(&model), &ctx_params)?;
 
     if args.interactive {
@@ -91,7 +95,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         completion
     };
     if args.json {
-        println!("{}", serde_json::to_string(&json_report(&completion, load_seconds))?);
+        println!(
+            "{}",
+            serde_json::to_string(&json_report(&completion, load_seconds))?
+        );
     } else {
         eprintln!("{}", summary(&completion, load_seconds));
     }
@@ -109,23 +116,36 @@ fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
         ..SamplingParams::default()
     };
     sampling.validate()?;
-    Ok(GenerateParams { sampling, max_tokens: Some(args.max_tokens), stop: args.stop.clone() })
+    Ok(GenerateParams {
+        sampling,
+        max_tokens: Some(args.max_tokens),
+        stop: args.stop.clone(),
+    })
 }
 
 fn load_model(path: &std::path::Path) -> anyhow::Result<Model> {
-    let label = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let label = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let bar = load_bar(&label);
     let mut progress = |p: f32| {
         bar.set_position((p.clamp(0.0, 1.0) * 1000.0) as u64);
         true
     };
-    let model = Model::load(path, ModelParams { progress: Some(&mut progress), ..Default::default() });
+    let model = Model::load(
+        path,
+        ModelParams {
+            progress: Some(&mut progress),
+            ..Default::default()
+        },
+    );
     bar.finish_and_clear();
     model.with_context(|| format!("loading {}", path.display()))
 }
 
 fn message(role: &str, content: &str) -> ChatMessage {
-    ChatMessage { role: role.into(), content: content.into(), tool_calls: None, name: None, tool_call_id: None }
+    ChatMessage::new(role, content)
 }
 
 fn initial_messages(args: &RunArgs, user: &str) -> Vec<ChatMessage> {
@@ -140,7 +160,9 @@ fn initial_messages(args: &RunArgs, user: &str) -> Vec<ChatMessage> {
 fn print_piece(piece: &str) -> bool {
     let mut out = std::io::stdout().lock();
     // A closed stdout (e.g. `| head`) ends generation instead of failing it.
-    out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+    out.write_all(piece.as_bytes())
+        .and_then(|_| out.flush())
+        .is_ok()
 }
 
 /// The interactive chat: the whole conversation is re-rendered each turn

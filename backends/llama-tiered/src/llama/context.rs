@@ -26,7 +26,13 @@ pub struct ContextParams {
 
 impl Default for ContextParams {
     fn default() -> Self {
-        ContextParams { n_ctx: 4096, n_batch: 512, n_seq_max: 1, n_threads: 0, embeddings: false }
+        ContextParams {
+            n_ctx: 4096,
+            n_batch: 512,
+            n_seq_max: 1,
+            n_threads: 0,
+            embeddings: false,
+        }
     }
 }
 
@@ -44,8 +50,9 @@ pub struct PerfTimings {
 /// threads at once (decoding mutates it), but movable to another thread.
 pub struct Context {
     raw: NonNull<sys::llama_context>,
-    // Kept boxed so its address, handed to llama.cpp's abort callback, is stable.
-    abort: Box<Arc<AtomicBool>>,
+    // The flag's heap address is handed to llama.cpp's abort callback; the Arc
+    // keeps it alive (and in place) as long as the context.
+    abort: Arc<AtomicBool>,
     n_vocab: usize,
     model: Arc<Model>,
 }
@@ -55,23 +62,31 @@ pub struct Context {
 unsafe impl Send for Context {}
 
 unsafe extern "C" fn abort_trampoline(data: *mut c_void) -> bool {
-    // SAFETY: `data` points at the boxed `Arc<AtomicBool>` owned by the context,
+    // SAFETY: `data` points at the `AtomicBool` inside the context's Arc,
     // which outlives every decode call.
-    let flag = unsafe { &*(data as *const Arc<AtomicBool>) };
+    let flag = unsafe { &*(data as *const AtomicBool) };
     flag.load(Ordering::Relaxed)
 }
 
 pub fn default_threads() -> u32 {
-    std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(4)
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(4)
 }
 
 impl Context {
     pub fn new(model: Arc<Model>, params: &ContextParams) -> Result<Context, EngineError> {
         if params.n_batch == 0 || params.n_seq_max == 0 {
-            return Err(EngineError::InvalidArgument("n_batch and n_seq_max must be at least 1".into()));
+            return Err(EngineError::InvalidArgument(
+                "n_batch and n_seq_max must be at least 1".into(),
+            ));
         }
-        let abort = Box::new(Arc::new(AtomicBool::new(false)));
-        let threads = if params.n_threads == 0 { default_threads() } else { params.n_threads } as i32;
+        let abort = Arc::new(AtomicBool::new(false));
+        let threads = if params.n_threads == 0 {
+            default_threads()
+        } else {
+            params.n_threads
+        } as i32;
         // SAFETY: returns a plain struct of defaults.
         let mut raw_params = unsafe { sys::llama_context_default_params() };
         raw_params.n_ctx = params.n_ctx;
@@ -83,7 +98,7 @@ impl Context {
         raw_params.embeddings = params.embeddings;
         raw_params.no_perf = false;
         raw_params.abort_callback = Some(abort_trampoline);
-        raw_params.abort_callback_data = &*abort as *const Arc<AtomicBool> as *mut c_void;
+        raw_params.abort_callback_data = Arc::as_ptr(&abort) as *mut c_void;
         // SAFETY: the model is alive (we keep an Arc); the abort data outlives the context.
         let raw = unsafe { sys::llama_init_from_model(model.as_ptr(), raw_params) };
         let raw = NonNull::new(raw).ok_or_else(|| {
@@ -93,7 +108,12 @@ impl Context {
             ))
         })?;
         let n_vocab = model.n_vocab();
-        Ok(Context { raw, abort, n_vocab, model })
+        Ok(Context {
+            raw,
+            abort,
+            n_vocab,
+            model,
+        })
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -120,7 +140,7 @@ impl Context {
     /// Runs the model over a batch. Logits of the tokens marked for output are
     /// then readable with [`Context::logits`].
     pub fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
-        if batch.len() == 0 {
+        if batch.is_empty() {
             return Ok(());
         }
         // SAFETY: the batch's arrays hold `n_tokens` valid entries; the context is alive.
@@ -138,7 +158,9 @@ impl Context {
         // SAFETY: the context is alive; llama.cpp returns NULL for an invalid index.
         let p = unsafe { sys::llama_get_logits_ith(self.raw.as_ptr(), i) };
         if p.is_null() {
-            return Err(EngineError::InvalidArgument(format!("no logits for batch row {i}")));
+            return Err(EngineError::InvalidArgument(format!(
+                "no logits for batch row {i}"
+            )));
         }
         // SAFETY: a non-null result points at `n_vocab` floats owned by the
         // context, valid until the next decode (which needs `&mut self`).
@@ -235,10 +257,19 @@ impl Batch {
     }
 
     /// Appends a token; returns its row (for [`Context::logits`] when `output`).
-    pub fn push(&mut self, token: i32, pos: i32, seq: i32, output: bool) -> Result<i32, EngineError> {
+    pub fn push(
+        &mut self,
+        token: i32,
+        pos: i32,
+        seq: i32,
+        output: bool,
+    ) -> Result<i32, EngineError> {
         let i = self.len();
         if i >= self.capacity {
-            return Err(EngineError::InvalidArgument(format!("batch full ({} tokens)", self.capacity)));
+            return Err(EngineError::InvalidArgument(format!(
+                "batch full ({} tokens)",
+                self.capacity
+            )));
         }
         // SAFETY: `i < capacity`, and every array was allocated for `capacity`
         // entries (seq_id rows for one id each).

@@ -35,7 +35,9 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not a readable GGUF file (llama.cpp's gguf reader refused it; see its log)")]
+    #[error(
+        "{path} is not a readable GGUF file (llama.cpp's gguf reader refused it; see its log)"
+    )]
     Open { path: PathBuf },
     #[error("invalid name {name:?}: names must not contain NUL and tensor names must be shorter than {MAX_NAME_BYTES} bytes")]
     InvalidName { name: String },
@@ -135,7 +137,7 @@ impl GgmlType {
     /// Bytes of one row of `n_per_row` elements (`ggml_row_size`); `None` when
     /// `n_per_row` is not a whole number of blocks.
     pub fn row_bytes(self, n_per_row: usize) -> Option<usize> {
-        if n_per_row % self.block_elements() != 0 || i64::try_from(n_per_row).is_err() {
+        if !divides(self.block_elements(), n_per_row) || i64::try_from(n_per_row).is_err() {
             return None;
         }
         // SAFETY: valid type, n_per_row a whole number of blocks (ggml asserts that).
@@ -146,7 +148,7 @@ impl GgmlType {
     /// innermost one is a whole number of blocks and the size fits in `u64`.
     pub fn tensor_bytes(self, dims: &[u64]) -> Option<u64> {
         let (&inner, outer) = dims.split_first()?;
-        let row = self.row_bytes(usize::try_from(inner).ok())? as u64;
+        let row = self.row_bytes(usize::try_from(inner).ok()?)? as u64;
         outer.iter().try_fold(row, |acc, &d| acc.checked_mul(d))
     }
 
@@ -198,12 +200,18 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+/// Whether `n` is a whole multiple of `m` (never for `m` = 0). Not
+/// `is_multiple_of`, which needs Rust 1.87 (the workspace declares 1.85).
+fn divides(m: usize, n: usize) -> bool {
+    n.checked_rem(m) == Some(0)
+}
+
 /// Block structs hold `ggml_half`/`float` fields: give ggml buffers aligned for them.
 const BLOCK_ALIGN: usize = 4;
 
 /// Quantizes rows of `n_per_row` f32 values into `ty` (`ggml_quantize_chunk`).
 pub fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize) -> Result<Vec<u8>, GgufError> {
-    let nrows = if n_per_row == 0 { 0 } else { src.len() / n_per_row };
+    let nrows = src.len().checked_div(n_per_row).unwrap_or(0);
     let row = ty.row_bytes(n_per_row).unwrap_or(0);
     let mut dst = vec![0u8; row * nrows];
     quantize_rows_into(ty, src, n_per_row, &mut dst)?;
@@ -227,10 +235,13 @@ pub fn quantize_rows_into(
     let Some(row) = row else {
         return Err(GgufError::BadShape {
             name: format!("rows of {n_per_row}"),
-            reason: format!("row length must be a positive multiple of {}", ty.block_elements()),
+            reason: format!(
+                "row length must be a positive multiple of {}",
+                ty.block_elements()
+            ),
         });
     };
-    if src.len() % n_per_row != 0 {
+    if !divides(n_per_row, src.len()) {
         return Err(GgufError::SizeMismatch {
             what: format!("f32 input, whole rows of {n_per_row}"),
             got: src.len(),
@@ -245,7 +256,7 @@ pub fn quantize_rows_into(
             expected: nrows * row,
         });
     }
-    if dst.as_ptr() as usize % BLOCK_ALIGN != 0 {
+    if !divides(BLOCK_ALIGN, dst.as_ptr() as usize) {
         let mut aligned = AlignedBytes::new(dst.len());
         quantize_rows_into(ty, src, n_per_row, aligned.as_mut_slice())?;
         dst.copy_from_slice(aligned.as_slice());
@@ -282,7 +293,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>, GgufError> {
 /// Like [`dequantize`], into `dst`, which must have room for exactly all of `src`.
 pub fn dequantize_into(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), GgufError> {
     let blocks = dst.len() / ty.block_elements();
-    if dst.len() % ty.block_elements() != 0 || src.len() != blocks * ty.block_bytes() {
+    if !divides(ty.block_elements(), dst.len()) || src.len() != blocks * ty.block_bytes() {
         return Err(GgufError::SizeMismatch {
             what: format!("{ty} bytes for {} values", dst.len()),
             got: src.len(),
@@ -301,7 +312,7 @@ pub fn dequantize_into(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), 
             what: "dequantization",
         });
     };
-    if src.as_ptr() as usize % BLOCK_ALIGN != 0 {
+    if !divides(BLOCK_ALIGN, src.as_ptr() as usize) {
         let mut aligned = AlignedBytes::new(src.len());
         aligned.as_mut_slice().copy_from_slice(src);
         return dequantize_into(ty, aligned.as_slice(), dst);
@@ -388,11 +399,18 @@ impl Ctx {
             return format!("#{ty}");
         }
         // SAFETY: non-null, static, NUL-terminated.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     /// The id of `key` if it holds a single value of gguf type `want`.
-    fn typed_key(&self, key: &str, want: sys::gguf_type, want_name: &'static str) -> Result<Option<i64>, GgufError> {
+    fn typed_key(
+        &self,
+        key: &str,
+        want: sys::gguf_type,
+        want_name: &'static str,
+    ) -> Result<Option<i64>, GgufError> {
         let c = cstring(key)?;
         let Some(id) = self.find_key(&c) else {
             return Ok(None);
@@ -418,7 +436,9 @@ impl Ctx {
         // SAFETY: 0 <= id < n_tensors; the name is NUL-terminated inside the context.
         let name = unsafe { CStr::from_ptr(sys::gguf_get_tensor_name(self.ptr(), id)) };
         // SAFETY: as above; gguf returns a pointer to GGML_MAX_DIMS values.
-        let ne = unsafe { std::slice::from_raw_parts(sys::gguf_get_tensor_ne(self.ptr(), id), MAX_DIMS) };
+        let ne = unsafe {
+            std::slice::from_raw_parts(sys::gguf_get_tensor_ne(self.ptr(), id), MAX_DIMS)
+        };
         let mut dims: Vec<u64> = ne.iter().map(|&d| d as u64).collect();
         while dims.len() > 1 && dims.last() == Some(&1) {
             dims.pop();
@@ -438,7 +458,9 @@ impl Ctx {
 }
 
 fn cstring(s: &str) -> Result<CString, GgufError> {
-    CString::new(s).map_err(|_| GgufError::InvalidName { name: s.to_string() })
+    CString::new(s).map_err(|_| GgufError::InvalidName {
+        name: s.to_string(),
+    })
 }
 
 /// Collects key-values and tensor infos of a GGUF file to be written.
@@ -511,19 +533,39 @@ impl GgufBuilder {
 
     pub fn set_arr_str<S: AsRef<str>>(&mut self, key: &str, values: &[S]) -> Result<(), GgufError> {
         let k = Self::key(key)?;
-        let owned = values.iter().map(|s| cstring(s.as_ref())).collect::<Result<Vec<_>, _>>()?;
+        let owned = values
+            .iter()
+            .map(|s| cstring(s.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
         let ptrs: Vec<*const std::os::raw::c_char> = owned.iter().map(|s| s.as_ptr()).collect();
         // SAFETY: ptrs holds values.len() NUL-terminated strings alive for the call; gguf copies them.
-        unsafe { sys::gguf_set_arr_str(self.ctx.ptr(), k.as_ptr(), ptrs.as_ptr().cast_mut(), ptrs.len()) };
+        unsafe {
+            sys::gguf_set_arr_str(
+                self.ctx.ptr(),
+                k.as_ptr(),
+                ptrs.as_ptr().cast_mut(),
+                ptrs.len(),
+            )
+        };
         Ok(())
     }
 
     pub fn set_arr_f32(&mut self, key: &str, values: &[f32]) -> Result<(), GgufError> {
-        self.set_arr_data(key, sys::GGUF_TYPE_FLOAT32, values.as_ptr().cast(), values.len())
+        self.set_arr_data(
+            key,
+            sys::GGUF_TYPE_FLOAT32,
+            values.as_ptr().cast(),
+            values.len(),
+        )
     }
 
     pub fn set_arr_i32(&mut self, key: &str, values: &[i32]) -> Result<(), GgufError> {
-        self.set_arr_data(key, sys::GGUF_TYPE_INT32, values.as_ptr().cast(), values.len())
+        self.set_arr_data(
+            key,
+            sys::GGUF_TYPE_INT32,
+            values.as_ptr().cast(),
+            values.len(),
+        )
     }
 
     fn set_arr_data(
@@ -551,7 +593,7 @@ impl GgufBuilder {
     /// A `general.alignment` that differs from the alignment this writer uses
     /// is dropped: gguf writes with its own alignment whatever the key says,
     /// so keeping a different value would make readers misplace every tensor.
-    pub fn copy_kvs_from(&mut self, src: &GgufFile) -> Result<(), GgufError> {
+    pub fn copy_kvs_from(&mut self, src: &GgufReader) -> Result<(), GgufError> {
         // SAFETY: both contexts are valid; gguf_set_kv copies each pair.
         unsafe { sys::gguf_set_kv(self.ctx.ptr(), src.ctx.ptr()) };
         let key = cstring(KEY_ALIGNMENT)?;
@@ -573,7 +615,9 @@ impl GgufBuilder {
         let c = cstring(name)?;
         // SAFETY: valid context, NUL-terminated name.
         if unsafe { sys::gguf_find_tensor(self.ctx.ptr(), c.as_ptr()) } >= 0 {
-            return Err(GgufError::DuplicateTensor { name: name.to_string() });
+            return Err(GgufError::DuplicateTensor {
+                name: name.to_string(),
+            });
         }
         // SAFETY: tensor is a fully initialized, contiguous ggml_tensor with a
         // unique name; gguf copies the struct and never reads its (null) data.
@@ -630,16 +674,25 @@ impl GgufBuilder {
 
 fn make_tensor(name: &str, ty: GgmlType, dims: &[u64]) -> Result<sys::ggml_tensor, GgufError> {
     if name.len() >= MAX_NAME_BYTES || name.as_bytes().contains(&0) {
-        return Err(GgufError::InvalidName { name: name.to_string() });
+        return Err(GgufError::InvalidName {
+            name: name.to_string(),
+        });
     }
     let bad = |reason: String| GgufError::BadShape {
         name: name.to_string(),
         reason,
     };
-    if dims.is_empty() || dims.len() > MAX_DIMS || dims.iter().any(|&d| d == 0 || d > i64::MAX as u64) {
-        return Err(bad(format!("dims {dims:?}: need 1 to {MAX_DIMS} positive dimensions")));
+    if dims.is_empty()
+        || dims.len() > MAX_DIMS
+        || dims.iter().any(|&d| d == 0 || d > i64::MAX as u64)
+    {
+        return Err(bad(format!(
+            "dims {dims:?}: need 1 to {MAX_DIMS} positive dimensions"
+        )));
     }
-    let size = ty.tensor_bytes(dims).filter(|&s| usize::try_from(s).is_ok());
+    let size = ty
+        .tensor_bytes(dims)
+        .filter(|&s| usize::try_from(s).is_ok());
     if size.is_none() {
         return Err(bad(format!(
             "dims {dims:?}: the first must be a multiple of {} for {ty}, and the size must fit in memory addresses",
@@ -708,7 +761,9 @@ impl GgufStreamWriter {
             let end = t.offset + t.size_bytes;
             let room = (end - self.data_written) as usize;
             let take = room.min(bytes.len());
-            self.out.write_all(&bytes[..take]).map_err(io_err(&self.path))?;
+            self.out
+                .write_all(&bytes[..take])
+                .map_err(io_err(&self.path))?;
             self.data_written += take as u64;
             bytes = &bytes[take..];
             if self.data_written == end {
@@ -723,7 +778,9 @@ impl GgufStreamWriter {
         let padded = self.data_written.next_multiple_of(self.alignment);
         let zeros = [0u8; 256];
         let n = (padded - self.data_written) as usize;
-        self.out.write_all(&zeros[..n]).map_err(io_err(&self.path))?;
+        self.out
+            .write_all(&zeros[..n])
+            .map_err(io_err(&self.path))?;
         self.data_written = padded;
         self.next += 1;
         // Zero-sized tensors cannot exist (add_tensor refuses 0 dims), so the
@@ -750,18 +807,20 @@ impl GgufStreamWriter {
 
 /// An existing GGUF file opened for reading: its metadata in memory, tensor
 /// data read from the file on request.
-pub struct GgufFile {
+pub struct GgufReader {
     ctx: Ctx,
     file: File,
     path: PathBuf,
 }
 
-impl GgufFile {
+impl GgufReader {
     /// Reads the metadata of `path` (no tensor data).
     pub fn open(path: &Path) -> Result<Self, GgufError> {
         let file = File::open(path).map_err(io_err(path))?;
-        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| GgufError::InvalidName {
-            name: path.display().to_string(),
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            GgufError::InvalidName {
+                name: path.display().to_string(),
+            }
         })?;
         let params = sys::gguf_init_params {
             no_alloc: true,
@@ -770,7 +829,9 @@ impl GgufFile {
         // SAFETY: NUL-terminated path; ctx = NULL asks for metadata only. gguf
         // validates the file and returns NULL on any error.
         let ptr = unsafe { sys::gguf_init_from_file(c.as_ptr(), params) };
-        let ctx = NonNull::new(ptr).ok_or_else(|| GgufError::Open { path: path.to_path_buf() })?;
+        let ctx = NonNull::new(ptr).ok_or_else(|| GgufError::Open {
+            path: path.to_path_buf(),
+        })?;
         Ok(Self {
             ctx: Ctx(ctx),
             file,

@@ -55,8 +55,9 @@ impl Model {
     pub fn load(path: &Path, params: ModelParams<'_>) -> Result<Model, EngineError> {
         crate::gguf::GgufFile::open(path)?.validate()?;
         super::backend::init();
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display())))?;
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
+        })?;
 
         // SAFETY: returns a plain struct of defaults.
         let mut raw_params = unsafe { sys::llama_model_default_params() };
@@ -83,13 +84,16 @@ impl Model {
         // data outlive the call; llama.cpp catches its own exceptions and
         // returns NULL on failure.
         let raw = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), raw_params) };
-        drop(callback);
         match NonNull::new(raw) {
-            Some(raw) => Ok(Model { raw, path: path.to_path_buf() }),
+            Some(raw) => Ok(Model {
+                raw,
+                path: path.to_path_buf(),
+            }),
             None if aborted_by_caller => Err(EngineError::Cancelled),
             None => Err(EngineError::Load {
                 path: path.to_path_buf(),
-                reason: "llama.cpp could not load it (set RUST_LOG=llama.cpp=debug for its log)".into(),
+                reason: "llama.cpp could not load it (set RUST_LOG=llama.cpp=debug for its log)"
+                    .into(),
             }),
         }
     }
@@ -148,7 +152,12 @@ impl Model {
         loop {
             // SAFETY: `buf` is writable for `buf.len()` bytes; the key is NUL-terminated.
             let n = unsafe {
-                sys::llama_model_meta_val_str(self.raw.as_ptr(), key.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                sys::llama_model_meta_val_str(
+                    self.raw.as_ptr(),
+                    key.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
             };
             if n < 0 {
                 return None;
@@ -198,13 +207,22 @@ impl Model {
             return None;
         }
         // SAFETY: llama.cpp returns a NUL-terminated string.
-        Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// Tokenizes `text`. `add_special` adds BOS/EOS as the model is configured
     /// to; `parse_special` turns special-token text (e.g. `<|im_start|>`) into
     /// those tokens, as needed for rendered chat templates.
-    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<i32>, EngineError> {
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
         let len = i32::try_from(text.len())
             .map_err(|_| EngineError::InvalidArgument("text longer than 2 GiB".into()))?;
         let mut tokens = vec![0i32; text.len() + 8];
@@ -226,7 +244,9 @@ impl Model {
                 return Ok(tokens);
             }
             if n == i32::MIN {
-                return Err(EngineError::InvalidArgument("tokenization overflowed".into()));
+                return Err(EngineError::InvalidArgument(
+                    "tokenization overflowed".into(),
+                ));
             }
             tokens.resize((-n) as usize, 0);
         }
@@ -239,7 +259,14 @@ impl Model {
         loop {
             // SAFETY: `buf` is writable for `buf.len()` bytes.
             let n = unsafe {
-                sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr().cast(), buf.len() as i32, 0, special)
+                sys::llama_token_to_piece(
+                    self.vocab(),
+                    token,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
             };
             if n >= 0 {
                 buf.truncate(n as usize);
@@ -251,7 +278,10 @@ impl Model {
 
     /// Detokenizes a whole sequence (lossy for invalid UTF-8).
     pub fn detokenize(&self, tokens: &[i32], special: bool) -> String {
-        let bytes: Vec<u8> = tokens.iter().flat_map(|&t| self.token_to_bytes(t, special)).collect();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| self.token_to_bytes(t, special))
+            .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }

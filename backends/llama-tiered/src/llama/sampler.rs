@@ -6,6 +6,10 @@ use hypura_llama_sys as sys;
 use super::context::Context;
 use crate::error::EngineError;
 
+/// `LLAMA_DEFAULT_SEED` of llama.h (a macro bindgen does not export): asks
+/// llama.cpp's distribution sampler for a random seed.
+const LLAMA_DEFAULT_SEED: u32 = 0xFFFF_FFFF;
+
 /// Sampling options, with llama.cpp's defaults.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -47,7 +51,10 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding with no penalties.
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     /// Rejects values llama.cpp would misbehave on (NaN, negative top-p…).
@@ -62,14 +69,22 @@ impl SamplingParams {
         ];
         for (name, value) in finite {
             if !value.is_finite() {
-                return Err(EngineError::InvalidArgument(format!("{name} must be a finite number, got {value}")));
+                return Err(EngineError::InvalidArgument(format!(
+                    "{name} must be a finite number, got {value}"
+                )));
             }
         }
         if self.top_p < 0.0 {
-            return Err(EngineError::InvalidArgument(format!("top_p must be in [0, 1] (1 disables it), got {}", self.top_p)));
+            return Err(EngineError::InvalidArgument(format!(
+                "top_p must be in [0, 1] (1 disables it), got {}",
+                self.top_p
+            )));
         }
         if self.min_p > 1.0 {
-            return Err(EngineError::InvalidArgument(format!("min_p must be in [0, 1], got {}", self.min_p)));
+            return Err(EngineError::InvalidArgument(format!(
+                "min_p must be in [0, 1], got {}",
+                self.min_p
+            )));
         }
         if self.repeat_penalty <= 0.0 {
             return Err(EngineError::InvalidArgument(format!(
@@ -97,7 +112,11 @@ pub struct Sampler {
 unsafe impl Send for Sampler {}
 
 impl Sampler {
-    pub fn new(params: &SamplingParams, n_vocab: usize, n_ctx: u32) -> Result<Sampler, EngineError> {
+    pub fn new(
+        params: &SamplingParams,
+        n_vocab: usize,
+        n_ctx: u32,
+    ) -> Result<Sampler, EngineError> {
         params.validate()?;
         // SAFETY: creates an empty chain that owns the samplers added to it.
         let chain = unsafe {
@@ -105,10 +124,17 @@ impl Sampler {
             chain_params.no_perf = true;
             sys::llama_sampler_chain_init(chain_params)
         };
-        let raw = NonNull::new(chain).ok_or_else(|| EngineError::Context("could not create a sampler".into()))?;
+        let raw = NonNull::new(chain)
+            .ok_or_else(|| EngineError::Context("could not create a sampler".into()))?;
         let sampler = Sampler { raw };
-        let penalties_on = params.repeat_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
-        let last_n = if params.repeat_last_n == -1 { n_ctx as i32 } else { params.repeat_last_n };
+        let penalties_on = params.repeat_penalty != 1.0
+            || params.presence_penalty != 0.0
+            || params.frequency_penalty != 0.0;
+        let last_n = if params.repeat_last_n == -1 {
+            n_ctx as i32
+        } else {
+            params.repeat_last_n
+        };
         // SAFETY (whole block): each init returns a new sampler whose ownership
         // passes to the chain, freed with it.
         unsafe {
@@ -134,7 +160,7 @@ impl Sampler {
                     sampler.add(sys::llama_sampler_init_min_p(params.min_p, 1));
                 }
                 sampler.add(sys::llama_sampler_init_temp(params.temperature));
-                let seed = params.seed.unwrap_or(sys::LLAMA_DEFAULT_SEED);
+                let seed = params.seed.unwrap_or(LLAMA_DEFAULT_SEED);
                 sampler.add(sys::llama_sampler_init_dist(seed));
             }
         }
