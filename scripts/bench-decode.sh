@@ -14,13 +14,16 @@ runs="${3:-5}"
 threads="${THREADS:-$(nproc)}"
 prompt="The history of the city of Paris begins"
 
-cargo build --release -q -p hypura
-out=$(ls -d target/release/build/llama-cpp-sys-2-*/out | head -1)
-src=$(ls -d ~/.cargo/registry/src/*/llama-cpp-sys-2-0.1.161/llama.cpp | head -1)
 bench=target/release/llama-decode-bench
-libs=$(find "$out" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
-cc -O2 -o "$bench" scripts/bench/llama_decode_bench.c -I"$src/include" -I"$src/ggml/include" \
-  -Wl,--start-group $libs -Wl,--end-group -lstdc++ -lgomp -lm -lpthread
+# SKIP_BUILD=1 uses binaries built elsewhere (e.g. carried to a machine without Rust).
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cargo build --release -q -p hypura
+  out=$(ls -td target/release/build/llama-cpp-sys-2-*/out/lib | head -1)
+  src=$(ls -d ~/.cargo/registry/src/*/llama-cpp-sys-2-0.1.161/llama.cpp | head -1)
+  libs=$(find "$out" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
+  cc -O2 -o "$bench" scripts/bench/llama_decode_bench.c -I"$src/include" -I"$src/ggml/include" \
+    -Wl,--start-group $libs -Wl,--end-group -lstdc++ -lgomp -lm -lpthread
+fi
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 h_all=(); l_all=()

@@ -5,4 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/fetch-models.sh
-cargo test --release --workspace "$@"
+# The gateway's client tests drive it with the real `ollama` and `openai` packages.
+if ! python3 -c "import ollama, openai, pytest" 2>/dev/null; then
+  python3 -m pip install --quiet -r gateway/tests/clients/requirements.txt ||
+    python3 -m pip install --quiet --break-system-packages -r gateway/tests/clients/requirements.txt
+fi
+cargo test --release --workspace --no-fail-fast "$@"

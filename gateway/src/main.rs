@@ -2,7 +2,11 @@
 //!
 //! - `hypura inspect MODEL`: what a GGUF file holds (see `cli/inspect.rs`).
 //! - `hypura run MODEL`: generate text from a prompt or chat interactively (see `cli/run.rs`).
+//! - `hypura serve [MODEL|DIR ...]`: Ollama- and OpenAI-compatible HTTP APIs over a pool of
+//!   models (see `cli/serve.rs`, `server/`); with no model, SmolLM2 is fetched (`fetch.rs`).
 mod cli;
+mod fetch;
+mod server;
 
 use clap::Parser;
 

@@ -161,7 +161,7 @@ fn bad_files_give_clear_errors_and_exit_1() {
     let full = std::fs::read(smollm2()).unwrap();
     let truncated = temp_file("truncated.gguf", &full[..full.len() / 2]);
     let cases: [(&Path, &str); 3] = [
-        (&missing, "not found"),
+        (&missing, "does not exist"),
         (&not_gguf, "not a GGUF"),
         (&truncated, "truncated"),
     ];
@@ -199,8 +199,7 @@ fn absurd_options_are_rejected_before_loading() {
         model.to_str().unwrap(),
         "--prompt",
         "hi",
-        "--top-p",
-        "-1",
+        "--top-p=-1",
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("top_p"), "{}", stderr(&out));

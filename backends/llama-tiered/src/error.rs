@@ -23,6 +23,15 @@ pub enum EngineError {
     Cancelled,
     #[error("llama_decode failed with code {0}")]
     Decode(i32),
+    /// Streaming a weight from the model file failed (I/O error, file truncated after load).
+    #[error("streaming weights from the model file failed: {0}")]
+    Stream(String),
     #[error("chat template: {0}")]
     Template(String),
+    /// The batch engine's queue already holds as many waiting requests as it may.
+    #[error("too many requests are waiting for this model (the queue is full): retry later")]
+    QueueFull,
+    /// The batch engine is shutting down (or its worker stopped) and takes no new requests.
+    #[error("the engine is shutting down and takes no new requests")]
+    ShuttingDown,
 }

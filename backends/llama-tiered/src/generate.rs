@@ -80,20 +80,8 @@ pub fn generate(
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Completion, EngineError> {
     let n_ctx = ctx.n_ctx();
-    if prompt.is_empty() {
-        return Err(EngineError::InvalidArgument("the prompt is empty".into()));
-    }
-    if prompt.len() >= n_ctx as usize {
-        return Err(EngineError::PromptTooLong {
-            prompt_tokens: prompt.len(),
-            n_ctx,
-        });
-    }
-    let model = ctx.model().clone();
-    let mut sampler = Sampler::new(&params.sampling, model.n_vocab(), n_ctx)?;
-    for &t in prompt {
-        sampler.accept(t);
-    }
+    check_prompt(prompt, n_ctx)?;
+    let mut sequence = Sequence::new(params, prompt, ctx.model().n_vocab(), n_ctx)?;
 
     let mut timings = Timings {
         prompt_tokens: prompt.len(),
@@ -103,55 +91,146 @@ pub fn generate(
     let mut last_row = decode_prompt(ctx, seq, prompt)?;
     timings.prompt_eval_seconds = started.elapsed().as_secs_f64();
 
-    let mut text = TextStream::new(&params.stop);
-    let mut tokens = Vec::new();
-    let mut pos = prompt.len() as i32;
     let mut batch = Batch::new(1);
     let mut eval = Duration::ZERO;
-    let max_tokens = params.max_tokens.map_or(usize::MAX, |m| m as usize);
     let finish = loop {
-        if tokens.len() >= max_tokens {
-            break FinishReason::Length;
-        }
-        let token = sampler.sample(ctx, last_row);
-        tokens.push(token);
-        if model.is_eog(token) {
-            break FinishReason::Stop;
-        }
-        let (emitted, stopped) = text.push(&model.token_to_bytes(token, false));
-        if !emitted.is_empty() && !on_text(&emitted) {
-            break FinishReason::Cancelled;
-        }
-        if stopped {
-            break FinishReason::Stop;
-        }
-        if tokens.len() >= max_tokens {
-            break FinishReason::Length;
-        }
-        if pos as u32 + 1 >= n_ctx {
-            break FinishReason::Length;
-        }
+        let token = match sequence.advance(ctx, last_row, on_text) {
+            Next::Decode(token) => token,
+            Next::Finish(reason) => break reason,
+        };
         let step = Instant::now();
         batch.clear();
-        last_row = batch.push(token, pos, seq, true)?;
+        last_row = batch.push(token, sequence.next_pos(), seq, true)?;
         ctx.decode(&batch)?;
         eval += step.elapsed();
-        pos += 1;
     };
-    if finish != FinishReason::Cancelled {
-        let rest = text.finish();
-        if !rest.is_empty() {
-            on_text(&rest);
+    timings.eval_seconds = eval.as_secs_f64();
+    Ok(sequence.complete(finish, timings, on_text))
+}
+
+/// Rejects prompts that cannot be generated from in `n_ctx` tokens.
+pub(crate) fn check_prompt(prompt: &[i32], n_ctx: u32) -> Result<(), EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidArgument("the prompt is empty".into()));
+    }
+    if prompt.len() >= n_ctx as usize {
+        return Err(EngineError::PromptTooLong {
+            prompt_tokens: prompt.len(),
+            n_ctx,
+        });
+    }
+    Ok(())
+}
+
+/// What a [`Sequence`] does after a sampling step.
+pub(crate) enum Next {
+    /// Decode this token at [`Sequence::next_pos`], then call `advance` on its logits.
+    Decode(i32),
+    Finish(FinishReason),
+}
+
+/// One sequence's generation after its prompt: samples, turns tokens into
+/// text and decides when it ends. Shared by [`generate`] and the batch engine
+/// so that both end a generation by the same rules.
+pub(crate) struct Sequence {
+    sampler: Sampler,
+    text: TextStream,
+    tokens: Vec<i32>,
+    n_prompt: usize,
+    max_tokens: usize,
+    /// Context tokens this sequence may occupy.
+    n_ctx: u32,
+}
+
+impl Sequence {
+    /// Builds the sampler (rejecting bad sampling options) and feeds it the
+    /// prompt (for penalties).
+    pub(crate) fn new(
+        params: &GenerateParams,
+        prompt: &[i32],
+        n_vocab: usize,
+        n_ctx: u32,
+    ) -> Result<Sequence, EngineError> {
+        let mut sampler = Sampler::new(&params.sampling, n_vocab, n_ctx)?;
+        for &t in prompt {
+            sampler.accept(t);
+        }
+        Ok(Sequence {
+            sampler,
+            text: TextStream::new(&params.stop),
+            tokens: Vec::new(),
+            n_prompt: prompt.len(),
+            max_tokens: params.max_tokens.map_or(usize::MAX, |m| m as usize),
+            n_ctx,
+        })
+    }
+
+    /// Samples a token from batch row `row` of the last decode, passes the
+    /// text now final to `on_text`, and says whether to go on.
+    pub(crate) fn advance(
+        &mut self,
+        ctx: &mut Context,
+        row: i32,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Next {
+        if self.tokens.len() >= self.max_tokens {
+            return Next::Finish(FinishReason::Length);
+        }
+        let token = self.sampler.sample(ctx, row);
+        self.tokens.push(token);
+        let model = ctx.model();
+        if model.is_eog(token) {
+            return Next::Finish(FinishReason::Stop);
+        }
+        let (emitted, stopped) = self.text.push(&model.token_to_bytes(token, false));
+        if !emitted.is_empty() && !on_text(&emitted) {
+            return Next::Finish(FinishReason::Cancelled);
+        }
+        if stopped {
+            return Next::Finish(FinishReason::Stop);
+        }
+        if self.tokens.len() >= self.max_tokens {
+            return Next::Finish(FinishReason::Length);
+        }
+        if self.next_pos() as u32 + 1 >= self.n_ctx {
+            return Next::Finish(FinishReason::Length);
+        }
+        Next::Decode(token)
+    }
+
+    /// Position of the last sampled token (where [`Next::Decode`] puts it).
+    pub(crate) fn next_pos(&self) -> i32 {
+        (self.n_prompt + self.tokens.len()).saturating_sub(1) as i32
+    }
+
+    /// Tokens sampled so far.
+    pub(crate) fn n_generated(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Releases the held text (unless cancelled) and builds the result;
+    /// `timings` gets the token counts filled in.
+    pub(crate) fn complete(
+        mut self,
+        finish: FinishReason,
+        mut timings: Timings,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Completion {
+        if finish != FinishReason::Cancelled {
+            let rest = self.text.finish();
+            if !rest.is_empty() {
+                on_text(&rest);
+            }
+        }
+        timings.prompt_tokens = self.n_prompt;
+        timings.generated_tokens = self.tokens.len();
+        Completion {
+            text: self.text.into_text(),
+            tokens: self.tokens,
+            finish_reason: finish,
+            timings,
         }
     }
-    timings.generated_tokens = tokens.len();
-    timings.eval_seconds = eval.as_secs_f64();
-    Ok(Completion {
-        text: text.into_text(),
-        tokens,
-        finish_reason: finish,
-        timings,
-    })
 }
 
 /// Decodes a prompt in chunks of the context's batch size; returns the batch

@@ -5,8 +5,11 @@
 //! - [`llama`]: the FFI boundary — models, contexts, batches, samplers.
 //! - [`chat`]: chat templates rendered with a Jinja engine, as llama.cpp's server does.
 //! - [`prompt`]: messages or raw text → token ids.
+//! - [`batch`]: continuous batching — many requests decoded together in one context, and embeddings.
 //! - [`generate`]: the decode loop (stop strings, UTF-8, end of generation, timings).
+//! - [`tiered`]: placement of tensors on GPU / RAM / STREAM and the streamer.
 //! - [`synth`]: synthetic GGUF models for tests and benchmarks.
+pub mod batch;
 pub mod chat;
 pub mod error;
 pub mod generate;
@@ -16,5 +19,6 @@ pub mod llama;
 pub mod prompt;
 pub mod synth;
 pub mod test_models;
+pub mod tiered;
 
 pub use error::EngineError;

@@ -2,6 +2,7 @@
 mod inspect;
 mod progress;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -22,11 +23,14 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Generate text from a prompt, or chat with --interactive.
     Run(run::RunArgs),
+    /// Serve models over Ollama- and OpenAI-compatible HTTP APIs.
+    Serve(serve::ServeArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::inspect(args),
         Command::Run(args) => run::run(args),
+        Command::Serve(args) => serve::serve(args),
     }
 }

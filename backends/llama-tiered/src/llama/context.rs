@@ -7,6 +7,7 @@ use std::sync::Arc;
 use hypura_llama_sys as sys;
 
 use super::model::Model;
+use super::stream::{eval_trampoline, EvalHook};
 use crate::error::EngineError;
 
 /// Options for [`Context::new`].
@@ -22,6 +23,9 @@ pub struct ContextParams {
     pub n_threads: u32,
     /// Compute embeddings instead of (or beside) logits.
     pub embeddings: bool,
+    /// With `embeddings`: one embedding per sequence, the mean over its
+    /// tokens (`LLAMA_POOLING_TYPE_MEAN`); otherwise the model's own pooling.
+    pub mean_pooling: bool,
 }
 
 impl Default for ContextParams {
@@ -32,6 +36,7 @@ impl Default for ContextParams {
             n_seq_max: 1,
             n_threads: 0,
             embeddings: false,
+            mean_pooling: false,
         }
     }
 }
@@ -50,9 +55,10 @@ pub struct PerfTimings {
 /// threads at once (decoding mutates it), but movable to another thread.
 pub struct Context {
     raw: NonNull<sys::llama_context>,
-    // The flag's heap address is handed to llama.cpp's abort callback; the Arc
-    // keeps it alive (and in place) as long as the context.
-    abort: Arc<AtomicBool>,
+    // Boxed: its address is handed to llama.cpp's abort callback.
+    abort: Box<AbortState>,
+    // Boxed so the address handed to llama.cpp's eval callback is stable.
+    _hook: Option<Box<Arc<dyn EvalHook>>>,
     n_vocab: usize,
     model: Arc<Model>,
 }
@@ -61,11 +67,18 @@ pub struct Context {
 // mutating call); llama.cpp has no thread affinity.
 unsafe impl Send for Context {}
 
+/// What llama.cpp's abort callback looks at: the caller's cancel flag and
+/// whether the eval hook failed.
+struct AbortState {
+    flag: Arc<AtomicBool>,
+    hook: Option<Arc<dyn EvalHook>>,
+}
+
 unsafe extern "C" fn abort_trampoline(data: *mut c_void) -> bool {
-    // SAFETY: `data` points at the `AtomicBool` inside the context's Arc,
-    // which outlives every decode call.
-    let flag = unsafe { &*(data as *const AtomicBool) };
-    flag.load(Ordering::Relaxed)
+    // SAFETY: `data` points at the context's boxed AbortState, which
+    // outlives every decode call.
+    let state = unsafe { &*(data as *const AbortState) };
+    state.flag.load(Ordering::Relaxed) || state.hook.as_ref().is_some_and(|h| h.failed())
 }
 
 pub fn default_threads() -> u32 {
@@ -76,12 +89,25 @@ pub fn default_threads() -> u32 {
 
 impl Context {
     pub fn new(model: Arc<Model>, params: &ContextParams) -> Result<Context, EngineError> {
+        Context::with_hook(model, params, None)
+    }
+
+    /// A context whose graph nodes are shown to `hook` while decoding (the
+    /// STREAM tier makes weights resident this way just before they are used).
+    pub fn with_hook(
+        model: Arc<Model>,
+        params: &ContextParams,
+        hook: Option<Arc<dyn EvalHook>>,
+    ) -> Result<Context, EngineError> {
         if params.n_batch == 0 || params.n_seq_max == 0 {
             return Err(EngineError::InvalidArgument(
                 "n_batch and n_seq_max must be at least 1".into(),
             ));
         }
-        let abort = Arc::new(AtomicBool::new(false));
+        let abort = Box::new(AbortState {
+            flag: Arc::new(AtomicBool::new(false)),
+            hook: hook.clone(),
+        });
         let threads = if params.n_threads == 0 {
             default_threads()
         } else {
@@ -96,9 +122,17 @@ impl Context {
         raw_params.n_threads = threads;
         raw_params.n_threads_batch = threads;
         raw_params.embeddings = params.embeddings;
+        if params.mean_pooling {
+            raw_params.pooling_type = sys::LLAMA_POOLING_TYPE_MEAN;
+        }
         raw_params.no_perf = false;
         raw_params.abort_callback = Some(abort_trampoline);
-        raw_params.abort_callback_data = Arc::as_ptr(&abort) as *mut c_void;
+        raw_params.abort_callback_data = &*abort as *const AbortState as *mut c_void;
+        let hook = hook.map(Box::new);
+        if let Some(hook) = &hook {
+            raw_params.cb_eval = Some(eval_trampoline);
+            raw_params.cb_eval_user_data = &**hook as *const Arc<dyn EvalHook> as *mut c_void;
+        }
         // SAFETY: the model is alive (we keep an Arc); the abort data outlives the context.
         let raw = unsafe { sys::llama_init_from_model(model.as_ptr(), raw_params) };
         let raw = NonNull::new(raw).ok_or_else(|| {
@@ -111,6 +145,7 @@ impl Context {
         Ok(Context {
             raw,
             abort,
+            _hook: hook,
             n_vocab,
             model,
         })
@@ -134,7 +169,7 @@ impl Context {
     /// A flag that, once set, makes the running and every later
     /// [`Context::decode`] fail with [`EngineError::Cancelled`] until cleared.
     pub fn abort_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.abort)
+        Arc::clone(&self.abort.flag)
     }
 
     /// Runs the model over a batch. Logits of the tokens marked for output are
@@ -148,7 +183,10 @@ impl Context {
         match rc {
             0 => Ok(()),
             1 => Err(EngineError::ContextFull),
-            2 => Err(EngineError::Cancelled),
+            2 => match self.abort.hook.as_ref().and_then(|h| h.take_error()) {
+                Some(reason) => Err(EngineError::Stream(reason)),
+                None => Err(EngineError::Cancelled),
+            },
             rc => Err(EngineError::Decode(rc)),
         }
     }

@@ -7,8 +7,10 @@ mod context;
 pub mod gguf_write;
 mod model;
 mod sampler;
+mod stream;
 
 pub use backend::init as init_backend;
 pub use context::{default_threads, Batch, Context, ContextParams, PerfTimings};
 pub use model::{LoadMode, Model, ModelParams};
 pub use sampler::{Sampler, SamplingParams};
+pub use stream::{EvalHook, LoadReport, Node, StreamBufferType, StreamRegion, PAGE};

@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 
 use hypura_llama_sys as sys;
 
+use super::stream::{LoadFile, LoadReport, StreamBufferType};
 use crate::error::EngineError;
 
 /// How a model's weights are read at load time.
@@ -24,6 +25,10 @@ pub struct ModelParams<'a> {
     /// Layers to offload to a GPU (`-1` = all, `0` = none).
     pub n_gpu_layers: i32,
     pub load_mode: LoadMode,
+    /// Keep weights in their file layout: no CPU "repack" buffer types. Those
+    /// speed up some types (Q4_0, Q4_K, IQ4_NL, Q8_0 on x86) but cannot apply
+    /// to streamed tensors, so exact comparisons with streaming modes need it.
+    pub no_repack: bool,
     /// Called with the load fraction in `[0, 1]`; returning `false` aborts the load.
     pub progress: Option<&'a mut dyn FnMut(f32) -> bool>,
 }
@@ -33,6 +38,8 @@ pub struct ModelParams<'a> {
 pub struct Model {
     raw: NonNull<sys::llama_model>,
     path: PathBuf,
+    /// The STREAM buffer type its STREAM tensors live in; dropped after the model.
+    stream: Option<StreamBufferType>,
 }
 
 // SAFETY: a `llama_model` is not mutated after loading; llama.cpp's server
@@ -62,6 +69,7 @@ impl Model {
         // SAFETY: returns a plain struct of defaults.
         let mut raw_params = unsafe { sys::llama_model_default_params() };
         raw_params.n_gpu_layers = params.n_gpu_layers;
+        raw_params.use_extra_bufts = !params.no_repack;
         raw_params.load_mode = match params.load_mode {
             LoadMode::Read => sys::LLAMA_LOAD_MODE_NONE,
             LoadMode::Mmap => sys::LLAMA_LOAD_MODE_MMAP,
@@ -88,6 +96,7 @@ impl Model {
             Some(raw) => Ok(Model {
                 raw,
                 path: path.to_path_buf(),
+                stream: None,
             }),
             None if aborted_by_caller => Err(EngineError::Cancelled),
             None => Err(EngineError::Load {
@@ -96,6 +105,83 @@ impl Model {
                     .into(),
             }),
         }
+    }
+
+    /// Loads a GGUF with some tensors on the STREAM tier: those whose names
+    /// match one of `stream_patterns` (anchored regexes, first match wins) go
+    /// to `stream_buft`, which places them at their file offsets, and their
+    /// bytes (`stream_ranges` of the file) are not read; `tensor_starts`
+    /// (the data offsets of all tensors) bound reads. Everything else is
+    /// loaded by llama.cpp's own loader as in [`Model::load`] (read mode).
+    pub fn load_tiered(
+        path: &Path,
+        tensor_starts: Vec<u64>,
+        stream_ranges: Vec<(u64, u64)>,
+        stream_patterns: &[String],
+        stream_buft: StreamBufferType,
+        no_repack: bool,
+    ) -> Result<(Model, LoadReport), EngineError> {
+        super::backend::init();
+        let load_error = |reason: String| EngineError::Load {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let file = std::fs::File::open(path).map_err(|e| load_error(e.to_string()))?;
+        let mut load_file = LoadFile::new(file, stream_ranges, tensor_starts)
+            .map_err(|e| load_error(e.to_string()))?;
+
+        let patterns: Vec<CString> = stream_patterns
+            .iter()
+            .map(|p| {
+                CString::new(p.as_str())
+                    .map_err(|_| EngineError::InvalidArgument(format!("pattern {p:?}")))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut overrides: Vec<sys::llama_model_tensor_buft_override> = patterns
+            .iter()
+            .map(|p| sys::llama_model_tensor_buft_override {
+                pattern: p.as_ptr(),
+                buft: stream_buft.handle(),
+            })
+            .collect();
+        overrides.push(sys::llama_model_tensor_buft_override {
+            pattern: std::ptr::null(),
+            buft: std::ptr::null_mut(),
+        });
+
+        let fp = load_file.open().map_err(|e| load_error(e.to_string()))?;
+        // SAFETY: plain defaults, then pointers that outlive the call: the
+        // override list and its patterns, and the FILE (closed right after).
+        let raw = unsafe {
+            let mut params = sys::llama_model_default_params();
+            params.n_gpu_layers = 0;
+            params.load_mode = sys::LLAMA_LOAD_MODE_NONE;
+            params.use_extra_bufts = !no_repack;
+            params.tensor_buft_overrides = overrides.as_ptr();
+            sys::llama_model_load_from_file_ptr(fp.cast(), params)
+        };
+        let (report, read_error) = load_file.close(fp);
+        stream_buft.finish_loading();
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(load_error(read_error.map_or(
+                "llama.cpp could not load it (RUST_LOG=llama.cpp=debug shows why)".into(),
+                |e| e.to_string(),
+            )));
+        };
+        let model = Model {
+            raw,
+            path: path.to_path_buf(),
+            stream: Some(stream_buft),
+        };
+        if let Some(e) = read_error {
+            return Err(load_error(e.to_string()));
+        }
+        Ok((model, report))
+    }
+
+    /// The STREAM buffer type, for models loaded with [`Model::load_tiered`].
+    pub fn stream_buffer_type(&self) -> Option<&StreamBufferType> {
+        self.stream.as_ref()
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {

@@ -1,0 +1,956 @@
+//! Continuous batching: up to `n_parallel` requests decoded together in one
+//! llama.cpp context, as llama-server's slots do it.
+//!
+//! One worker thread owns the [`Context`]. Each step it drops cancelled
+//! requests, admits queued ones into free slots (sequence ids
+//! `0..n_parallel`), builds one [`Batch`] holding the next token of every
+//! generating sequence plus chunks of the prompts still being read (so a long
+//! prompt never stalls the others), decodes it once, and samples every
+//! sequence that got logits from its own row with its own sampler.
+//!
+//! Each sequence keeps its own positions and its own KV stream: the context
+//! uses llama.cpp's non-unified KV cache (its default), so a greedy
+//! generation gives the same tokens alone or among others. With `kv_unified`
+//! the sequences share one KV buffer: a sequence's cells sit at other indices,
+//! among the others' masked cells, so attention sums in another order, and
+//! greedy outputs on SmolLM2 part from the solo ones within 4 to 15 tokens
+//! for some prompts (measured). The price of separate streams: llama.cpp
+//! splits a batch over them into micro-batches with equal tokens per
+//! sequence, so prompts of different lengths read in one step take several
+//! micro-batches.
+//!
+//! Lock order: the request state (`Shared::state`) and the embedding context
+//! (`Inner::embedder`) are never held together; the worker holds no lock
+//! while it decodes or calls a sink.
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+use crate::generate::{
+    check_prompt, Completion, FinishReason, GenerateParams, Next, Sequence, Timings,
+};
+use crate::llama::{Batch, Context, ContextParams, Model};
+
+/// Most sequences one llama.cpp context holds (`LLAMA_MAX_SEQ`).
+const MAX_PARALLEL: u32 = 256;
+
+/// Context length of the embedding context: every text is decoded in one
+/// micro-batch (mean pooling needs all its tokens at once), and llama.cpp
+/// computes logits for each of them, so this stays small.
+const EMBED_N_CTX: u32 = 512;
+
+/// How a [`BatchEngine`] shares its context between requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BatchConfig {
+    /// Sequences decoded together (slots), `1..=256`.
+    pub n_parallel: u32,
+    /// Context tokens per sequence (prompt and generated tokens). The llama
+    /// context gets `n_ctx_per_seq * n_parallel`, `n_seq_max = n_parallel`.
+    pub n_ctx_per_seq: u32,
+    /// Most tokens per decode step; prompt chunks of several sequences share
+    /// it. At least `n_parallel`, so every generating sequence fits each step.
+    pub n_batch: u32,
+    /// Decoding threads (`0` = one per available core).
+    pub n_threads: u32,
+    /// Requests waiting for a slot beyond which [`BatchEngine::submit`]
+    /// fails with [`EngineError::QueueFull`].
+    pub queue_limit: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            n_parallel: 4,
+            n_ctx_per_seq: 4096,
+            n_batch: 512,
+            n_threads: 0,
+            queue_limit: 64,
+        }
+    }
+}
+
+impl BatchConfig {
+    /// Rejects configurations the engine cannot run.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let invalid = |msg: String| Err(EngineError::InvalidArgument(msg));
+        if self.n_parallel == 0 || self.n_parallel > MAX_PARALLEL {
+            return invalid(format!(
+                "n_parallel must be in 1..={MAX_PARALLEL}, got {}",
+                self.n_parallel
+            ));
+        }
+        if self.n_ctx_per_seq < 2 {
+            return invalid(format!(
+                "n_ctx_per_seq must be at least 2, got {}",
+                self.n_ctx_per_seq
+            ));
+        }
+        if self.n_batch < self.n_parallel {
+            return invalid(format!(
+                "n_batch ({}) must be at least n_parallel ({}): every generating sequence needs a place in each step",
+                self.n_batch, self.n_parallel
+            ));
+        }
+        if self.n_ctx_per_seq.checked_mul(self.n_parallel).is_none() {
+            return invalid(format!(
+                "n_ctx_per_seq * n_parallel ({} * {}) is too large",
+                self.n_ctx_per_seq, self.n_parallel
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a request's [`EventSink`] receives, in order: any number of `Text`,
+/// then one `Done` or one `Error`.
+#[derive(Debug)]
+pub enum GenerationEvent {
+    /// Text now final (whole UTF-8 chars, never a prefix of a possible stop string).
+    Text(String),
+    /// Generation ended normally (EOG, stop string, max tokens, full context) or was cancelled.
+    Done(Completion),
+    /// Generation failed; no further events.
+    Error(EngineError),
+}
+
+/// Receives the events of one request; returning false cancels the request
+/// (client gone): its slot is freed before the next decode step. Called on
+/// the worker thread, so it must not block for long: every other request
+/// waits meanwhile. A panic inside it cancels its request only.
+pub type EventSink = Box<dyn FnMut(GenerationEvent) -> bool + Send>;
+
+/// One generation: prompt tokens and how to sample after them.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<i32>,
+    pub params: GenerateParams,
+}
+
+/// Identifies a submitted request (unique per engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A snapshot of a [`BatchEngine`]; the `_total` counters count since start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BatchStatus {
+    /// Requests holding a slot.
+    pub active: usize,
+    /// Requests waiting for a slot.
+    pub queued: usize,
+    pub n_parallel: u32,
+    pub n_ctx_per_seq: u32,
+    pub tokens_generated_total: u64,
+    /// Prompt tokens decoded.
+    pub prompt_tokens_total: u64,
+    /// `llama_decode` calls.
+    pub decode_steps_total: u64,
+    /// Requests that ended with [`GenerationEvent::Done`].
+    pub requests_completed_total: u64,
+    /// Requests cancelled (by [`BatchEngine::cancel`] or their sink).
+    pub requests_cancelled_total: u64,
+    /// Requests that ended with [`GenerationEvent::Error`].
+    pub requests_failed_total: u64,
+    /// True once [`BatchEngine::shutdown`] began (or the worker stopped).
+    pub shutting_down: bool,
+}
+
+/// A continuous-batching engine over one model: cheap to clone, shareable
+/// between threads. The last clone dropped shuts it down as
+/// [`BatchEngine::shutdown`] does.
+#[derive(Clone)]
+pub struct BatchEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    model: Arc<Model>,
+    config: BatchConfig,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    worker_thread: ThreadId,
+    /// Created on the first [`BatchEngine::embed`].
+    embedder: Mutex<Option<Embedder>>,
+    #[cfg(test)]
+    abort: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What the submitting threads and the worker share.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a request is queued or shutdown begins.
+    wake: Condvar,
+    counters: Counters,
+}
+
+struct State {
+    queue: VecDeque<Queued>,
+    /// Requests holding a slot.
+    active: HashSet<RequestId>,
+    /// Active requests to drop before the next step.
+    cancelled: HashSet<RequestId>,
+    /// False once shutdown began or the worker stopped.
+    accepting: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    tokens_generated: AtomicU64,
+    prompt_tokens: AtomicU64,
+    decode_steps: AtomicU64,
+    completed: AtomicU64,
+    cancelled: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A validated request waiting for a slot.
+struct Queued {
+    id: RequestId,
+    prompt: Vec<i32>,
+    sequence: Sequence,
+    sink: EventSink,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock; a poisoned state is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl BatchEngine {
+    /// Creates the context (`n_ctx_per_seq * n_parallel` tokens) and spawns
+    /// the worker thread that owns it.
+    pub fn start(model: Arc<Model>, config: BatchConfig) -> Result<BatchEngine, EngineError> {
+        config.validate()?;
+        let ctx_params = ContextParams {
+            n_ctx: config.n_ctx_per_seq * config.n_parallel,
+            n_batch: config.n_batch,
+            n_seq_max: config.n_parallel,
+            n_threads: config.n_threads,
+            ..Default::default()
+        };
+        let ctx = Context::new(Arc::clone(&model), &ctx_params)?;
+        #[cfg(test)]
+        let abort = ctx.abort_flag();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                active: HashSet::new(),
+                cancelled: HashSet::new(),
+                accepting: true,
+            }),
+            wake: Condvar::new(),
+            counters: Counters::default(),
+        });
+        let worker = Worker::new(Arc::clone(&shared), ctx, &config);
+        let handle = std::thread::Builder::new()
+            .name("hypura-batch".into())
+            .spawn(move || worker.run())
+            .map_err(|e| EngineError::Context(format!("could not start the batch worker: {e}")))?;
+        Ok(BatchEngine {
+            inner: Arc::new(Inner {
+                model,
+                config,
+                shared,
+                next_id: AtomicU64::new(0),
+                worker_thread: handle.thread().id(),
+                worker: Mutex::new(Some(handle)),
+                embedder: Mutex::new(None),
+                #[cfg(test)]
+                abort,
+            }),
+        })
+    }
+
+    /// Validates and queues a request; its events go to `sink` on the worker
+    /// thread. Fails at once for an empty prompt, one of `n_ctx_per_seq`
+    /// tokens or more ([`EngineError::PromptTooLong`]), token ids outside the
+    /// vocabulary, bad sampling options, a full queue
+    /// ([`EngineError::QueueFull`]) or a shutdown ([`EngineError::ShuttingDown`]).
+    pub fn submit(
+        &self,
+        request: GenerateRequest,
+        sink: EventSink,
+    ) -> Result<RequestId, EngineError> {
+        let config = &self.inner.config;
+        check_prompt(&request.prompt, config.n_ctx_per_seq)?;
+        let n_vocab = self.inner.model.n_vocab();
+        if let Some(&bad) = request
+            .prompt
+            .iter()
+            .find(|&&t| t < 0 || t as usize >= n_vocab)
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary (0..{n_vocab})"
+            )));
+        }
+        let sequence = Sequence::new(
+            &request.params,
+            &request.prompt,
+            n_vocab,
+            config.n_ctx_per_seq,
+        )?;
+        let mut state = self.inner.shared.lock();
+        if !state.accepting {
+            return Err(EngineError::ShuttingDown);
+        }
+        let capacity = (config.n_parallel as usize).saturating_add(config.queue_limit);
+        if state.queue.len() + state.active.len() >= capacity {
+            return Err(EngineError::QueueFull);
+        }
+        let id = RequestId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        state.queue.push_back(Queued {
+            id,
+            prompt: request.prompt,
+            sequence,
+            sink,
+        });
+        drop(state);
+        self.inner.shared.wake.notify_one();
+        Ok(id)
+    }
+
+    /// Cancels a request: a queued one is removed at once, an active one is
+    /// dropped before the next decode step (its KV cleared). No further
+    /// events are delivered once it is dropped. Unknown or finished ids are ignored.
+    pub fn cancel(&self, id: RequestId) {
+        let removed = {
+            let mut state = self.inner.shared.lock();
+            match state.queue.iter().position(|q| q.id == id) {
+                Some(i) => state.queue.remove(i),
+                None => {
+                    if state.active.contains(&id) {
+                        state.cancelled.insert(id);
+                    }
+                    None
+                }
+            }
+        };
+        if removed.is_some() {
+            Counters::add(&self.inner.shared.counters.cancelled, 1);
+        }
+        // The sink is dropped here, outside the lock.
+        drop(removed);
+    }
+
+    pub fn status(&self) -> BatchStatus {
+        let (active, queued, accepting) = {
+            let state = self.inner.shared.lock();
+            (state.active.len(), state.queue.len(), state.accepting)
+        };
+        let c = &self.inner.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BatchStatus {
+            active,
+            queued,
+            n_parallel: self.inner.config.n_parallel,
+            n_ctx_per_seq: self.inner.config.n_ctx_per_seq,
+            tokens_generated_total: get(&c.tokens_generated),
+            prompt_tokens_total: get(&c.prompt_tokens),
+            decode_steps_total: get(&c.decode_steps),
+            requests_completed_total: get(&c.completed),
+            requests_cancelled_total: get(&c.cancelled),
+            requests_failed_total: get(&c.failed),
+            shutting_down: !accepting,
+        }
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.inner.model
+    }
+
+    pub fn config(&self) -> &BatchConfig {
+        &self.inner.config
+    }
+
+    /// Rejects new requests, lets the worker finish every accepted one
+    /// (active and queued), and waits for it to exit. Called from a sink (on
+    /// the worker thread) it does not wait.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    /// One embedding per text: the mean of its tokens' final hidden states,
+    /// L2-normalized (as Ollama's `/api/embed` returns them). Texts are
+    /// tokenized with BOS as the model wants it and special-token text left
+    /// as text; one longer than 512 tokens (or the model's training context)
+    /// fails with [`EngineError::PromptTooLong`], an empty one with
+    /// [`EngineError::InvalidArgument`].
+    ///
+    /// Runs on the caller's thread, in a separate small context created on
+    /// first use and kept behind a mutex: concurrent calls take turns, and
+    /// generation on the worker goes on meanwhile (sharing the cores).
+    pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let model = &self.inner.model;
+        let n_ctx = EMBED_N_CTX.min(model.n_ctx_train().max(1));
+        let tokenized = texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let tokens = model.tokenize(text, true, false)?;
+                if tokens.is_empty() {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "text {i} is empty: nothing to embed"
+                    )));
+                }
+                if tokens.len() > n_ctx as usize {
+                    return Err(EngineError::PromptTooLong {
+                        prompt_tokens: tokens.len(),
+                        n_ctx,
+                    });
+                }
+                Ok(tokens)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut guard = self
+            .inner
+            .embedder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let embedder = match guard.as_mut() {
+            Some(embedder) => embedder,
+            None => guard.insert(Embedder::new(model, n_ctx, self.inner.config.n_threads)?),
+        };
+        tokenized.iter().map(|t| embedder.embed(t)).collect()
+    }
+}
+
+impl Inner {
+    fn shutdown(&self) {
+        self.shared.lock().accepting = false;
+        self.shared.wake.notify_all();
+        if std::thread::current().id() == self.worker_thread {
+            // A sink shutting the engine down: the worker exits by itself
+            // once its requests are done; joining here would deadlock.
+            return;
+        }
+        let handle = self
+            .worker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                tracing::error!("the batch worker panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A request in a slot.
+struct Slot {
+    id: RequestId,
+    sink: EventSink,
+    sequence: Sequence,
+    prompt: Vec<i32>,
+    /// Prompt tokens already in the KV cache.
+    n_prompt_decoded: usize,
+    /// The sampled token to decode next, once the prompt is in.
+    next_token: Option<i32>,
+    /// Prompt tokens in the current batch.
+    step_prompt_tokens: usize,
+    /// Row of this sequence's logits in the current batch.
+    step_row: Option<i32>,
+    prompt_eval: Duration,
+    eval: Duration,
+}
+
+impl Slot {
+    fn new(q: Queued) -> Slot {
+        Slot {
+            id: q.id,
+            sink: q.sink,
+            sequence: q.sequence,
+            prompt: q.prompt,
+            n_prompt_decoded: 0,
+            next_token: None,
+            step_prompt_tokens: 0,
+            step_row: None,
+            prompt_eval: Duration::ZERO,
+            eval: Duration::ZERO,
+        }
+    }
+
+    fn in_batch(&self) -> bool {
+        self.next_token.is_some() || self.step_prompt_tokens > 0
+    }
+}
+
+/// The worker thread's state: the context and the slots (index = sequence id).
+struct Worker {
+    shared: Arc<Shared>,
+    ctx: Context,
+    batch: Batch,
+    slots: Vec<Option<Slot>>,
+    n_batch: usize,
+}
+
+/// Marks the engine stopped when the worker exits, even by a panic, and
+/// fails the requests still queued then.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let queued: Vec<Queued> = {
+            let mut state = self.0.lock();
+            state.accepting = false;
+            state.queue.drain(..).collect()
+        };
+        for mut q in queued {
+            Counters::add(&self.0.counters.failed, 1);
+            send(
+                &mut q.sink,
+                GenerationEvent::Error(EngineError::ShuttingDown),
+            );
+        }
+    }
+}
+
+impl Worker {
+    fn new(shared: Arc<Shared>, ctx: Context, config: &BatchConfig) -> Worker {
+        Worker {
+            shared,
+            ctx,
+            batch: Batch::new(config.n_batch as usize),
+            slots: (0..config.n_parallel).map(|_| None).collect(),
+            n_batch: config.n_batch as usize,
+        }
+    }
+
+    fn run(mut self) {
+        let _guard = ExitGuard(Arc::clone(&self.shared));
+        while self.wait_for_work() {
+            if self.slots.iter().any(Option::is_some) {
+                self.step();
+            }
+        }
+    }
+
+    /// Drops cancelled requests and fills free slots from the queue, blocking
+    /// while there is nothing to do. False when the worker should exit
+    /// (shutting down, and no request left).
+    fn wait_for_work(&mut self) -> bool {
+        let mut admitted = Vec::new();
+        let mut dropped = Vec::new();
+        let keep_running = {
+            let mut state = self.shared.lock();
+            loop {
+                for (seq, slot) in self.slots.iter_mut().enumerate() {
+                    if slot
+                        .as_ref()
+                        .is_some_and(|s| state.cancelled.contains(&s.id))
+                    {
+                        if let Some(s) = slot.take() {
+                            state.active.remove(&s.id);
+                            dropped.push((seq, s));
+                        }
+                    }
+                }
+                state.cancelled.clear();
+                for (seq, slot) in self.slots.iter().enumerate() {
+                    if slot.is_some() {
+                        continue;
+                    }
+                    let Some(q) = state.queue.pop_front() else {
+                        break;
+                    };
+                    state.active.insert(q.id);
+                    admitted.push((seq, q));
+                }
+                let busy = !admitted.is_empty() || self.slots.iter().any(Option::is_some);
+                // Dropped slots still need their KV cleared (outside the lock).
+                if busy || !dropped.is_empty() {
+                    break true;
+                }
+                if !state.accepting && state.queue.is_empty() {
+                    break false;
+                }
+                state = self
+                    .shared
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        for (seq, slot) in dropped {
+            self.ctx.clear_seq(seq as i32, -1);
+            Counters::add(&self.shared.counters.cancelled, 1);
+            drop(slot);
+        }
+        for (seq, q) in admitted {
+            self.ctx.clear_seq(seq as i32, -1);
+            self.slots[seq] = Some(Slot::new(q));
+        }
+        keep_running
+    }
+
+    /// One decode step over every active sequence.
+    fn step(&mut self) {
+        let result = self.fill_batch().and_then(|()| {
+            let started = Instant::now();
+            self.ctx.decode(&self.batch).map(|()| started.elapsed())
+        });
+        Counters::add(&self.shared.counters.decode_steps, 1);
+        match result {
+            Ok(elapsed) => self.after_decode(elapsed),
+            Err(e) => self.fail_batch(&e),
+        }
+    }
+
+    /// Shares the batch: one token for each generating sequence first, the
+    /// rest for prompts in slot order.
+    fn plan_batch(&mut self) {
+        let n_generating = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.next_token.is_some())
+            .count();
+        let mut budget = self.n_batch.saturating_sub(n_generating);
+        for slot in self.slots.iter_mut().flatten() {
+            slot.step_row = None;
+            slot.step_prompt_tokens = 0;
+            if slot.next_token.is_none() {
+                let remaining = slot.prompt.len().saturating_sub(slot.n_prompt_decoded);
+                let take = remaining.min(budget);
+                slot.step_prompt_tokens = take;
+                budget -= take;
+            }
+        }
+    }
+
+    /// Writes the planned tokens in sequence-id order: llama.cpp splits a
+    /// batch over a non-unified KV cache into micro-batches of consecutive
+    /// sequence ids, so this order gives the fewest.
+    fn fill_batch(&mut self) -> Result<(), EngineError> {
+        self.plan_batch();
+        self.batch.clear();
+        for (seq, slot) in self.slots.iter_mut().enumerate() {
+            let Some(slot) = slot else { continue };
+            let seq = seq as i32;
+            if let Some(token) = slot.next_token {
+                let row = self
+                    .batch
+                    .push(token, slot.sequence.next_pos(), seq, true)?;
+                slot.step_row = Some(row);
+                continue;
+            }
+            let start = slot.n_prompt_decoded;
+            for (i, &token) in slot.prompt[start..start + slot.step_prompt_tokens]
+                .iter()
+                .enumerate()
+            {
+                let pos = start + i;
+                let last = pos + 1 == slot.prompt.len();
+                let row = self.batch.push(token, pos as i32, seq, last)?;
+                if last {
+                    slot.step_row = Some(row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples every sequence that got logits, streams its text, and frees
+    /// the slots of those that ended.
+    fn after_decode(&mut self, elapsed: Duration) {
+        let shared = Arc::clone(&self.shared);
+        let counters = &shared.counters;
+        for seq in 0..self.slots.len() {
+            let Some(slot) = self.slots[seq].as_mut() else {
+                continue;
+            };
+            if !slot.in_batch() {
+                continue;
+            }
+            if slot.next_token.take().is_some() {
+                slot.eval += elapsed;
+            } else {
+                slot.prompt_eval += elapsed;
+                slot.n_prompt_decoded += slot.step_prompt_tokens;
+                Counters::add(&counters.prompt_tokens, slot.step_prompt_tokens as u64);
+            }
+            slot.step_prompt_tokens = 0;
+            let Some(row) = slot.step_row.take() else {
+                continue;
+            };
+            let before = slot.sequence.n_generated();
+            let sink = &mut slot.sink;
+            let next = slot.sequence.advance(&mut self.ctx, row, &mut |text| {
+                send(sink, GenerationEvent::Text(text.to_string()))
+            });
+            let sampled = slot.sequence.n_generated() - before;
+            Counters::add(&counters.tokens_generated, sampled as u64);
+            match next {
+                Next::Decode(token) => slot.next_token = Some(token),
+                Next::Finish(reason) => self.finish(seq, reason),
+            }
+        }
+    }
+
+    /// Frees a slot and, unless the request was cancelled, sends its result.
+    fn finish(&mut self, seq: usize, reason: FinishReason) {
+        let Some(slot) = self.release(seq) else {
+            return;
+        };
+        let counters = &self.shared.counters;
+        if reason == FinishReason::Cancelled {
+            Counters::add(&counters.cancelled, 1);
+            return;
+        }
+        Counters::add(&counters.completed, 1);
+        let timings = Timings {
+            prompt_eval_seconds: slot.prompt_eval.as_secs_f64(),
+            eval_seconds: slot.eval.as_secs_f64(),
+            ..Default::default()
+        };
+        let Slot {
+            mut sink, sequence, ..
+        } = slot;
+        let completion = sequence.complete(reason, timings, &mut |text| {
+            send(&mut sink, GenerationEvent::Text(text.to_string()))
+        });
+        send(&mut sink, GenerationEvent::Done(completion));
+    }
+
+    /// A failed decode: every sequence in the batch gets the error and its
+    /// slot back; the others (prompts not in this batch) go on.
+    fn fail_batch(&mut self, error: &EngineError) {
+        tracing::warn!("decode step failed: {error}");
+        for seq in 0..self.slots.len() {
+            if !self.slots[seq].as_ref().is_some_and(Slot::in_batch) {
+                continue;
+            }
+            if let Some(mut slot) = self.release(seq) {
+                Counters::add(&self.shared.counters.failed, 1);
+                send(&mut slot.sink, GenerationEvent::Error(copy_error(error)));
+            }
+        }
+    }
+
+    /// Empties slot `seq` and its KV cache; the slot is free for the next step.
+    fn release(&mut self, seq: usize) -> Option<Slot> {
+        let slot = self.slots[seq].take()?;
+        self.ctx.clear_seq(seq as i32, -1);
+        self.shared.lock().active.remove(&slot.id);
+        Some(slot)
+    }
+}
+
+/// Calls a sink; a panic inside it counts as "stop sending".
+fn send(sink: &mut EventSink, event: GenerationEvent) -> bool {
+    catch_unwind(AssertUnwindSafe(|| sink(event))).unwrap_or_else(|_| {
+        tracing::error!("an event sink panicked: its request is cancelled");
+        false
+    })
+}
+
+/// The same error for another sequence of a failed batch (`EngineError` is not `Clone`).
+fn copy_error(error: &EngineError) -> EngineError {
+    match error {
+        EngineError::ContextFull => EngineError::ContextFull,
+        EngineError::Cancelled => EngineError::Cancelled,
+        EngineError::Decode(rc) => EngineError::Decode(*rc),
+        other => EngineError::Context(other.to_string()),
+    }
+}
+
+/// The embedding context: one text at a time in sequence 0.
+struct Embedder {
+    ctx: Context,
+    batch: Batch,
+}
+
+impl Embedder {
+    fn new(model: &Arc<Model>, n_ctx: u32, n_threads: u32) -> Result<Embedder, EngineError> {
+        let params = ContextParams {
+            n_ctx,
+            n_batch: n_ctx,
+            n_seq_max: 1,
+            n_threads,
+            embeddings: true,
+            mean_pooling: true,
+        };
+        Ok(Embedder {
+            ctx: Context::new(Arc::clone(model), &params)?,
+            batch: Batch::new(n_ctx as usize),
+        })
+    }
+
+    fn embed(&mut self, tokens: &[i32]) -> Result<Vec<f32>, EngineError> {
+        self.ctx.clear_all();
+        self.batch.clear();
+        for (pos, &token) in tokens.iter().enumerate() {
+            self.batch.push(token, pos as i32, 0, true)?;
+        }
+        self.ctx.decode(&self.batch)?;
+        let pooled = self
+            .ctx
+            .embeddings_seq(0)
+            .ok_or_else(|| EngineError::Context("llama.cpp returned no pooled embedding".into()))?;
+        Ok(l2_normalized(pooled))
+    }
+}
+
+fn l2_normalized(v: &[f32]) -> Vec<f32> {
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if norm == 0.0 {
+        return v.to_vec();
+    }
+    v.iter().map(|&x| (f64::from(x) / norm) as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::OnceLock;
+
+    use crate::llama::{ModelParams, SamplingParams};
+
+    fn smollm2() -> Arc<Model> {
+        static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+        MODEL
+            .get_or_init(|| {
+                let path = crate::test_models::smollm2();
+                Arc::new(Model::load(&path, ModelParams::default()).expect("load SmolLM2"))
+            })
+            .clone()
+    }
+
+    #[test]
+    fn config_validation_names_the_bad_field() {
+        let bad = [
+            BatchConfig {
+                n_parallel: 0,
+                ..Default::default()
+            },
+            BatchConfig {
+                n_parallel: 8,
+                n_batch: 4,
+                ..Default::default()
+            },
+            BatchConfig {
+                n_ctx_per_seq: 1 << 30,
+                n_parallel: 16,
+                ..Default::default()
+            },
+        ];
+        for config in bad {
+            let err = config.validate().unwrap_err();
+            assert!(matches!(err, EngineError::InvalidArgument(_)), "{err}");
+        }
+        BatchConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn l2_normalized_has_unit_norm() {
+        let v = l2_normalized(&[3.0, 4.0]);
+        assert_eq!(v, vec![0.6, 0.8]);
+        assert_eq!(l2_normalized(&[0.0, 0.0]), vec![0.0, 0.0]);
+    }
+
+    /// A failed decode (here: llama.cpp's abort flag) fails the sequences
+    /// in that batch and leaves the worker serving later requests.
+    #[test]
+    fn decode_failure_fails_the_batch_and_the_worker_goes_on() {
+        let model = smollm2();
+        let prompt = model
+            .tokenize("The capital of France is", true, true)
+            .unwrap();
+        let config = BatchConfig {
+            n_parallel: 2,
+            n_ctx_per_seq: 256,
+            n_batch: 64,
+            n_threads: 2,
+            queue_limit: 4,
+        };
+        let engine = BatchEngine::start(Arc::clone(&model), config).unwrap();
+        let request = GenerateRequest {
+            prompt: prompt.clone(),
+            params: GenerateParams {
+                sampling: SamplingParams::greedy(),
+                max_tokens: Some(16),
+                stop: vec![],
+            },
+        };
+        // The sink holds the worker on its first event while the abort flag is set.
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let (held_tx, held_rx) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel();
+        let mut first = true;
+        let sink: EventSink = Box::new(move |event| {
+            if first {
+                first = false;
+                held_tx.send(()).unwrap();
+                gate_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+            }
+            tx.send(event).is_ok()
+        });
+        engine.submit(request.clone(), sink).unwrap();
+        held_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        engine.inner.abort.store(true, Ordering::SeqCst);
+        gate_tx.send(()).unwrap();
+        let deadline = Duration::from_secs(60);
+        let mut saw_error = false;
+        while let Ok(event) = rx.recv_timeout(deadline) {
+            match event {
+                GenerationEvent::Text(_) => {}
+                GenerationEvent::Error(e) => {
+                    assert!(matches!(e, EngineError::Cancelled), "{e}");
+                    saw_error = true;
+                }
+                GenerationEvent::Done(c) => panic!("unexpected completion {c:?}"),
+            }
+        }
+        assert!(saw_error);
+        assert_eq!(engine.status().requests_failed_total, 1);
+        assert_eq!(engine.status().active, 0);
+
+        engine.inner.abort.store(false, Ordering::SeqCst);
+        let (tx, rx) = mpsc::channel();
+        engine
+            .submit(request, Box::new(move |e| tx.send(e).is_ok()))
+            .unwrap();
+        let done = loop {
+            match rx.recv_timeout(deadline).unwrap() {
+                GenerationEvent::Done(c) => break c,
+                GenerationEvent::Text(_) => {}
+                GenerationEvent::Error(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(done.tokens.len(), 16);
+        assert!(done.text.starts_with(" Paris"), "{:?}", done.text);
+    }
+}

@@ -1,0 +1,642 @@
+//! The STREAM tier's FFI half: an address space mirroring the model file,
+//! a ggml buffer type that places STREAM tensors in it at their file offsets,
+//! the loader that fills only resident tensors, and the eval-callback hook.
+//!
+//! Invariant: every byte of the region is either untouched (reads as zero,
+//! never used while so: the streamer pins what a node needs before it runs)
+//! or equal to the file's byte at the same offset. Reads therefore may spill
+//! over neighbouring bytes (page alignment for O_DIRECT) without harm.
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hypura_llama_sys as sys;
+use hypura_llama_sys::buffer_type::{
+    ggml_backend_buffer_init, BufferHandle, BufferInterface, BufferType, BufferTypeHandle,
+    BufferTypeInterface,
+};
+
+/// Page size used for alignment and residency accounting.
+pub const PAGE: u64 = 4096;
+
+fn page_floor(x: u64) -> u64 {
+    x & !(PAGE - 1)
+}
+
+fn page_ceil(x: u64) -> u64 {
+    (x + PAGE - 1) & !(PAGE - 1)
+}
+
+/// Reserved, lazily backed memory with the layout of the model file:
+/// file byte `o` lives at `base + o`.
+pub struct StreamRegion {
+    base: NonNull<u8>,
+    len: usize,
+    file_len: u64,
+}
+
+// SAFETY: the region is plain memory; concurrent writers only ever store the
+// file's own bytes (see the module invariant), and the pointer is never freed
+// while a `StreamRegion` exists.
+unsafe impl Send for StreamRegion {}
+// SAFETY: as above.
+unsafe impl Sync for StreamRegion {}
+
+impl StreamRegion {
+    /// Reserves address space for a file of `file_len` bytes; no memory is
+    /// committed until pages are written.
+    pub fn reserve(file_len: u64) -> io::Result<StreamRegion> {
+        let len = page_ceil(file_len.max(1)) as usize;
+        let guard = PAGE as usize;
+        // One inaccessible page on each side keeps the kernel from merging
+        // the region with a neighbouring mapping, so its `Rss` in smaps is
+        // its own.
+        // SAFETY: an anonymous private mapping with no fixed address; then
+        // the inner part is made accessible.
+        let base = unsafe {
+            let ptr = libc::mmap(
+                std::ptr::null_mut(),
+                len + 2 * guard,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if ptr == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let inner = (ptr as *mut u8).add(guard);
+            if libc::mprotect(
+                inner as *mut c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            ) != 0
+            {
+                let err = io::Error::last_os_error();
+                libc::munmap(ptr, len + 2 * guard);
+                return Err(err);
+            }
+            inner
+        };
+        let base = NonNull::new(base).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(StreamRegion {
+            base,
+            len,
+            file_len,
+        })
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads file bytes `[start, end)` into the region (rounded out to whole
+    /// pages, as O_DIRECT needs). Returns the bytes the kernel delivered.
+    /// A short read that leaves part of `[start, end)` unfilled is an error.
+    pub fn read_from(&self, file: &File, start: u64, end: u64) -> io::Result<u64> {
+        if start > end || end > self.file_len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {start}..{end} outside the file ({} bytes)",
+                    self.file_len
+                ),
+            ));
+        }
+        let a = page_floor(start);
+        let b = page_ceil(end).min(self.len as u64);
+        let mut done = a;
+        while done < end {
+            let want = (b - done) as usize;
+            // SAFETY: `[done, b)` lies inside the mapping; pread writes raw
+            // memory without creating Rust references (other threads may
+            // read neighbouring bytes, which only ever get their own value).
+            let n = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    self.base.as_ptr().add(done as usize) as *mut c_void,
+                    want,
+                    done as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(err);
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the model file ends at byte {done}, before {end}: was it truncated?"),
+                ));
+            }
+            done += n as u64;
+        }
+        Ok(done - a)
+    }
+
+    /// Gives back the memory of the whole pages inside `[start, end)`; the
+    /// boundary pages, possibly shared with a neighbour, are kept.
+    pub fn release(&self, start: u64, end: u64) {
+        let a = page_ceil(start);
+        let b = page_floor(end).min(self.len as u64);
+        if b <= a {
+            return;
+        }
+        // SAFETY: `[a, b)` is page aligned and inside the mapping; the pages
+        // belong to no slice in use (the caller holds no pin on them).
+        unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(a as usize) as *mut c_void,
+                (b - a) as usize,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
+
+    /// Bytes of the region actually backed by memory now: the `Rss` of its
+    /// mapping in `/proc/self/smaps`. (`mincore` would also count pages only
+    /// read, which map the shared zero page and cost no memory.)
+    pub fn resident_bytes(&self) -> u64 {
+        let start = format!("{:x}-", self.base.as_ptr() as usize);
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+            return 0;
+        };
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        lines.next();
+        for line in lines {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                return kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    * 1024;
+            }
+        }
+        0
+    }
+}
+
+impl Drop for StreamRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `reserve` (with its guard pages), once.
+        unsafe {
+            let guard = PAGE as usize;
+            libc::munmap(
+                self.base.as_ptr().sub(guard) as *mut c_void,
+                self.len + 2 * guard,
+            );
+        }
+    }
+}
+
+/// hypura's STREAM buffer type. Must outlive every model loaded with it.
+pub struct StreamBufferType {
+    raw: Box<BufferType>,
+    ctx: Box<BuftContext>,
+}
+
+struct BuftContext {
+    name: CString,
+    /// True while llama.cpp loads the model: the buffer type then claims not
+    /// to be host memory, so the loader stages STREAM tensors through a
+    /// temporary buffer handed to `set_tensor` (which ignores it) instead of
+    /// reading into the region. Cleared once loaded, so the CPU backend can
+    /// compute from the region directly.
+    loading: std::sync::atomic::AtomicBool,
+    region: Arc<StreamRegion>,
+    /// Tensor name → offset of its data in the file.
+    offsets: HashMap<String, u64>,
+}
+
+// SAFETY: the raw struct only holds pointers to the boxed context and static
+// functions; nothing is mutated after construction.
+unsafe impl Send for StreamBufferType {}
+// SAFETY: as above.
+unsafe impl Sync for StreamBufferType {}
+
+static NEXT_BUFT_ID: AtomicU64 = AtomicU64::new(0);
+
+impl StreamBufferType {
+    /// `offsets`: file offset of every tensor that may be placed in this buffer type.
+    pub fn new(region: Arc<StreamRegion>, offsets: HashMap<String, u64>) -> StreamBufferType {
+        // llama.cpp groups tensors by buffer-type name: each instance gets its own.
+        let id = NEXT_BUFT_ID.fetch_add(1, Ordering::Relaxed);
+        let name = CString::new(format!("HYPURA_STREAM_{id}")).expect("no NUL");
+        let ctx = Box::new(BuftContext {
+            name,
+            loading: std::sync::atomic::AtomicBool::new(true),
+            region,
+            offsets,
+        });
+        // SAFETY: returns the CPU device (or NULL) from ggml's registry.
+        let device = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+        let raw = Box::new(BufferType {
+            iface: BufferTypeInterface {
+                get_name: Some(buft_get_name),
+                alloc_buffer: Some(buft_alloc_buffer),
+                alloc_buffer_n: Some(buft_alloc_buffer_n),
+                get_alignment: Some(buft_get_alignment),
+                get_max_size: None,
+                get_alloc_size: None,
+                get_alloc_size_n: None,
+                is_host: Some(buft_is_host),
+            },
+            device: device as _,
+            context: &*ctx as *const BuftContext as *mut c_void,
+        });
+        StreamBufferType { raw, ctx }
+    }
+
+    /// The handle to give llama.cpp (`tensor_buft_overrides`).
+    pub fn handle(&self) -> sys::ggml_backend_buffer_type_t {
+        &*self.raw as *const BufferType as sys::ggml_backend_buffer_type_t
+    }
+
+    pub fn name(&self) -> &CStr {
+        &self.ctx.name
+    }
+
+    /// Ends the loading phase (see `BuftContext::loading`).
+    pub(crate) fn finish_loading(&self) {
+        self.ctx.loading.store(false, Ordering::SeqCst);
+    }
+}
+
+unsafe fn buft_context<'a>(buft: BufferTypeHandle) -> &'a BuftContext {
+    // SAFETY: `context` was set to the boxed BuftContext, alive with the buffer type.
+    unsafe { &*((*buft).context as *const BuftContext) }
+}
+
+unsafe extern "C" fn buft_get_name(buft: BufferTypeHandle) -> *const std::os::raw::c_char {
+    // SAFETY: called by ggml on our buffer type.
+    unsafe { buft_context(buft) }.name.as_ptr()
+}
+
+unsafe extern "C" fn buft_alloc_buffer(_: BufferTypeHandle, _: usize) -> BufferHandle {
+    // Only `alloc_buffer_n` can place tensors at their file offsets.
+    tracing::error!("the STREAM buffer type cannot allocate an anonymous buffer");
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn buft_get_alignment(_: BufferTypeHandle) -> usize {
+    32
+}
+
+unsafe extern "C" fn buft_is_host(buft: BufferTypeHandle) -> bool {
+    // SAFETY: called by ggml on our buffer type.
+    !unsafe { buft_context(buft) }.loading.load(Ordering::SeqCst)
+}
+
+unsafe extern "C" fn buft_alloc_buffer_n(
+    buft: BufferTypeHandle,
+    tensors: *mut *mut sys::ggml_tensor,
+    n_tensors: std::os::raw::c_int,
+) -> BufferHandle {
+    // SAFETY (whole function): ggml passes our buffer type and `n_tensors`
+    // valid tensor pointers; the region outlives the buffer.
+    unsafe {
+        let ctx = buft_context(buft);
+        let base = ctx.region.base();
+        let buffer = ggml_backend_buffer_init(
+            buft,
+            BUFFER_IFACE,
+            (ctx as *const BuftContext) as *mut c_void,
+            ctx.region.len(),
+        );
+        if buffer.is_null() {
+            return buffer;
+        }
+        for i in 0..n_tensors.max(0) as usize {
+            let t = *tensors.add(i);
+            let name = CStr::from_ptr((*t).name.as_ptr()).to_string_lossy();
+            let Some(&offset) = ctx.offsets.get(name.as_ref()) else {
+                tracing::error!(
+                    "tensor {name} was placed on the STREAM tier but is not in the file"
+                );
+                sys::ggml_backend_buffer_free(buffer as sys::ggml_backend_buffer_t);
+                return std::ptr::null_mut();
+            };
+            let status = sys::ggml_backend_tensor_alloc(
+                buffer as sys::ggml_backend_buffer_t,
+                t,
+                base.add(offset as usize) as *mut c_void,
+            );
+            if status != sys::GGML_STATUS_SUCCESS {
+                sys::ggml_backend_buffer_free(buffer as sys::ggml_backend_buffer_t);
+                return std::ptr::null_mut();
+            }
+        }
+        buffer
+    }
+}
+
+const BUFFER_IFACE: BufferInterface = BufferInterface {
+    free_buffer: None,
+    get_base: Some(buffer_get_base),
+    init_tensor: None,
+    memset_tensor: Some(buffer_memset_tensor),
+    set_tensor: Some(buffer_set_tensor),
+    get_tensor: Some(buffer_get_tensor),
+    set_tensor_2d: None,
+    get_tensor_2d: None,
+    cpy_tensor: None,
+    clear: Some(buffer_clear),
+    reset: None,
+};
+
+unsafe extern "C" fn buffer_get_base(buffer: BufferHandle) -> *mut c_void {
+    // SAFETY: the buffer's context is our BuftContext.
+    unsafe { (*((*buffer).context as *const BuftContext)).region.base() as *mut c_void }
+}
+
+unsafe extern "C" fn buffer_memset_tensor(
+    _: BufferHandle,
+    t: *mut sys::ggml_tensor,
+    value: u8,
+    offset: usize,
+    size: usize,
+) {
+    // SAFETY: ggml checks `offset + size` against the tensor's size.
+    unsafe { std::ptr::write_bytes(((*t).data as *mut u8).add(offset), value, size) }
+}
+
+unsafe extern "C" fn buffer_set_tensor(
+    _: BufferHandle,
+    _: *mut sys::ggml_tensor,
+    _: *const c_void,
+    _: usize,
+    _: usize,
+) {
+    // The loader's staged copy of a STREAM tensor holds no file bytes (the
+    // load file skipped them): the streamer fills the region itself.
+}
+
+unsafe extern "C" fn buffer_get_tensor(
+    _: BufferHandle,
+    t: *const sys::ggml_tensor,
+    data: *mut c_void,
+    offset: usize,
+    size: usize,
+) {
+    // SAFETY: as above; the destination holds `size` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(((*t).data as *const u8).add(offset), data as *mut u8, size)
+    }
+}
+
+unsafe extern "C" fn buffer_clear(_: BufferHandle, _: u8) {
+    // Weights are never cleared; pages are managed by the streamer.
+}
+
+/// A graph node handed to an [`EvalHook`] once it has been computed.
+pub struct Node {
+    raw: *mut sys::ggml_tensor,
+}
+
+impl Node {
+    /// Rows of an I32 matrix `[ne0, ne1]` (e.g. the selected experts, one row per token).
+    pub fn i32_rows(&self) -> Vec<Vec<i32>> {
+        // SAFETY: `raw` is a computed node alive during the callback; each row
+        // read stays inside the tensor (offset i*nb1, ne0*4 bytes).
+        unsafe {
+            let t = &*self.raw;
+            if t.type_ != sys::GGML_TYPE_I32 {
+                return Vec::new();
+            }
+            let (ne0, ne1) = (t.ne[0].max(0) as usize, t.ne[1].max(0) as usize);
+            (0..ne1)
+                .map(|i| {
+                    let mut row = vec![0i32; ne0];
+                    sys::ggml_backend_tensor_get(
+                        self.raw,
+                        row.as_mut_ptr() as *mut c_void,
+                        i * t.nb[1],
+                        ne0 * 4,
+                    );
+                    row
+                })
+                .collect()
+        }
+    }
+}
+
+/// Told about graph nodes while llama.cpp computes. `wants` is asked for
+/// every node and must be cheap; `computed` runs on the decoding thread
+/// after a wanted node is computed and before any later node runs.
+pub trait EvalHook: Send + Sync {
+    fn wants(&self, name: &[u8]) -> bool;
+    fn computed(&self, name: &[u8], node: &Node);
+    /// True once the hook could not do its job (e.g. a read failed): the
+    /// running decode is aborted rather than computed with missing weights.
+    fn failed(&self) -> bool {
+        false
+    }
+    /// The reason of the failure, clearing it.
+    fn take_error(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The `cb_eval` trampoline; `user_data` is a `*const Arc<dyn EvalHook>`.
+pub(crate) unsafe extern "C" fn eval_trampoline(
+    t: *mut sys::ggml_tensor,
+    ask: bool,
+    user_data: *mut c_void,
+) -> bool {
+    // SAFETY: `user_data` points at the Arc boxed in the Context, alive for
+    // every decode; `t` is a valid node during the call.
+    unsafe {
+        let hook = &*(user_data as *const Arc<dyn EvalHook>);
+        let name = CStr::from_ptr((*t).name.as_ptr()).to_bytes();
+        if ask {
+            return hook.wants(name);
+        }
+        hook.computed(name, &Node { raw: t });
+    }
+    // Returning false would only cut the current split short.
+    true
+}
+
+/// Statistics of a tiered load.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadReport {
+    /// Bytes read from the file at load (header and resident tensors).
+    pub bytes_read: u64,
+    /// Bytes llama.cpp asked for that lie in STREAM tensors, and were not read.
+    pub stream_bytes_skipped: u64,
+}
+
+/// The file llama.cpp loads through: a `FILE*` (glibc `fopencookie`) whose
+/// reads come from the model file, except reads of STREAM tensors' bytes,
+/// which are answered without reading anything from disk (the caller's
+/// staging buffer keeps whatever it held). llama.cpp's own loader thus runs
+/// unchanged (same tensors, same buffer types as a normal load) while no
+/// STREAM byte is read and no STREAM page is touched.
+pub(crate) struct LoadFile {
+    file: File,
+    len: u64,
+    pos: u64,
+    /// Sorted, disjoint file ranges of STREAM tensors.
+    skip: Vec<(u64, u64)>,
+    /// Sorted offsets where tensors start: reads stop there, so glibc's
+    /// read-ahead never fetches bytes of a tensor nobody asked for.
+    boundaries: Vec<u64>,
+    report: LoadReport,
+    error: Option<io::Error>,
+}
+
+#[repr(C)]
+struct CookieIoFunctions {
+    read: Option<unsafe extern "C" fn(*mut c_void, *mut std::os::raw::c_char, usize) -> isize>,
+    write: Option<unsafe extern "C" fn(*mut c_void, *const std::os::raw::c_char, usize) -> isize>,
+    seek: Option<
+        unsafe extern "C" fn(*mut c_void, *mut i64, std::os::raw::c_int) -> std::os::raw::c_int,
+    >,
+    close: Option<unsafe extern "C" fn(*mut c_void) -> std::os::raw::c_int>,
+}
+
+extern "C" {
+    fn fopencookie(
+        cookie: *mut c_void,
+        mode: *const std::os::raw::c_char,
+        funcs: CookieIoFunctions,
+    ) -> *mut libc::FILE;
+}
+
+impl LoadFile {
+    pub(crate) fn new(
+        file: File,
+        mut skip: Vec<(u64, u64)>,
+        mut boundaries: Vec<u64>,
+    ) -> io::Result<LoadFile> {
+        let len = file.metadata()?.len();
+        skip.sort_unstable();
+        boundaries.sort_unstable();
+        Ok(LoadFile {
+            file,
+            len,
+            pos: 0,
+            skip,
+            boundaries,
+            report: LoadReport::default(),
+            error: None,
+        })
+    }
+
+    /// Splits a read of `[start, end)` at STREAM range boundaries: returns
+    /// how many bytes to serve first and whether they are skipped.
+    fn next_piece(&self, start: u64, end: u64) -> (u64, bool) {
+        let i = self.skip.partition_point(|&(_, e)| e <= start);
+        match self.skip.get(i) {
+            Some(&(a, b)) if a <= start => (end.min(b) - start, true),
+            Some(&(a, _)) if a < end => (a - start, false),
+            _ => (end - start, false),
+        }
+    }
+
+    /// Opens the `FILE*`; `self` must stay in place until [`LoadFile::close`].
+    pub(crate) fn open(&mut self) -> io::Result<*mut libc::FILE> {
+        let funcs = CookieIoFunctions {
+            read: Some(cookie_read),
+            write: None,
+            seek: Some(cookie_seek),
+            close: None,
+        };
+        // SAFETY: `self` outlives the FILE (closed in `close` before `self` moves).
+        unsafe {
+            let fp = fopencookie(self as *mut LoadFile as *mut c_void, c"r".as_ptr(), funcs);
+            if fp.is_null() {
+                return Err(io::Error::last_os_error());
+            }
+            // glibc copies cookie reads through the stream buffer: make it big
+            // enough that resident tensors load in large reads.
+            libc::setvbuf(fp, std::ptr::null_mut(), libc::_IOFBF, 1 << 20);
+            Ok(fp)
+        }
+    }
+
+    pub(crate) fn close(&mut self, fp: *mut libc::FILE) -> (LoadReport, Option<io::Error>) {
+        // SAFETY: `fp` came from `open` and is closed once.
+        unsafe { libc::fclose(fp) };
+        (self.report, self.error.take())
+    }
+}
+
+unsafe extern "C" fn cookie_read(
+    cookie: *mut c_void,
+    buf: *mut std::os::raw::c_char,
+    size: usize,
+) -> isize {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: the cookie is the LoadFile given to fopencookie; `buf` holds `size` bytes.
+    let this = unsafe { &mut *(cookie as *mut LoadFile) };
+    let start = this.pos;
+    let n = (size as u64).min(this.len.saturating_sub(start));
+    if n == 0 {
+        return 0;
+    }
+    // glibc accepts short reads: serve one piece (skipped or read) per call.
+    let (mut n, skipped) = this.next_piece(start, start + n);
+    if skipped {
+        this.pos += n;
+        this.report.stream_bytes_skipped += n;
+        return n as isize;
+    }
+    let next = this.boundaries.partition_point(|&b| b <= start);
+    if let Some(&boundary) = this.boundaries.get(next) {
+        n = n.min(boundary - start);
+    }
+    // SAFETY: as above; the slice covers only the caller's buffer.
+    let dst = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n as usize) };
+    match this.file.read_at(dst, start) {
+        Ok(read) => {
+            this.pos += read as u64;
+            this.report.bytes_read += read as u64;
+            read as isize
+        }
+        Err(e) => {
+            this.error = Some(e);
+            -1
+        }
+    }
+}
+
+unsafe extern "C" fn cookie_seek(
+    cookie: *mut c_void,
+    offset: *mut i64,
+    whence: std::os::raw::c_int,
+) -> std::os::raw::c_int {
+    // SAFETY: the cookie is the LoadFile given to fopencookie; `offset` is valid.
+    let (this, offset) = unsafe { (&mut *(cookie as *mut LoadFile), &mut *offset) };
+    let base = match whence {
+        libc::SEEK_SET => 0,
+        libc::SEEK_CUR => this.pos as i64,
+        libc::SEEK_END => this.len as i64,
+        _ => return -1,
+    };
+    let target = base + *offset;
+    if target < 0 {
+        return -1;
+    }
+    this.pos = target as u64;
+    *offset = target;
+    0
+}

@@ -1,0 +1,194 @@
+//! Tiered weights: load a model with some tensors left on disk (the STREAM
+//! tier) and stream them in exactly when llama.cpp needs them.
+//!
+//! - [`placement`]: tier per tensor and the mode it implies.
+//! - [`streamer`]: the residency cache, reads and statistics.
+pub mod placement;
+pub mod streamer;
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use placement::{Mode, Placement, Tier};
+pub use streamer::{StreamStats, Streamer};
+
+use crate::error::EngineError;
+use crate::gguf::GgufFile;
+use crate::llama::{
+    Context, ContextParams, EvalHook, LoadReport, Model, ModelParams, StreamBufferType,
+    StreamRegion,
+};
+
+/// A model loaded with a placement.
+pub struct TieredModel {
+    pub model: Arc<Model>,
+    pub placement: Placement,
+    /// Present unless the mode is full-resident.
+    pub streamer: Option<Arc<Streamer>>,
+    /// Bytes read at load, into resident tensors only.
+    pub load_report: LoadReport,
+    /// Bytes of resident (GPU + RAM) weights.
+    pub resident_bytes: u64,
+}
+
+/// Options of [`TieredModel::load`].
+#[derive(Debug, Clone, Default)]
+pub struct TieredParams {
+    /// `None` picks the mode from the model and the budget (see [`choose_mode`]).
+    pub mode: Option<Mode>,
+    /// Most bytes of weights held in RAM (resident tensors + stream cache).
+    pub ram_budget_bytes: Option<u64>,
+    /// See [`ModelParams::no_repack`].
+    pub no_repack: bool,
+}
+
+/// The simple rule until the scheduler's planner exists: everything fits →
+/// full-resident; else a MoE streams its experts, a dense model its FFN.
+pub fn choose_mode(file: &GgufFile, ram_budget_bytes: Option<u64>) -> Mode {
+    let fits = ram_budget_bytes.is_none_or(|budget| file.tensor_bytes() <= budget);
+    if fits {
+        Mode::FullResident
+    } else if file
+        .tensors()
+        .iter()
+        .any(|t| placement::is_streamed(Mode::ExpertStreaming, &t.name))
+    {
+        Mode::ExpertStreaming
+    } else {
+        Mode::DenseFfnStreaming
+    }
+}
+
+/// Opens the model file read-only for streaming: O_DIRECT where the file
+/// system allows it (no page-cache double buffering), else buffered with a warning.
+fn open_for_streaming(path: &Path) -> std::io::Result<File> {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Ok(f),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::warn!(
+                "{}: O_DIRECT refused ({e}); streaming through the page cache",
+                path.display()
+            );
+            File::open(path)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl TieredModel {
+    pub fn load(path: &Path, params: &TieredParams) -> Result<TieredModel, EngineError> {
+        let gguf = GgufFile::open(path)?;
+        gguf.validate()?;
+        let mode = params
+            .mode
+            .unwrap_or_else(|| choose_mode(&gguf, params.ram_budget_bytes));
+        let placement = Placement::for_mode(&gguf, mode).map_err(EngineError::InvalidArgument)?;
+        let tier_bytes = placement.tier_bytes(&gguf);
+        let resident_bytes = tier_bytes.get(&Tier::Ram).copied().unwrap_or(0)
+            + tier_bytes.get(&Tier::Gpu).copied().unwrap_or(0);
+        let stream_bytes = tier_bytes.get(&Tier::Stream).copied().unwrap_or(0);
+        if let Some(budget) = params.ram_budget_bytes {
+            if resident_bytes > budget {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{mode} keeps {resident_bytes} bytes of weights resident, more than the RAM budget of {budget} bytes"
+                )));
+            }
+        }
+
+        if mode == Mode::FullResident {
+            let model = Model::load(
+                path,
+                ModelParams {
+                    no_repack: params.no_repack,
+                    ..Default::default()
+                },
+            )?;
+            let load_report = LoadReport {
+                bytes_read: gguf.file_bytes(),
+                stream_bytes_skipped: 0,
+            };
+            return Ok(TieredModel {
+                model: Arc::new(model),
+                placement,
+                streamer: None,
+                load_report,
+                resident_bytes,
+            });
+        }
+
+        let io = |e: std::io::Error| EngineError::Load {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        let stream_offsets: HashMap<String, u64> = gguf
+            .tensors()
+            .iter()
+            .filter(|t| placement.tier(&t.name) == Some(Tier::Stream))
+            .map(|t| (t.name.clone(), t.offset_in_file))
+            .collect();
+        let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).map_err(io)?);
+        let buft = StreamBufferType::new(Arc::clone(&region), stream_offsets);
+        let stream_ranges: Vec<(u64, u64)> = gguf
+            .tensors()
+            .iter()
+            .filter(|t| placement.tier(&t.name) == Some(Tier::Stream))
+            .map(|t| (t.offset_in_file, t.offset_in_file + t.n_bytes))
+            .collect();
+        let mut tensor_starts: Vec<u64> = gguf.tensors().iter().map(|t| t.offset_in_file).collect();
+        tensor_starts.push(gguf.data_offset());
+        let (model, load_report) = Model::load_tiered(
+            path,
+            tensor_starts,
+            stream_ranges,
+            &placement.stream_patterns(),
+            buft,
+            params.no_repack,
+        )?;
+        let cache_budget = params
+            .ram_budget_bytes
+            .map_or(stream_bytes, |b| b - resident_bytes);
+        let streamer = Streamer::new(
+            &gguf,
+            mode,
+            region,
+            open_for_streaming(path).map_err(io)?,
+            cache_budget,
+        )
+        .map_err(EngineError::InvalidArgument)?;
+        Ok(TieredModel {
+            model: Arc::new(model),
+            placement,
+            streamer: Some(Arc::new(streamer)),
+            load_report,
+            resident_bytes,
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.placement.mode
+    }
+
+    /// A context that streams this model's STREAM tensors as it decodes.
+    pub fn new_context(&self, params: &ContextParams) -> Result<Context, EngineError> {
+        let hook = self.streamer.clone().map(|s| s as Arc<dyn EvalHook>);
+        Context::with_hook(Arc::clone(&self.model), params, hook)
+    }
+
+    /// Streaming statistics (all zero for full-resident).
+    pub fn stats(&self) -> StreamStats {
+        match &self.streamer {
+            Some(s) => s.stats(),
+            None => StreamStats {
+                mode: self.mode().to_string(),
+                ..Default::default()
+            },
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! Tiered weights: every streaming mode gives exactly the full-resident
+//! tokens and logits, within its budget, reading only what it must.
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use llama_tiered::generate::{generate, GenerateParams};
+use llama_tiered::gguf::GgufFile;
+use llama_tiered::llama::{Batch, Context, ContextParams, SamplingParams};
+use llama_tiered::synth::{self, SynthSpec};
+use llama_tiered::tiered::{Mode, Streamer, Tier, TieredModel, TieredParams};
+use llama_tiered::{prompt, test_models, EngineError};
+
+const PROMPT: &str = "The history of the city of Paris begins";
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("hypura-tiered-{}-{name}", std::process::id()))
+}
+
+/// The SmolLM2-derived MoE (4 experts, 2 used), written once per test run.
+fn smollm2_moe() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = temp_path("smollm2-moe.gguf");
+        synth::derive_moe_from_dense(&test_models::smollm2(), &path, 4, 2, 0.01, 7)
+            .expect("derive MoE");
+        path
+    })
+}
+
+fn tiny_mixtral_q4k() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = temp_path("tiny-mixtral.gguf");
+        synth::write(&SynthSpec::tiny_mixtral().with_layers(4), &path).expect("write tiny mixtral");
+        path
+    })
+}
+
+fn tiny_llama_q4k() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = temp_path("tiny-llama.gguf");
+        synth::write(&SynthSpec::tiny_llama().with_layers(4), &path).expect("write tiny llama");
+        path
+    })
+}
+
+/// Loads with weights in file layout (no CPU repacking), so every mode runs
+/// the same kernels and results can be compared bit for bit. (SmolLM2's
+/// Q4_1 has no repacked form; the synthetic Q4_K models do.)
+fn load(path: &Path, mode: Mode, ram_budget_bytes: Option<u64>) -> TieredModel {
+    TieredModel::load(
+        path,
+        &TieredParams {
+            mode: Some(mode),
+            ram_budget_bytes,
+            no_repack: true,
+        },
+    )
+    .expect("tiered load")
+}
+
+fn ctx(m: &TieredModel) -> Context {
+    m.new_context(&ContextParams {
+        n_ctx: 512,
+        n_threads: 2,
+        ..Default::default()
+    })
+    .expect("context")
+}
+
+/// Greedy decode one token at a time, recording tokens and the logits of
+/// every step, calling `after_step` after each decode.
+fn greedy_trace(
+    m: &TieredModel,
+    n: usize,
+    after_step: &mut dyn FnMut(&TieredModel),
+) -> (Vec<i32>, Vec<Vec<f32>>) {
+    let mut c = ctx(m);
+    let tokens = prompt::tokenize_raw(&m.model, PROMPT).unwrap();
+    let mut batch = Batch::new(tokens.len());
+    for (i, &t) in tokens.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();
+    }
+    c.decode(&batch).unwrap();
+    after_step(m);
+    let mut out = Vec::new();
+    let mut all_logits = Vec::new();
+    for step in 0..n {
+        let pos = (tokens.len() + step) as i32;
+        let logits = c.logits(-1).unwrap().to_vec();
+        let next = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &l)| if l > b.1 { (i, l) } else { b })
+            .0 as i32;
+        all_logits.push(logits);
+        out.push(next);
+        let mut one = Batch::new(1);
+        one.push(next, pos, 0, true).unwrap();
+        c.decode(&one).unwrap();
+        after_step(m);
+    }
+    (out, all_logits)
+}
+
+fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+/// Bytes of one streamed unit: the largest per-layer set the streamer needs.
+fn layer_stream_bytes(path: &Path, mode: Mode) -> u64 {
+    let file = GgufFile::open(path).unwrap();
+    let mut per_layer = std::collections::HashMap::new();
+    for t in file.tensors() {
+        if llama_tiered::tiered::placement::is_streamed(mode, &t.name) {
+            *per_layer
+                .entry(hypura_scheduler::roles::layer_index(&t.name).unwrap())
+                .or_insert(0u64) += t.n_bytes;
+        }
+    }
+    per_layer.values().copied().max().unwrap()
+}
+
+/// Checks the exactness of `mode` against full-resident under a budget of
+/// `extra_layers` layers' worth of streamed weights beyond the minimum, and
+/// that the cache never exceeds it (after every token, by the streamer's
+/// accounting and by the kernel's page residency).
+fn assert_exact_and_bounded(path: &Path, mode: Mode, extra_layers: f64) {
+    let full = load(path, Mode::FullResident, None);
+    let (want_tokens, want_logits) = greedy_trace(&full, 64, &mut |_| {});
+    drop(full);
+
+    let probe = load(path, mode, None);
+    let resident = probe.resident_bytes;
+    drop(probe);
+    let layer = layer_stream_bytes(path, mode);
+    let cache_budget = layer + (layer as f64 * extra_layers) as u64;
+    let streamed = load(path, mode, Some(resident + cache_budget));
+    assert_eq!(streamed.mode(), mode);
+    // Boundary pages of evicted slices may stay: two per slice at most.
+    let slices = GgufFile::open(path)
+        .unwrap()
+        .tensors()
+        .iter()
+        .filter(|t| llama_tiered::tiered::placement::is_streamed(mode, &t.name))
+        .map(|t| {
+            if mode == Mode::ExpertStreaming {
+                t.dims[2]
+            } else {
+                1
+            }
+        })
+        .sum::<u64>();
+    let (tokens, logits) = greedy_trace(&streamed, 64, &mut |m| {
+        let stats = m.stats();
+        assert!(
+            stats.cache_bytes <= cache_budget,
+            "cache {} > budget {cache_budget}",
+            stats.cache_bytes
+        );
+        let kernel = m.streamer.as_ref().unwrap().region_resident_bytes();
+        assert!(
+            kernel <= cache_budget + slices * 2 * 4096,
+            "region holds {kernel} bytes, budget {cache_budget}"
+        );
+    });
+    let stats = streamed.stats();
+    assert_eq!(
+        tokens, want_tokens,
+        "{mode} tokens differ from full-resident"
+    );
+    let diff = max_abs_diff(&logits, &want_logits);
+    assert!(diff <= 1e-4, "{mode}: logits differ by {diff}");
+    assert!(
+        stats.evictions > 64,
+        "the budget should force evictions every token: {stats:?}"
+    );
+    assert!(stats.cache_peak_bytes <= cache_budget);
+}
+
+#[test]
+fn dense_ffn_streaming_is_exact_on_smollm2() {
+    assert_exact_and_bounded(&test_models::smollm2(), Mode::DenseFfnStreaming, 2.0);
+}
+
+#[test]
+fn expert_streaming_is_exact_on_the_smollm2_moe() {
+    assert_exact_and_bounded(smollm2_moe(), Mode::ExpertStreaming, 0.5);
+}
+
+#[test]
+fn expert_streaming_is_exact_on_a_synthetic_mixtral() {
+    assert_exact_and_bounded(tiny_mixtral_q4k(), Mode::ExpertStreaming, 0.5);
+}
+
+#[test]
+fn dense_ffn_streaming_is_exact_on_a_synthetic_llama() {
+    assert_exact_and_bounded(tiny_llama_q4k(), Mode::DenseFfnStreaming, 1.0);
+}
+
+#[test]
+fn loading_a_stream_placement_reads_no_stream_bytes() {
+    let path = smollm2_moe();
+    let m = load(path, Mode::ExpertStreaming, None);
+    let file = GgufFile::open(path).unwrap();
+    let stream_bytes: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| m.placement.tier(&t.name) == Some(Tier::Stream))
+        .map(|t| t.n_bytes)
+        .sum();
+    assert!(
+        stream_bytes > file.tensor_bytes() / 2,
+        "experts dominate the file"
+    );
+    // Header plus resident tensors read; every STREAM byte llama.cpp asked for was skipped.
+    assert!(
+        m.load_report.stream_bytes_skipped >= stream_bytes,
+        "{:?}",
+        m.load_report
+    );
+    let resident = file.tensor_bytes() - stream_bytes;
+    assert!(m.load_report.bytes_read >= resident, "{:?}", m.load_report);
+    // The header is parsed twice (hypura's reader, then llama.cpp's).
+    let bound = resident + resident / 100 + 2 * file.data_offset();
+    assert!(
+        m.load_report.bytes_read <= bound,
+        "{:?} > {bound}",
+        m.load_report
+    );
+    assert_eq!(
+        m.streamer.as_ref().unwrap().region_resident_bytes(),
+        0,
+        "no STREAM page touched at load"
+    );
+    assert_eq!(m.stats().nvme_bytes_read, 0);
+}
+
+#[test]
+fn bytes_read_equal_the_slices_that_missed() {
+    let path = smollm2_moe();
+    let m = load(path, Mode::ExpertStreaming, None); // budget: all experts, so nothing is evicted
+    let mut c = ctx(&m);
+    let tokens = prompt::tokenize_raw(&m.model, PROMPT).unwrap();
+    let params = GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(16),
+        stop: vec![],
+    };
+    generate(&mut c, 0, &tokens, &params, &mut |_| true).unwrap();
+    let stats = m.stats();
+    assert_eq!(stats.evictions, 0);
+    // Each miss read its expert's three slices, page-rounded, exactly once.
+    let file = GgufFile::open(path).unwrap();
+    let slice = |layer: u32, e: u64| -> Vec<(u64, u64)> {
+        ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+            .iter()
+            .map(|n| {
+                let t = file.tensor(&format!("blk.{layer}.{n}.weight")).unwrap();
+                let s = t.n_bytes / 4;
+                (t.offset_in_file + e * s, t.offset_in_file + (e + 1) * s)
+            })
+            .collect()
+    };
+    let per_unit = Streamer::unit_read_bytes(&slice(0, 0));
+    let all_same =
+        (0..30).all(|l| (0..4).all(|e| Streamer::unit_read_bytes(&slice(l, e)) == per_unit));
+    assert!(all_same);
+    assert_eq!(stats.nvme_bytes_read, stats.expert_misses * per_unit);
+    assert_eq!(
+        stats.cache_bytes,
+        stats.expert_misses * (slice(0, 0).iter().map(|r| r.1 - r.0).sum::<u64>())
+    );
+    assert!(stats.expert_hits > 0 && stats.expert_misses > 0);
+}
+
+#[test]
+fn a_model_file_truncated_after_load_gives_a_clear_error() {
+    let path = temp_path("truncate-me.gguf");
+    std::fs::copy(smollm2_moe(), &path).unwrap();
+    let m = load(&path, Mode::ExpertStreaming, None);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let mut c = ctx(&m);
+    let tokens = prompt::tokenize_raw(&m.model, PROMPT).unwrap();
+    let err = generate(
+        &mut c,
+        0,
+        &tokens,
+        &GenerateParams {
+            max_tokens: Some(4),
+            ..Default::default()
+        },
+        &mut |_| true,
+    )
+    .unwrap_err();
+    assert!(matches!(err, EngineError::Stream(_)), "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn a_budget_below_one_layer_is_refused_with_the_minimum() {
+    let path = smollm2_moe();
+    let probe = load(path, Mode::ExpertStreaming, None);
+    let err = TieredModel::load(
+        path,
+        &TieredParams {
+            mode: Some(Mode::ExpertStreaming),
+            ram_budget_bytes: Some(probe.resident_bytes + 1000),
+            no_repack: true,
+        },
+    )
+    .err()
+    .expect("too small");
+    assert!(err.to_string().contains("one layer may need"), "{err}");
+}
+
+#[test]
+fn expert_streaming_needs_experts() {
+    let err = TieredModel::load(
+        &test_models::smollm2(),
+        &TieredParams {
+            mode: Some(Mode::ExpertStreaming),
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("dense model");
+    assert!(err.to_string().contains("mixture-of-experts"), "{err}");
+}
+
+#[test]
+fn streamed_model_runs_in_a_shared_context() {
+    // Sanity: Arc<Model> from a tiered load works with the ordinary engine API.
+    let m = load(&test_models::smollm2(), Mode::DenseFfnStreaming, None);
+    let mut c = ctx(&m);
+    let tokens = prompt::tokenize_raw(&m.model, "The capital of France is").unwrap();
+    let params = GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(8),
+        stop: vec![],
+    };
+    let out = generate(&mut c, 0, &tokens, &params, &mut |_| true).unwrap();
+    assert!(out.text.starts_with(" Paris."), "{:?}", out.text);
+    let _ = Arc::strong_count(&m.model);
+}

@@ -1,0 +1,209 @@
+//! The server's one error type, and how each API family writes it.
+//!
+//! Every handler fails with an [`ApiError`]; the status code is decided here
+//! once ([`ApiError::status`]), and the body by the family's wrapper:
+//! [`OllamaError`] writes `{"error": "…"}`, [`OpenAiError`] writes
+//! `{"error": {"message", "type", "param", "code"}}`.
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use llama_tiered::EngineError;
+use serde::Serialize;
+use serde_json::json;
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or asks for something this model cannot do.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No model of that name is known (the name as the client sent it).
+    #[error("model '{0}' not found")]
+    ModelNotFound(String),
+    /// No such route or resource.
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The model's queue is full: retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The model's engine is stopping (unloaded, or the server is stopping): retry.
+    #[error("{0}")]
+    ShuttingDown(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest(message.into())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unavailable(_) | ApiError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    fn openai_type(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) | ApiError::PayloadTooLarge(_) => "invalid_request_error",
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "not_found_error",
+            ApiError::Unauthorized(_) => "authentication_error",
+            ApiError::Unavailable(_) | ApiError::ShuttingDown(_) | ApiError::Internal(_) => {
+                "api_error"
+            }
+        }
+    }
+
+    /// OpenAI's `error.param`: the request field at fault, when there is one.
+    fn openai_param(&self) -> Option<&'static str> {
+        match self {
+            ApiError::ModelNotFound(_) => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// The body of an OpenAI error (also sent as an SSE event mid-stream).
+    pub fn openai_body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.openai_type(),
+            "param": self.openai_param(),
+            "code": null,
+        }})
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::InvalidArgument(_)
+            | EngineError::PromptTooLong { .. }
+            | EngineError::Template(_) => ApiError::BadRequest(message),
+            EngineError::QueueFull => ApiError::Unavailable(format!(
+                "{message}: the model's request queue is full, retry later"
+            )),
+            EngineError::ShuttingDown => ApiError::ShuttingDown(format!(
+                "{message}: the model is being unloaded or the server is stopping, retry"
+            )),
+            _ => ApiError::Internal(message),
+        }
+    }
+}
+
+/// An [`ApiError`] written as Ollama does: `{"error": "message"}`.
+#[derive(Debug)]
+pub struct OllamaError(pub ApiError);
+
+/// Ollama's error body.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"error": "model 'llama9:latest' not found"}))]
+pub struct OllamaErrorBody {
+    pub error: String,
+}
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> Self {
+        OllamaError(e)
+    }
+}
+
+impl From<EngineError> for OllamaError {
+    fn from(e: EngineError) -> Self {
+        OllamaError(e.into())
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        let body = OllamaErrorBody {
+            error: self.0.to_string(),
+        };
+        (self.0.status(), Json(body)).into_response()
+    }
+}
+
+/// An [`ApiError`] written as OpenAI does: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct OpenAiError(pub ApiError);
+
+/// OpenAI's error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+impl From<ApiError> for OpenAiError {
+    fn from(e: ApiError) -> Self {
+        OpenAiError(e)
+    }
+}
+
+impl From<EngineError> for OpenAiError {
+    fn from(e: EngineError) -> Self {
+        OpenAiError(e.into())
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        (self.0.status(), Json(self.0.openai_body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_map_to_statuses() {
+        let cases = [
+            (EngineError::QueueFull, StatusCode::SERVICE_UNAVAILABLE),
+            (EngineError::ShuttingDown, StatusCode::SERVICE_UNAVAILABLE),
+            (
+                EngineError::PromptTooLong {
+                    prompt_tokens: 10,
+                    n_ctx: 8,
+                },
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                EngineError::InvalidArgument("x".into()),
+                StatusCode::BAD_REQUEST,
+            ),
+            (EngineError::Decode(1), StatusCode::INTERNAL_SERVER_ERROR),
+        ];
+        for (e, status) in cases {
+            assert_eq!(ApiError::from(e).status(), status);
+        }
+    }
+
+    #[test]
+    fn openai_body_has_the_four_fields() {
+        let body = ApiError::ModelNotFound("x".into()).openai_body();
+        assert_eq!(body["error"]["message"], "model 'x' not found");
+        assert_eq!(body["error"]["type"], "not_found_error");
+        assert_eq!(body["error"]["param"], "model");
+        assert!(body["error"]["code"].is_null());
+    }
+}

@@ -1,0 +1,255 @@
+//! The HTTP gateway: Ollama- and OpenAI-compatible routes over a pool of models.
+//!
+//! - [`registry`]: names → GGUF files; loaded models with keep-alive.
+//! - [`infer`]: prompts, submitting to a model's batch engine, event streams.
+//! - [`validation`]: request bodies, names, durations and options → checked values.
+//! - [`error`]: one error enum; its status and body per API family.
+//! - [`ollama`], [`openai`]: one file per API family.
+//! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
+//!
+//! Layers, outermost first: tracing, request id (`x-request-id`, generated
+//! when absent and echoed), CORS, body size limit, bearer auth (when an API key
+//! is set; `/`, `/api/version` and the docs stay open).
+pub mod error;
+pub mod infer;
+pub mod ollama;
+pub mod openai;
+pub mod openapi;
+pub mod registry;
+pub mod validation;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use tower_http::cors::{AllowHeaders, Any, CorsLayer};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use self::error::{ApiError, OllamaError, OpenAiError};
+use self::registry::Registry;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    /// When set, every route but `/`, `/api/version` and the docs needs
+    /// `Authorization: Bearer <key>`.
+    pub api_key: Option<Arc<str>>,
+}
+
+/// Server options beyond the models.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    pub max_body_bytes: usize,
+}
+
+/// Headers browsers may send cross-origin: Ollama's list, which covers the
+/// OpenAI SDK's `x-stainless-*` headers.
+const CORS_HEADERS: &[&str] = &[
+    "authorization",
+    "content-type",
+    "user-agent",
+    "accept",
+    "x-requested-with",
+    "openai-beta",
+    "x-stainless-arch",
+    "x-stainless-async",
+    "x-stainless-custom-poll-interval",
+    "x-stainless-helper-method",
+    "x-stainless-lang",
+    "x-stainless-os",
+    "x-stainless-package-version",
+    "x-stainless-poll-helper",
+    "x-stainless-read-timeout",
+    "x-stainless-retry-count",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-timeout",
+];
+
+/// The whole application.
+pub fn app(state: AppState, http: &HttpSettings) -> Router {
+    let x_request_id = HeaderName::from_static("x-request-id");
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::HEAD,
+            Method::OPTIONS,
+        ])
+        .allow_headers(AllowHeaders::list(
+            CORS_HEADERS.iter().map(|h| HeaderName::from_static(h)),
+        ));
+    Router::new()
+        .route("/", get(ollama::root).head(ollama::root))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/delete", delete(ollama::delete_model))
+        .route("/api/copy", post(ollama::copy))
+        .route("/api/pull", post(ollama::pull))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{*id}", get(openai::retrieve_model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .merge(openapi::routes())
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(http.max_body_bytes))
+        .layer(cors)
+        .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
+        .layer(TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
+        .with_state(state)
+}
+
+fn is_openai_path(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/")
+}
+
+/// An error written in the family of the route asked for.
+fn family_error(path: &str, e: ApiError) -> Response {
+    if is_openai_path(path) {
+        OpenAiError(e).into_response()
+    } else {
+        OllamaError(e).into_response()
+    }
+}
+
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path().to_string();
+    family_error(
+        &path,
+        ApiError::NotFound(format!("no route {} {path}", request.method())),
+    )
+}
+
+const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs"];
+
+async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(key) = state.api_key.as_deref() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.as_bytes())) {
+        return next.run(request).await;
+    }
+    let message = if presented.is_some() {
+        "invalid API key"
+    } else {
+        "missing API key: send the header `Authorization: Bearer <key>`"
+    };
+    let mut response = family_error(path, ApiError::Unauthorized(message.into()));
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body of a request, or the error for one over the size limit.
+pub fn body_bytes(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<axum::body::Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(format!("request body too large: {e}"))
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
+        }
+    })
+}
+
+/// Serves `app` on `addr` until SIGINT or SIGTERM, then lets in-flight
+/// responses (streams included) finish and stops the engines. A second
+/// signal exits at once.
+pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    eprintln!("hypura: listening on http://{local}");
+    let registry = Arc::clone(&state.registry);
+    let housekeeping = tokio::spawn({
+        let registry = Arc::clone(&registry);
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let registry = Arc::clone(&registry);
+                let _ = tokio::task::spawn_blocking(move || registry.run_pending_tasks()).await;
+            }
+        }
+    });
+    axum::serve(listener, app(state, &http))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    housekeeping.abort();
+    eprintln!("hypura: requests finished, stopping the models");
+    tokio::task::spawn_blocking(move || registry.shutdown())
+        .await
+        .map_err(std::io::Error::other)?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    wait_for_signal().await;
+    eprintln!("hypura: shutting down, finishing in-flight requests (signal again to exit now)");
+    tokio::spawn(async {
+        wait_for_signal().await;
+        eprintln!("hypura: exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

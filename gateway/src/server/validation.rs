@@ -1,0 +1,503 @@
+//! Raw request pieces → checked values, before anything runs: JSON bodies,
+//! model names, `keep_alive` durations, Ollama `options` and OpenAI sampling
+//! fields → the engine's [`GenerateParams`]. Every failure is a 400 that says
+//! which field was wrong and how.
+use std::time::Duration;
+
+use llama_tiered::generate::GenerateParams;
+use llama_tiered::llama::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use super::error::ApiError;
+
+/// Parses a JSON body whatever its content type (Ollama accepts bodies sent
+/// without one, e.g. by `curl -d`). Unknown fields are ignored; a known field
+/// of the wrong type is named with its path (`options.temperature: …`).
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "missing request body: send a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            ApiError::bad_request(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("invalid JSON body: {path}: {inner}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+/// A model name `[namespace/]model[:tag]` with the tag defaulted to `latest`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelName {
+    /// `name:tag` as it should be shown (case kept).
+    pub display: String,
+    /// The lookup key: `display` in lower case.
+    pub key: String,
+}
+
+impl ModelName {
+    /// Checks and completes a client's model name; `field` names the field in errors.
+    pub fn parse(raw: &str, field: &str) -> Result<ModelName, ApiError> {
+        let name = raw.trim();
+        if name.is_empty() {
+            return Err(ApiError::bad_request(format!("{field} is required")));
+        }
+        let valid = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-/:+".contains(c));
+        let base = name.rsplit('/').next().unwrap_or(name);
+        if !valid || name.len() > 350 || base.starts_with(':') || name.ends_with(':') {
+            return Err(ApiError::bad_request(format!(
+                "invalid {field} {name:?}: a model name is [namespace/]model[:tag] of letters, \
+                 digits and . _ - + characters"
+            )));
+        }
+        let display = if base.contains(':') {
+            name.to_string()
+        } else {
+            format!("{name}:latest")
+        };
+        Ok(ModelName {
+            key: display.to_lowercase(),
+            display,
+        })
+    }
+
+    /// The name under which a model file is served: its stem with `:latest`,
+    /// characters outside model-name syntax replaced by `-`.
+    pub fn from_file_stem(stem: &str) -> ModelName {
+        let clean: String = stem
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-+".contains(c) {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let clean = if clean.is_empty() {
+            "model".to_string()
+        } else {
+            clean
+        };
+        let display = format!("{clean}:latest");
+        ModelName {
+            key: display.to_lowercase(),
+            display,
+        }
+    }
+}
+
+/// How long a model stays loaded after its last request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepAlive {
+    Forever,
+    For(Duration),
+}
+
+impl KeepAlive {
+    /// Parses Ollama's `keep_alive`: a number of seconds or a Go duration
+    /// string (`"10m"`, `"1h30m"`, `"0"`, `"-1"`); negative means forever.
+    pub fn from_json(value: &serde_json::Value) -> Result<KeepAlive, ApiError> {
+        let bad = || {
+            ApiError::bad_request(format!(
+                "invalid keep_alive {value}: use seconds (a number) or a duration such as \
+                 \"5m\", \"1h30m\", \"0\" (unload now) or \"-1\" (keep loaded)"
+            ))
+        };
+        match value {
+            serde_json::Value::Number(n) => {
+                let seconds = n.as_f64().ok_or_else(bad)?;
+                Ok(Self::from_seconds(seconds))
+            }
+            serde_json::Value::String(s) => {
+                let s = s.trim();
+                if let Ok(seconds) = s.parse::<f64>() {
+                    return Ok(Self::from_seconds(seconds));
+                }
+                parse_go_duration(s).ok_or_else(bad)
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    /// Parses the command line's `--keep-alive`.
+    pub fn from_flag(text: &str) -> Result<KeepAlive, String> {
+        Self::from_json(&serde_json::Value::String(text.to_string())).map_err(|e| e.to_string())
+    }
+
+    fn from_seconds(seconds: f64) -> KeepAlive {
+        if seconds < 0.0 {
+            KeepAlive::Forever
+        } else if seconds.is_finite() {
+            KeepAlive::For(Duration::from_secs_f64(seconds.min(1e12)))
+        } else {
+            KeepAlive::Forever
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == KeepAlive::For(Duration::ZERO)
+    }
+}
+
+/// A Go `time.ParseDuration` string: an optional sign, then one or more
+/// `<decimal><unit>` with units ns, us/µs, ms, s, m, h; `"0"` alone is zero.
+fn parse_go_duration(s: &str) -> Option<KeepAlive> {
+    let (negative, mut rest) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if rest == "0" {
+        return Some(KeepAlive::For(Duration::ZERO));
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total_seconds = 0.0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total_seconds += number * scale;
+    }
+    if negative && total_seconds > 0.0 {
+        return Some(KeepAlive::Forever);
+    }
+    Some(KeepAlive::from_seconds(total_seconds))
+}
+
+/// `stop` given as one string or a list of strings.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+/// Ollama's `options` object. Keys clients send that hypura does not use
+/// (mirostat, tfs_z, numa, low_vram, f16_kv, use_mlock…) are ignored; a known
+/// key of the wrong type is a 400.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+// Some keys are only type-checked: they are part of the API but hypura's own
+// settings (threads, batch, placement) apply.
+#[allow(dead_code)]
+pub struct OllamaOptions {
+    /// Context window for this request, capped at the server's `--context`.
+    pub num_ctx: Option<i64>,
+    /// Most tokens to generate; -1 (default) or -2 = until the context is full.
+    pub num_predict: Option<i64>,
+    /// 0.8 by default; 0 is greedy.
+    pub temperature: Option<f32>,
+    /// 40 by default; 0 disables.
+    pub top_k: Option<i32>,
+    /// 0.9 by default; 1 disables.
+    pub top_p: Option<f32>,
+    /// 0 by default.
+    pub min_p: Option<f32>,
+    /// Accepted for compatibility; not applied.
+    pub typical_p: Option<f32>,
+    /// 64 by default; 0 disables the penalties, -1 = whole context.
+    pub repeat_last_n: Option<i32>,
+    /// 1.0 (off) by default.
+    pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// -1 (default) picks a random seed.
+    pub seed: Option<i64>,
+    /// Strings that end generation (not returned).
+    #[schema(value_type = Vec<String>)]
+    pub stop: Option<StopSpec>,
+    /// Accepted; the server's batch size applies.
+    pub num_batch: Option<i64>,
+    /// Accepted; the server's thread count applies.
+    pub num_thread: Option<i64>,
+    /// Accepted; the placement is the scheduler's.
+    pub num_gpu: Option<i64>,
+    pub num_keep: Option<i64>,
+}
+
+/// A checked generation request: the engine's parameters and the context
+/// window the client asked for (`None` = the server's).
+#[derive(Debug, Clone)]
+pub struct CheckedParams {
+    pub generate: GenerateParams,
+    pub num_ctx: Option<u32>,
+}
+
+impl OllamaOptions {
+    /// Ollama's defaults: temperature 0.8, top_k 40, top_p 0.9, min_p 0,
+    /// repeat_last_n 64, repeat_penalty 1.0, random seed, no limit.
+    pub fn to_params(&self) -> Result<CheckedParams, ApiError> {
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(0.8),
+            top_k: self.top_k.unwrap_or(40),
+            top_p: self.top_p.unwrap_or(0.9),
+            min_p: self.min_p.unwrap_or(0.0),
+            repeat_penalty: self.repeat_penalty.unwrap_or(1.0),
+            repeat_last_n: self.repeat_last_n.unwrap_or(64),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            seed: seed(self.seed),
+        };
+        check_sampling(&sampling, "options.")?;
+        let max_tokens = match self.num_predict {
+            None | Some(-1) | Some(-2) => None,
+            Some(n) if n < 0 => {
+                return Err(ApiError::bad_request(format!(
+                    "options.num_predict must be -1 (unlimited) or >= 0, got {n}"
+                )))
+            }
+            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        };
+        let num_ctx = match self.num_ctx {
+            None | Some(0) => None,
+            Some(n) if n < 0 => {
+                return Err(ApiError::bad_request(format!(
+                    "options.num_ctx must be positive, got {n}"
+                )))
+            }
+            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        };
+        Ok(CheckedParams {
+            generate: GenerateParams {
+                sampling,
+                max_tokens,
+                stop: self
+                    .stop
+                    .clone()
+                    .map(StopSpec::into_vec)
+                    .unwrap_or_default(),
+            },
+            num_ctx,
+        })
+    }
+}
+
+/// OpenAI's sampling fields, with OpenAI's defaults (temperature 1, top_p 1,
+/// no top-k or min-p).
+#[derive(Debug, Clone, Default)]
+pub struct OpenAiSampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub stop: Option<StopSpec>,
+}
+
+impl OpenAiSampling {
+    pub fn to_params(&self) -> Result<GenerateParams, ApiError> {
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k: 0,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            seed: seed(self.seed),
+        };
+        check_sampling(&sampling, "")?;
+        if !(0.0..=2.0).contains(&sampling.temperature) {
+            return Err(ApiError::bad_request(format!(
+                "temperature must be between 0 and 2, got {}",
+                sampling.temperature
+            )));
+        }
+        for (name, value) in [
+            ("frequency_penalty", sampling.frequency_penalty),
+            ("presence_penalty", sampling.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&value) {
+                return Err(ApiError::bad_request(format!(
+                    "{name} must be between -2 and 2, got {value}"
+                )));
+            }
+        }
+        Ok(GenerateParams {
+            sampling,
+            max_tokens: self.max_tokens,
+            stop: self
+                .stop
+                .clone()
+                .map(StopSpec::into_vec)
+                .unwrap_or_default(),
+        })
+    }
+}
+
+/// A negative seed (Ollama's -1) asks for a random one; larger seeds are
+/// folded into 32 bits (llama.cpp's seed width).
+fn seed(seed: Option<i64>) -> Option<u32> {
+    match seed {
+        Some(s) if s >= 0 => Some((s as u64 % u64::from(u32::MAX)) as u32),
+        _ => None,
+    }
+}
+
+fn check_sampling(sampling: &SamplingParams, prefix: &str) -> Result<(), ApiError> {
+    sampling
+        .validate()
+        .map_err(|e| ApiError::bad_request(format!("{prefix}{e}")))
+}
+
+/// Checks the prompt against the context window and caps `max_tokens` so
+/// prompt + reply fit in it.
+pub fn fit_to_context(
+    prompt_tokens: usize,
+    params: &mut GenerateParams,
+    n_ctx: u32,
+) -> Result<(), ApiError> {
+    if prompt_tokens >= n_ctx as usize {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {prompt_tokens} tokens but the context window holds {n_ctx}: \
+             shorten the prompt or raise the context (options.num_ctx, up to the server's \
+             --context)"
+        )));
+    }
+    let room = (n_ctx as usize - prompt_tokens) as u32;
+    params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_get_latest_and_lower_case_keys() {
+        let n = ModelName::parse("SmolLM2", "model").unwrap();
+        assert_eq!(n.display, "SmolLM2:latest");
+        assert_eq!(n.key, "smollm2:latest");
+        let n = ModelName::parse("library/qwen3:0.6b", "model").unwrap();
+        assert_eq!(n.display, "library/qwen3:0.6b");
+        assert!(ModelName::parse("", "model").is_err());
+        assert!(ModelName::parse("a b", "model").is_err());
+        assert!(ModelName::parse("x:", "model").is_err());
+        let n = ModelName::from_file_stem("SmolLM2-135M-Instruct.Q4_1");
+        assert_eq!(n.display, "SmolLM2-135M-Instruct.Q4_1:latest");
+    }
+
+    #[test]
+    fn keep_alive_accepts_seconds_and_go_durations() {
+        let ka = |v: serde_json::Value| KeepAlive::from_json(&v).unwrap();
+        assert_eq!(ka(json!(0)), KeepAlive::For(Duration::ZERO));
+        assert_eq!(ka(json!("0")), KeepAlive::For(Duration::ZERO));
+        assert_eq!(ka(json!(30)), KeepAlive::For(Duration::from_secs(30)));
+        assert_eq!(ka(json!("10m")), KeepAlive::For(Duration::from_secs(600)));
+        assert_eq!(
+            ka(json!("1h30m")),
+            KeepAlive::For(Duration::from_secs(5400))
+        );
+        assert_eq!(
+            ka(json!("1.5s")),
+            KeepAlive::For(Duration::from_millis(1500))
+        );
+        assert_eq!(ka(json!(-1)), KeepAlive::Forever);
+        assert_eq!(ka(json!("-1m")), KeepAlive::Forever);
+        assert_eq!(ka(json!("-1")), KeepAlive::Forever);
+        for bad in [json!("soon"), json!("5x"), json!(true), json!("")] {
+            assert!(KeepAlive::from_json(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn options_map_to_params_with_ollama_defaults() {
+        let o: OllamaOptions = parse_json(
+            br#"{"num_predict":5,"temperature":0,"seed":42,"stop":["\n"],"mirostat":2,"num_ctx":256}"#,
+        )
+        .unwrap();
+        let p = o.to_params().unwrap();
+        assert_eq!(p.generate.max_tokens, Some(5));
+        assert_eq!(p.generate.sampling.temperature, 0.0);
+        assert_eq!(p.generate.sampling.seed, Some(42));
+        assert_eq!(p.generate.sampling.top_k, 40);
+        assert_eq!(p.generate.sampling.top_p, 0.9);
+        assert_eq!(p.generate.stop, vec!["\n"]);
+        assert_eq!(p.num_ctx, Some(256));
+        let p = OllamaOptions::default().to_params().unwrap();
+        assert_eq!(p.generate.max_tokens, None);
+        assert_eq!(p.generate.sampling.seed, None);
+    }
+
+    #[test]
+    fn wrong_option_types_name_the_field() {
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Req {
+            options: Option<OllamaOptions>,
+        }
+        let e = parse_json::<Req>(br#"{"options":{"temperature":"hot"}}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("options.temperature"),
+            "{}",
+            e.to_string()
+        );
+        let e = parse_json::<Req>(b"{not json").unwrap_err();
+        assert!(e.to_string().starts_with("invalid JSON body"), "{e}");
+        let e = parse_json::<Req>(b"").unwrap_err();
+        assert!(e.to_string().contains("missing request body"), "{e}");
+    }
+
+    #[test]
+    fn bad_sampling_values_are_400s() {
+        let o = OllamaOptions {
+            top_p: Some(-1.0),
+            ..Default::default()
+        };
+        assert!(o.to_params().is_err());
+        let s = OpenAiSampling {
+            temperature: Some(3.0),
+            ..Default::default()
+        };
+        assert!(s.to_params().is_err());
+    }
+
+    #[test]
+    fn context_fit_caps_max_tokens() {
+        let mut p = GenerateParams::default();
+        fit_to_context(10, &mut p, 16).unwrap();
+        assert_eq!(p.max_tokens, Some(6));
+        let err = fit_to_context(16, &mut p, 16).unwrap_err();
+        assert!(err.to_string().contains("16 tokens"), "{err}");
+    }
+}

@@ -1,0 +1,43 @@
+//! Runs the Python client tests (`gateway/tests/clients/`, the real `ollama`
+//! and `openai` packages) against this build's `hypura` binary.
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn python_clients() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = std::env::var_os("HYPURA_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("models"))
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        model.is_file(),
+        "{} is missing: run scripts/fetch-models.sh",
+        model.display()
+    );
+    let have = Command::new("python3")
+        .args(["-c", "import ollama, openai, pytest"])
+        .status();
+    assert!(
+        have.is_ok_and(|s| s.success()),
+        "the client tests need python3 with: python3 -m pip install -r gateway/tests/clients/requirements.txt"
+    );
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "gateway/tests/clients",
+        ])
+        .current_dir(&root)
+        .env("HYPURA_BIN", env!("CARGO_BIN_EXE_hypura"))
+        .env("HYPURA_TEST_MODEL", &model)
+        .status()
+        .expect("run pytest");
+    assert!(
+        status.success(),
+        "the Python client tests failed: {status:?}"
+    );
+}

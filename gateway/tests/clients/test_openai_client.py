@@ -1,0 +1,67 @@
+"""The official `openai` Python SDK against /v1."""
+import openai
+import pytest
+
+from conftest import GERMANY, MODEL
+
+QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_chat_whole(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
+    assert r.choices[0].message.content == GERMANY
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.model == MODEL
+
+
+def test_chat_streamed_with_usage(client):
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == GERMANY
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_chat_streamed_without_usage(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, stream=True, max_tokens=3))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)
+
+
+def test_completions(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, stop=["\n"])
+    assert r.choices[0].text == " Paris."
+
+
+def test_embeddings_base64_default(client):
+    r = client.embeddings.create(model=MODEL, input=["Paris is in France.", "Berlin is in Germany."])
+    assert [d.index for d in r.data] == [0, 1]
+    assert len(r.data[0].embedding) == 576
+    floats = client.embeddings.create(model=MODEL, input="Paris is in France.", encoding_format="float")
+    assert all(abs(a - b) < 1e-6 for a, b in zip(floats.data[0].embedding, r.data[0].embedding))
+
+
+def test_errors_raise_sdk_exceptions(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=QUESTION)
+    assert "not found" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[])
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
