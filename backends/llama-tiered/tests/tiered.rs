@@ -49,15 +49,22 @@ fn tiny_llama_q4k() -> &'static Path {
 /// the same kernels and results can be compared bit for bit. (SmolLM2's
 /// Q4_1 has no repacked form; the synthetic Q4_K models do.)
 fn load(path: &Path, mode: Mode, ram_budget_bytes: Option<u64>) -> TieredModel {
-    TieredModel::load(
-        path,
-        &TieredParams {
-            mode: Some(mode),
-            ram_budget_bytes,
-            no_repack: true,
-        },
-    )
-    .expect("tiered load")
+    load_with(path, mode, ram_budget_bytes, true)
+}
+
+fn load_with(
+    path: &Path,
+    mode: Mode,
+    ram_budget_bytes: Option<u64>,
+    prefetch: bool,
+) -> TieredModel {
+    let params = TieredParams {
+        mode: Some(mode),
+        ram_budget_bytes,
+        no_repack: true,
+        prefetch,
+    };
+    TieredModel::load(path, &params).expect("tiered load")
 }
 
 fn ctx(m: &TieredModel) -> Context {
@@ -180,6 +187,12 @@ fn assert_exact_and_bounded(path: &Path, mode: Mode, extra_layers: f64) {
         "the budget should force evictions every token: {stats:?}"
     );
     assert!(stats.cache_peak_bytes <= cache_budget);
+    if mode == Mode::DenseFfnStreaming || extra_layers >= 4.0 {
+        assert!(
+            stats.prefetch_hits > 0,
+            "prefetch should have been used: {stats:?}"
+        );
+    }
 }
 
 #[test]
@@ -190,6 +203,12 @@ fn dense_ffn_streaming_is_exact_on_smollm2() {
 #[test]
 fn expert_streaming_is_exact_on_the_smollm2_moe() {
     assert_exact_and_bounded(smollm2_moe(), Mode::ExpertStreaming, 0.5);
+}
+
+#[test]
+fn expert_streaming_with_room_to_prefetch_is_exact() {
+    // A third of the experts fit: co-activation prefetch gets room to work.
+    assert_exact_and_bounded(smollm2_moe(), Mode::ExpertStreaming, 9.0);
 }
 
 #[test]
@@ -243,7 +262,8 @@ fn loading_a_stream_placement_reads_no_stream_bytes() {
 #[test]
 fn bytes_read_equal_the_slices_that_missed() {
     let path = smollm2_moe();
-    let m = load(path, Mode::ExpertStreaming, None); // budget: all experts, so nothing is evicted
+    // Budget: all experts, so nothing is evicted; no prefetch, so every read is a miss's.
+    let m = load_with(path, Mode::ExpertStreaming, None, false);
     let mut c = ctx(&m);
     let tokens = prompt::tokenize_raw(&m.model, PROMPT).unwrap();
     let params = GenerateParams {
@@ -317,7 +337,7 @@ fn a_budget_below_one_layer_is_refused_with_the_minimum() {
         &TieredParams {
             mode: Some(Mode::ExpertStreaming),
             ram_budget_bytes: Some(probe.resident_bytes + 1000),
-            no_repack: true,
+            ..Default::default()
         },
     )
     .err()

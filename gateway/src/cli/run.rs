@@ -8,8 +8,9 @@ use anyhow::Context as _;
 use clap::Args;
 use llama_tiered::chat::ChatMessage;
 use llama_tiered::generate::{generate, Completion, GenerateParams};
-use llama_tiered::llama::{Context, ContextParams, Model, ModelParams, SamplingParams};
+use llama_tiered::llama::{Context, ContextParams, SamplingParams};
 use llama_tiered::prompt;
+use llama_tiered::tiered::{Mode, TieredModel, TieredParams};
 use serde_json::json;
 
 use super::progress::load_bar;
@@ -59,12 +60,30 @@ pub struct RunArgs {
     /// Print one JSON object (text, tokens, counts, stats) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// full-resident, expert-streaming or dense-ffn-streaming (default: from
+    /// the model and --ram-budget).
+    #[arg(long)]
+    mode: Option<Mode>,
+    /// Most RAM for weights, e.g. 512MiB or 8GiB (resident tensors + stream cache).
+    #[arg(long, value_parser = parse_size)]
+    ram_budget: Option<u64>,
+    /// Print streaming statistics on stderr after the reply.
+    #[arg(long)]
+    stats: bool,
+    /// Do not read ahead the weights the next layers will likely need.
+    #[arg(long)]
+    no_prefetch: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    hypura_scheduler::size::parse_size(text)
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let params = generate_params(&args)?;
     let load_started = Instant::now();
-    let model = Arc::new(load_model(&args.model)?);
+    let tiered = load_model(&args)?;
+    let model = Arc::clone(&tiered.model);
     let load_seconds = load_started.elapsed().as_secs_f64();
 
     let n_ctx = args.context.clamp(16, model.n_ctx_train().max(16));
@@ -73,11 +92,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         n_threads: args.threads.unwrap_or(0),
         ..Default::default()
     };
-    let mut ctx = Context::new(Arc::clone(&model), &ctx_params)?;
+    let mut ctx = tiered.new_context(&ctx_params)?;
 
     if args.interactive {
         return chat_loop(&mut ctx, &args, &params);
     }
+    let stats = || serde_json::to_value(tiered.stats()).unwrap_or_default();
     let text = args.prompt.as_deref().unwrap_or_default();
     let tokens = if args.raw {
         prompt::tokenize_raw(&model, text)?
@@ -95,12 +115,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         completion
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&json_report(&completion, load_seconds))?
-        );
+        let report = json_report(&completion, load_seconds, stats());
+        println!("{}", serde_json::to_string(&report)?);
     } else {
         eprintln!("{}", summary(&completion, load_seconds));
+        if args.stats {
+            eprintln!("stats: {}", stats());
+        }
     }
     Ok(())
 }
@@ -123,7 +144,8 @@ fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
     })
 }
 
-fn load_model(path: &std::path::Path) -> anyhow::Result<Model> {
+fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
+    let path = &args.model;
     let label = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -133,13 +155,13 @@ fn load_model(path: &std::path::Path) -> anyhow::Result<Model> {
         bar.set_position((p.clamp(0.0, 1.0) * 1000.0) as u64);
         true
     };
-    let model = Model::load(
-        path,
-        ModelParams {
-            progress: Some(&mut progress),
-            ..Default::default()
-        },
-    );
+    let params = TieredParams {
+        mode: args.mode,
+        ram_budget_bytes: args.ram_budget,
+        no_repack: false,
+        prefetch: !args.no_prefetch,
+    };
+    let model = TieredModel::load_with_progress(path, &params, Some(&mut progress));
     bar.finish_and_clear();
     model.with_context(|| format!("loading {}", path.display()))
 }
@@ -229,15 +251,14 @@ fn summary(c: &Completion, load_seconds: f64) -> String {
     line
 }
 
-fn json_report(c: &Completion, load_seconds: f64) -> serde_json::Value {
+fn json_report(c: &Completion, load_seconds: f64, stream: serde_json::Value) -> serde_json::Value {
     let t = &c.timings;
-    json!({
+    let mut report = json!({
         "text": c.text,
         "tokens": c.tokens,
         "prompt_tokens": t.prompt_tokens,
         "generated_tokens": t.generated_tokens,
         "stats": {
-            "mode": "full-resident",
             "finish_reason": c.finish_reason,
             "load_seconds": load_seconds,
             "prompt_eval_seconds": t.prompt_eval_seconds,
@@ -245,5 +266,12 @@ fn json_report(c: &Completion, load_seconds: f64) -> serde_json::Value {
             "eval_seconds": t.eval_seconds,
             "tokens_per_second": t.eval_tokens_per_second(),
         }
-    })
+    });
+    // Streaming counters (mode, nvme_bytes_read, expert_hits, ...) join the stats.
+    if let (Some(stats), serde_json::Value::Object(stream)) =
+        (report["stats"].as_object_mut(), stream)
+    {
+        stats.extend(stream);
+    }
+    report
 }

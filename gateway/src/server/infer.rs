@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
-use super::registry::{LoadedModel, ModelLease};
+use super::registry::{LoadedModel, ModelLease, NamedModel};
 use super::validation::fit_to_context;
 
 /// Renders `messages` with the model's template (or `template_override`, a
@@ -53,6 +53,32 @@ pub fn chat_prompt(
         .render(messages, &options)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(prompt::tokenize_chat(model.model(), &rendered)?)
+}
+
+/// Tool calling: a model whose template cannot describe tools refuses them
+/// as Ollama does; for the others, parsing tool calls out of the reply is
+/// not implemented yet.
+pub fn check_tools(
+    tools: Option<&[Value]>,
+    named: &NamedModel,
+    requested: &str,
+) -> Result<(), ApiError> {
+    if tools.is_none_or(|t| t.is_empty()) {
+        return Ok(());
+    }
+    let template_has_tools = named
+        .info
+        .chat_template
+        .as_deref()
+        .is_some_and(|t| t.contains("tools"));
+    if !template_has_tools {
+        return Err(ApiError::bad_request(format!(
+            "\"{requested}\" does not support tools"
+        )));
+    }
+    Err(ApiError::bad_request(
+        "tool calling is not supported by hypura yet: omit tools",
+    ))
 }
 
 /// Tokenizes raw text (BOS added when the model wants it, special-token text parsed).

@@ -850,11 +850,9 @@ pub async fn chat(
         model: request.model.clone(),
     };
     reject_format(request.format.as_ref())?;
-    if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad_request("tools are not supported yet: omit them").into());
-    }
     let checked = params(request.options.as_ref())?;
     let named = resolve(&state, &request.model, &name)?;
+    infer::check_tools(request.tools.as_deref(), &named, &request.model)?;
     let extra = thinking(request.think.as_ref(), &named, &request.model)?;
     let messages = request.messages.as_deref().unwrap_or_default();
     if messages.is_empty() {

@@ -551,11 +551,13 @@ pub async fn chat_completions(
 ) -> Result<Response> {
     let started = Instant::now();
     let request: ChatCompletionRequest = parse_json(&body_bytes(body)?)?;
-    model_name(&request.model)?;
+    let name = model_name(&request.model)?;
     only_one_choice(request.n)?;
-    if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad_request("tools are not supported yet: omit them").into());
-    }
+    let named = state
+        .registry
+        .resolve(&name)
+        .ok_or_else(|| ApiError::ModelNotFound(request.model.clone()))?;
+    infer::check_tools(request.tools.as_deref(), &named, &request.model)?;
     match request.response_format.as_ref().and_then(|f| f.get("type")) {
         None => {}
         Some(Value::String(t)) if t == "text" => {}

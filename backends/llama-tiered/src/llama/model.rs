@@ -120,7 +120,11 @@ impl Model {
         stream_patterns: &[String],
         stream_buft: StreamBufferType,
         no_repack: bool,
+        progress: Option<&mut dyn FnMut(f32) -> bool>,
     ) -> Result<(Model, LoadReport), EngineError> {
+        let mut progress = progress;
+        let mut keep_going = |p: f32| progress.as_mut().is_none_or(|cb| cb(p));
+        let mut callback: &mut dyn FnMut(f32) -> bool = &mut keep_going;
         super::backend::init();
         let load_error = |reason: String| EngineError::Load {
             path: path.to_path_buf(),
@@ -158,6 +162,8 @@ impl Model {
             params.load_mode = sys::LLAMA_LOAD_MODE_NONE;
             params.use_extra_bufts = !no_repack;
             params.tensor_buft_overrides = overrides.as_ptr();
+            params.progress_callback = Some(progress_trampoline);
+            params.progress_callback_user_data = &mut callback as *mut _ as *mut c_void;
             sys::llama_model_load_from_file_ptr(fp.cast(), params)
         };
         let (report, read_error) = load_file.close(fp);

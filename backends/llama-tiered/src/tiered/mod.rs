@@ -43,6 +43,8 @@ pub struct TieredParams {
     pub ram_budget_bytes: Option<u64>,
     /// See [`ModelParams::no_repack`].
     pub no_repack: bool,
+    /// Read ahead what the next layers will likely need (on by default in the CLI).
+    pub prefetch: bool,
 }
 
 /// The simple rule until the scheduler's planner exists: everything fits →
@@ -84,6 +86,15 @@ fn open_for_streaming(path: &Path) -> std::io::Result<File> {
 
 impl TieredModel {
     pub fn load(path: &Path, params: &TieredParams) -> Result<TieredModel, EngineError> {
+        TieredModel::load_with_progress(path, params, None)
+    }
+
+    /// [`TieredModel::load`] reporting the load fraction in `[0, 1]` to `progress`.
+    pub fn load_with_progress(
+        path: &Path,
+        params: &TieredParams,
+        progress: Option<&mut dyn FnMut(f32) -> bool>,
+    ) -> Result<TieredModel, EngineError> {
         let gguf = GgufFile::open(path)?;
         gguf.validate()?;
         let mode = params
@@ -150,6 +161,7 @@ impl TieredModel {
             &placement.stream_patterns(),
             buft,
             params.no_repack,
+            progress,
         )?;
         let cache_budget = params
             .ram_budget_bytes
@@ -162,10 +174,14 @@ impl TieredModel {
             cache_budget,
         )
         .map_err(EngineError::InvalidArgument)?;
+        let streamer = Arc::new(streamer);
+        if params.prefetch {
+            streamer.start_prefetch();
+        }
         Ok(TieredModel {
             model: Arc::new(model),
             placement,
-            streamer: Some(Arc::new(streamer)),
+            streamer: Some(streamer),
             load_report,
             resident_bytes,
         })

@@ -7,10 +7,17 @@
 //! the node being computed is pinned (refcount) and never evicted; pins are
 //! dropped when the next layer's request arrives, which llama.cpp only makes
 //! after the previous layer's matmuls ran (graph order on one thread).
+//!
+//! Prefetch: a background thread reads units predicted to be needed next
+//! while the decoding thread computes — the next `k` layers in
+//! dense-FFN-streaming (`k` adapted to measured read vs compute time), the
+//! experts layer L+1 most often selected together with layer L's choice in
+//! expert-streaming (co-activation counts). A unit being read is `Loading`;
+//! a request for it waits for the read instead of reading it again.
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -45,11 +52,21 @@ pub struct StreamStats {
     pub evictions: u64,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Residency {
+    Absent,
+    /// Being read by the prefetcher; bytes already counted in the cache.
+    Loading,
+    Resident,
+}
+
 struct Unit {
     /// File byte ranges of the unit's slices.
     ranges: Vec<(u64, u64)>,
     bytes: u64,
-    resident: bool,
+    residency: Residency,
+    /// Brought in by the prefetcher and not used since.
+    prefetched: bool,
     pins: u32,
     score: f64,
     last_use: u64,
@@ -57,6 +74,19 @@ struct Unit {
 
 struct State {
     units: HashMap<UnitKey, Unit>,
+    n_layers: u32,
+    n_experts: u32,
+    /// Expert-streaming: `coact[l][a * n_experts + b]` counts tokens that chose
+    /// expert `a` in layer `l` and `b` in layer `l + 1`.
+    coact: Vec<Vec<u32>>,
+    /// The previous request's layer and units (for co-activation counts).
+    last_request: Option<(u32, Vec<u32>)>,
+    /// Moving averages: seconds to read one unit, seconds between requests.
+    read_seconds_per_unit: f64,
+    compute_seconds_per_layer: f64,
+    last_request_end: Option<Instant>,
+    /// Layer of the latest request.
+    current_layer: u32,
     pinned: Vec<UnitKey>,
     cache_bytes: u64,
     clock: u64,
@@ -71,6 +101,9 @@ pub struct Streamer {
     file: File,
     budget_bytes: u64,
     state: Mutex<State>,
+    /// Signalled when a prefetch read finishes.
+    loaded: Condvar,
+    prefetch_tx: Mutex<Option<mpsc::Sender<UnitKey>>>,
     failed: AtomicBool,
 }
 
@@ -102,7 +135,8 @@ impl Streamer {
                 let unit = units.entry((layer, e as u32)).or_insert_with(|| Unit {
                     ranges: Vec::new(),
                     bytes: 0,
-                    resident: false,
+                    residency: Residency::Absent,
+                    prefetched: false,
                     pins: 0,
                     score: 0.0,
                     last_use: 0,
@@ -126,13 +160,30 @@ impl Streamer {
             cache_budget_bytes: budget_bytes,
             ..Default::default()
         };
+        let n_layers = units.keys().map(|k| k.0 + 1).max().unwrap_or(0);
+        let n_experts = units.keys().map(|k| k.1 + 1).max().unwrap_or(0);
+        let coact = if mode == Mode::ExpertStreaming {
+            vec![vec![0u32; (n_experts * n_experts) as usize]; n_layers as usize]
+        } else {
+            Vec::new()
+        };
         Ok(Streamer {
             mode,
             region,
             file,
             budget_bytes,
+            loaded: Condvar::new(),
+            prefetch_tx: Mutex::new(None),
             state: Mutex::new(State {
                 units,
+                n_layers,
+                n_experts,
+                coact,
+                last_request: None,
+                read_seconds_per_unit: 0.0,
+                compute_seconds_per_layer: 0.0,
+                last_request_end: None,
+                current_layer: 0,
                 pinned: Vec::new(),
                 cache_bytes: 0,
                 clock: 0,
@@ -180,75 +231,235 @@ impl Streamer {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Starts the prefetch thread (it ends when the streamer is dropped).
+    pub fn start_prefetch(self: &Arc<Self>) {
+        let (tx, rx) = mpsc::channel::<UnitKey>();
+        *self.prefetch_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let weak: Weak<Streamer> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("hypura-prefetch".into())
+            .spawn(move || {
+                while let Ok(key) = rx.recv() {
+                    let Some(streamer) = weak.upgrade() else {
+                        return;
+                    };
+                    streamer.prefetch(key);
+                }
+            })
+            .ok();
+    }
+
     /// Makes the units `(layer, e)` for every `e` in `experts` resident and
     /// pins them until the next request; drops the previous request's pins.
     fn ensure(&self, layer: u32, experts: &[u32]) {
         let started = Instant::now();
-        let misses = {
-            let mut state = self.lock();
-            let pinned = std::mem::take(&mut state.pinned);
-            for key in pinned {
-                if let Some(u) = state.units.get_mut(&key) {
-                    u.pins = u.pins.saturating_sub(1);
-                }
-            }
-            state.clock += 1;
-            let clock = state.clock;
-            let mut misses = Vec::new();
-            for &e in experts {
-                let key = (layer, e);
-                let Some(unit) = state.units.get_mut(&key) else {
-                    continue;
-                };
-                unit.pins += 1;
-                unit.score += 1.0;
-                unit.last_use = clock;
-                let (resident, bytes, ranges) = (unit.resident, unit.bytes, unit.ranges.clone());
-                state.pinned.push(key);
-                state.accesses_since_ageing += 1;
-                if resident {
-                    state.stats.expert_hits += 1;
-                } else {
-                    state.stats.expert_misses += 1;
-                    misses.push((key, bytes, ranges));
-                }
-            }
-            self.age(&mut state);
-            let needed: u64 = misses.iter().map(|m| m.1).sum();
-            self.make_room(&mut state, needed);
-            for (key, bytes, _) in &misses {
-                if let Some(u) = state.units.get_mut(key) {
-                    u.resident = true;
-                }
-                state.cache_bytes += bytes;
-            }
-            state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
-            misses
-        };
-        if misses.is_empty() {
-            return;
-        }
-        let reads: Vec<(u64, u64)> = misses.iter().flat_map(|m| m.2.iter().copied()).collect();
-        let result = self.read_ranges(&reads);
         let mut state = self.lock();
-        match result {
-            Ok(bytes) => state.stats.nvme_bytes_read += bytes,
-            Err(e) => {
-                // Never leave a unit marked resident with bytes that did not arrive.
-                for (key, bytes, ranges) in &misses {
-                    if let Some(u) = state.units.get_mut(key) {
-                        u.resident = false;
-                    }
-                    for &(a, b) in ranges {
-                        self.region.release(a, b);
-                    }
-                    state.cache_bytes -= bytes;
-                }
-                state.error = Some(e);
-                self.failed.store(true, Ordering::SeqCst);
+        if let Some(end) = state.last_request_end {
+            let compute = end.elapsed().as_secs_f64();
+            state.compute_seconds_per_layer = ema(state.compute_seconds_per_layer, compute);
+        }
+        for key in std::mem::take(&mut state.pinned) {
+            if let Some(u) = state.units.get_mut(&key) {
+                u.pins = u.pins.saturating_sub(1);
             }
         }
+        state.clock += 1;
+        state.current_layer = layer;
+        let clock = state.clock;
+        let keys: Vec<UnitKey> = experts
+            .iter()
+            .map(|&e| (layer, e))
+            .filter(|k| state.units.contains_key(k))
+            .collect();
+        for key in &keys {
+            let unit = state.units.get_mut(key).expect("filtered");
+            unit.pins += 1;
+            unit.score += 1.0;
+            unit.last_use = clock;
+            state.pinned.push(*key);
+            state.accesses_since_ageing += 1;
+        }
+        self.age(&mut state);
+
+        // Wait for units the prefetcher is reading rather than reading them twice.
+        while keys
+            .iter()
+            .any(|k| state.units[k].residency == Residency::Loading)
+        {
+            state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        let mut misses = Vec::new();
+        for key in &keys {
+            let unit = state.units.get_mut(key).expect("filtered");
+            let prefetched = std::mem::take(&mut unit.prefetched);
+            let resident = unit.residency == Residency::Resident;
+            if !resident {
+                misses.push((*key, unit.bytes, unit.ranges.clone()));
+            }
+            if resident {
+                state.stats.expert_hits += 1;
+                state.stats.prefetch_hits += prefetched as u64;
+            } else {
+                state.stats.expert_misses += 1;
+            }
+        }
+        let needed: u64 = misses.iter().map(|m| m.1).sum();
+        self.make_room(&mut state, needed, None);
+        for (key, bytes, _) in &misses {
+            state.units.get_mut(key).expect("exists").residency = Residency::Resident;
+            state.cache_bytes += bytes;
+        }
+        state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
+        let predicted = self.predict_next(&mut state, layer, experts);
+        drop(state);
+
+        if !misses.is_empty() {
+            let reads: Vec<(u64, u64)> = misses.iter().flat_map(|m| m.2.iter().copied()).collect();
+            let read_started = Instant::now();
+            let result = self.read_ranges(&reads);
+            let mut state = self.lock();
+            let per_unit = read_started.elapsed().as_secs_f64() / misses.len() as f64;
+            state.read_seconds_per_unit = ema(state.read_seconds_per_unit, per_unit);
+            match result {
+                Ok(bytes) => state.stats.nvme_bytes_read += bytes,
+                Err(e) => {
+                    // Never leave a unit marked resident with bytes that did not arrive.
+                    for (key, bytes, ranges) in &misses {
+                        state.units.get_mut(key).expect("exists").residency = Residency::Absent;
+                        for &(a, b) in ranges {
+                            self.region.release(a, b);
+                        }
+                        state.cache_bytes -= bytes;
+                    }
+                    state.error = Some(e);
+                    self.failed.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        let mut state = self.lock();
         state.stats.io_stall_seconds += started.elapsed().as_secs_f64();
+        state.last_request_end = Some(Instant::now());
+        drop(state);
+        if let Some(tx) = self
+            .prefetch_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            for key in predicted {
+                let _ = tx.send(key);
+            }
+        }
+    }
+
+    /// Units to read ahead after a request for `layer`.
+    fn predict_next(&self, state: &mut State, layer: u32, experts: &[u32]) -> Vec<UnitKey> {
+        if state.n_layers == 0 {
+            return Vec::new();
+        }
+        match self.mode {
+            Mode::DenseFfnStreaming => {
+                let unit_bytes = state.units.get(&(layer, 0)).map_or(1, |u| u.bytes.max(1));
+                let slots = (self.budget_bytes / unit_bytes).max(1);
+                // Lookahead k: enough layers that reading overlaps computing,
+                // bounded by the slots not holding the current layer.
+                let ratio = state.read_seconds_per_unit / state.compute_seconds_per_layer.max(1e-6);
+                let k = (ratio.ceil() as u64)
+                    .clamp(1, slots.saturating_sub(1).max(1))
+                    .min(state.n_layers as u64 - 1);
+                (1..=k)
+                    .map(|d| ((layer + d as u32) % state.n_layers, 0))
+                    .collect()
+            }
+            Mode::ExpertStreaming => {
+                let n = state.n_experts as usize;
+                if let Some((prev_layer, prev)) = state.last_request.take() {
+                    if prev_layer + 1 == layer {
+                        let table = &mut state.coact[prev_layer as usize];
+                        for &a in &prev {
+                            for &b in experts {
+                                table[a as usize * n + b as usize] += 1;
+                            }
+                        }
+                    }
+                }
+                state.last_request = Some((layer, experts.to_vec()));
+                let next = layer + 1;
+                if next >= state.n_layers {
+                    return Vec::new();
+                }
+                let table = &state.coact[layer as usize];
+                let mut scores: Vec<(u32, u32)> = (0..n as u32)
+                    .map(|b| {
+                        (
+                            experts
+                                .iter()
+                                .map(|&a| table[a as usize * n + b as usize])
+                                .sum(),
+                            b,
+                        )
+                    })
+                    .filter(|&(score, _)| score > 0)
+                    .collect();
+                scores.sort_unstable_by(|x, y| y.cmp(x));
+                scores
+                    .into_iter()
+                    .take(experts.len())
+                    .map(|(_, b)| (next, b))
+                    .collect()
+            }
+            Mode::FullResident => Vec::new(),
+        }
+    }
+
+    /// Reads one predicted unit in the background, if it is absent and room
+    /// can be made without touching units in use.
+    fn prefetch(&self, key: UnitKey) {
+        let ranges = {
+            let mut state = self.lock();
+            let Some(unit) = state.units.get(&key) else {
+                return;
+            };
+            if unit.residency != Residency::Absent {
+                return;
+            }
+            let (bytes, score) = (unit.bytes, unit.score);
+            let n_layers = state.n_layers.max(1);
+            let distance = (key.0 + n_layers - state.current_layer) % n_layers;
+            if !self.make_room(&mut state, bytes, Some((distance, score))) {
+                return;
+            }
+            let unit = state.units.get_mut(&key).expect("exists");
+            unit.residency = Residency::Loading;
+            unit.prefetched = true;
+            let ranges = unit.ranges.clone();
+            state.cache_bytes += bytes;
+            state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
+            ranges
+        };
+        let result = self.read_ranges(&ranges);
+        let mut state = self.lock();
+        let unit = state.units.get_mut(&key).expect("exists");
+        match result {
+            Ok(bytes) => {
+                unit.residency = Residency::Resident;
+                state.stats.nvme_bytes_read += bytes;
+            }
+            Err(e) => {
+                // A failed prefetch is not an error yet: the unit is read
+                // again (and the error surfaced) if a request needs it.
+                tracing::warn!("prefetch failed: {e}");
+                unit.residency = Residency::Absent;
+                unit.prefetched = false;
+                let bytes = unit.bytes;
+                for &(a, b) in &ranges {
+                    self.region.release(a, b);
+                }
+                state.cache_bytes -= bytes;
+            }
+        }
+        drop(state);
+        self.loaded.notify_all();
     }
 
     /// Reads ranges, spread over a few threads when there are several.
@@ -293,39 +504,67 @@ impl Streamer {
         }
     }
 
-    /// Evicts unpinned units until `needed` more bytes fit in the budget.
-    /// Lowest score goes first; ties go to the least recently used expert,
-    /// or, for dense layers (used in a cycle), the most recently used one.
-    fn make_room(&self, state: &mut State, needed: u64) {
+    /// Evicts unpinned resident units until `needed` more bytes fit in the
+    /// budget; false when that is impossible. Experts: lowest score (frequency
+    /// with ageing) first, ties to the least recently used. Dense layers are
+    /// used in a cycle, so the victim is the layer needed last (Belady).
+    /// `limit` (prefetches): evict only layers needed later than `distance`
+    /// layers from now, or experts scored below `score`, so read-ahead never
+    /// pushes out something more useful than what it brings in.
+    fn make_room(&self, state: &mut State, needed: u64, limit: Option<(u32, f64)>) -> bool {
+        let dense = self.mode == Mode::DenseFfnStreaming;
+        let n_layers = state.n_layers.max(1);
+        let current = state.current_layer;
+        let distance = |layer: u32| (layer + n_layers - current) % n_layers;
         while state.cache_bytes + needed > self.budget_bytes {
-            let dense = self.mode == Mode::DenseFfnStreaming;
             let victim = state
                 .units
                 .iter()
-                .filter(|(_, u)| u.resident && u.pins == 0)
-                .min_by(|(_, a), (_, b)| {
-                    a.score.total_cmp(&b.score).then(if dense {
-                        b.last_use.cmp(&a.last_use)
-                    } else {
-                        a.last_use.cmp(&b.last_use)
+                .filter(|(_, u)| u.residency == Residency::Resident && u.pins == 0)
+                .filter(|(k, u)| {
+                    limit.is_none_or(|(d, score)| {
+                        if dense {
+                            distance(k.0) > d
+                        } else {
+                            u.score < score
+                        }
                     })
+                })
+                .min_by(|(ka, a), (kb, b)| {
+                    if dense {
+                        distance(kb.0).cmp(&distance(ka.0))
+                    } else {
+                        a.score
+                            .total_cmp(&b.score)
+                            .then(a.last_use.cmp(&b.last_use))
+                    }
                 })
                 .map(|(k, _)| *k);
             let Some(key) = victim else {
-                // Everything resident is pinned: cannot happen when the
-                // budget passed the per-layer minimum checked in `new`.
-                tracing::error!("stream cache over budget: every resident unit is in use");
-                return;
+                return false;
             };
             let unit = state.units.get_mut(&key).expect("victim exists");
-            unit.resident = false;
+            unit.residency = Residency::Absent;
+            let wasted = std::mem::take(&mut unit.prefetched);
             let (bytes, ranges) = (unit.bytes, unit.ranges.clone());
             for (a, b) in ranges {
                 self.region.release(a, b);
             }
             state.cache_bytes -= bytes;
             state.stats.evictions += 1;
+            if wasted {
+                state.stats.prefetch_wasted_bytes += bytes;
+            }
         }
+        true
+    }
+}
+
+fn ema(avg: f64, sample: f64) -> f64 {
+    if avg == 0.0 {
+        sample
+    } else {
+        0.8 * avg + 0.2 * sample
     }
 }
 
