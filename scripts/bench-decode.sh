@@ -6,6 +6,7 @@
 #   scripts/bench-decode.sh [MODEL] [N_TOKENS] [RUNS]
 #
 # Prints one line per run and the median ratio hypura / llama.cpp.
+# HYPURA_ARGS adds flags to hypura (e.g. --repack, which llama.cpp does by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -28,7 +29,7 @@ fi
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 h_all=(); l_all=()
 for i in $(seq "$runs"); do
-  h=$(target/release/hypura run "$model" --raw --prompt "$prompt" --temperature 0 --max-tokens "$n" \
+  h=$(target/release/hypura run "$model" ${HYPURA_ARGS:-} --raw --prompt "$prompt" --temperature 0 --max-tokens "$n" \
         --threads "$threads" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["stats"]["tokens_per_second"])')
   l=$("$bench" "$model" "$prompt" "$n" "$threads" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_second"])')
   echo "run $i: hypura $h tok/s, llama.cpp $l tok/s"

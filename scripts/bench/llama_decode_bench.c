@@ -22,7 +22,7 @@ static void quiet(enum ggml_log_level level, const char * text, void * data) {
 
 int main(int argc, char ** argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s MODEL PROMPT N_TOKENS N_THREADS [N_GPU_LAYERS]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL PROMPT N_TOKENS N_THREADS [N_GPU_LAYERS] [read|mmap]\n", argv[0]);
         return 2;
     }
     const char * path = argv[1];
@@ -30,12 +30,16 @@ int main(int argc, char ** argv) {
     int n_gen = atoi(argv[3]);
     int n_threads = atoi(argv[4]);
     int n_gpu = argc > 5 ? atoi(argv[5]) : 0;
+    int use_mmap = argc > 6 && strcmp(argv[6], "mmap") == 0;
 
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = n_gpu;
-    mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    mp.load_mode = use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    // With mmap, CPU repacking would copy every weight into anonymous memory:
+    // keep weights in the page cache, as a memory-limited mmap user would.
+    if (use_mmap) mp.use_extra_bufts = false;
     struct llama_model * model = llama_model_load_from_file(path, mp);
     if (!model) { fprintf(stderr, "cannot load %s\n", path); return 1; }
     const struct llama_vocab * vocab = llama_model_get_vocab(model);

