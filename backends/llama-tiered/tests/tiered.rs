@@ -374,3 +374,16 @@ fn streamed_model_runs_in_a_shared_context() {
     assert!(out.text.starts_with(" Paris."), "{:?}", out.text);
     let _ = Arc::strong_count(&m.model);
 }
+
+#[test]
+fn a_streamed_model_decodes_in_one_context_at_a_time() {
+    let m = load(&test_models::smollm2(), Mode::DenseFfnStreaming, None);
+    let first = ctx(&m);
+    let err = m
+        .new_context(&ContextParams::default())
+        .err()
+        .expect("second context refused");
+    assert!(err.to_string().contains("one context at a time"), "{err}");
+    drop(first);
+    ctx(&m); // allowed again once the first is gone
+}

@@ -192,7 +192,19 @@ impl TieredModel {
     }
 
     /// A context that streams this model's STREAM tensors as it decodes.
+    ///
+    /// A streamed model decodes in one context at a time: the streamer pins a
+    /// layer's units until the next layer's request, which is only sound on
+    /// one decoding thread. (Several sequences share that one context.)
     pub fn new_context(&self, params: &ContextParams) -> Result<Context, EngineError> {
+        if let Some(streamer) = &self.streamer {
+            // Only ours when no context holds it.
+            if Arc::strong_count(streamer) > 1 {
+                return Err(EngineError::InvalidArgument(
+                    "a streamed model decodes in one context at a time; drop the other context first".into(),
+                ));
+            }
+        }
         let hook = self.streamer.clone().map(|s| s as Arc<dyn EvalHook>);
         Context::with_hook(Arc::clone(&self.model), params, hook)
     }

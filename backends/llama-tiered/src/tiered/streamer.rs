@@ -304,7 +304,19 @@ impl Streamer {
             }
         }
         let needed: u64 = misses.iter().map(|m| m.1).sum();
-        self.make_room(&mut state, needed, None);
+        // Units being prefetched count against the budget but cannot be
+        // evicted mid-read: wait for them when nothing else can make room.
+        while !self.make_room(&mut state, needed, None) {
+            if !state
+                .units
+                .values()
+                .any(|u| u.residency == Residency::Loading)
+            {
+                tracing::error!("stream cache over budget: every resident unit is in use");
+                break;
+            }
+            state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
         for (key, bytes, _) in &misses {
             state.units.get_mut(key).expect("exists").residency = Residency::Resident;
             state.cache_bytes += bytes;
