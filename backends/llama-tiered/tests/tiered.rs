@@ -58,11 +58,13 @@ fn load_with(
     ram_budget_bytes: Option<u64>,
     prefetch: bool,
 ) -> TieredModel {
+    // Co-activation statistics go to a scratch folder, never the user's cache.
     let params = TieredParams {
         mode: Some(mode),
         ram_budget_bytes,
         no_repack: true,
         prefetch,
+        cache_dir: Some(temp_path("cache")),
     };
     TieredModel::load(path, &params).expect("tiered load")
 }
@@ -386,4 +388,41 @@ fn a_streamed_model_decodes_in_one_context_at_a_time() {
     assert!(err.to_string().contains("one context at a time"), "{err}");
     drop(first);
     ctx(&m); // allowed again once the first is gone
+}
+
+#[test]
+fn coactivation_statistics_survive_a_restart() {
+    let cache = temp_path("coact-restart");
+    // Its own model file, so no other test's statistics are found under its key.
+    let path = &temp_path("coact-mixtral.gguf");
+    synth::write(
+        &SynthSpec::tiny_mixtral().with_layers(4).with_seed(99),
+        path,
+    )
+    .unwrap();
+    let params = TieredParams {
+        mode: Some(Mode::ExpertStreaming),
+        no_repack: true,
+        cache_dir: Some(cache.clone()),
+        ..Default::default()
+    };
+    let first = TieredModel::load(path, &params).unwrap();
+    assert_eq!(first.streamer.as_ref().unwrap().coactivation().total(), 0);
+    greedy_trace(&first, 8, &mut |_| {});
+    let learned = first.streamer.as_ref().unwrap().coactivation();
+    assert!(learned.total() > 0);
+    drop(first); // saves
+    let saved = std::fs::read_dir(cache.join("coactivation"))
+        .unwrap()
+        .count();
+    assert_eq!(saved, 1, "one statistics file saved");
+    let again = TieredModel::load(path, &params).unwrap();
+    assert_eq!(
+        again.streamer.as_ref().unwrap().coactivation(),
+        learned,
+        "restart starts warm"
+    );
+    drop(again);
+    std::fs::remove_dir_all(&cache).ok();
+    std::fs::remove_file(path).ok();
 }

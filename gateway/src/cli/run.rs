@@ -165,6 +165,7 @@ fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
         ram_budget_bytes: args.ram_budget,
         no_repack: !args.repack,
         prefetch: !args.no_prefetch,
+        cache_dir: None,
     };
     let model = TieredModel::load_with_progress(path, &params, Some(&mut progress));
     bar.finish_and_clear();

@@ -3,6 +3,8 @@
 //!
 //! - [`placement`]: tier per tensor and the mode it implies.
 //! - [`streamer`]: the residency cache, reads and statistics.
+//! - [`coact`]: expert co-activation statistics, persisted per model file.
+pub mod coact;
 pub mod placement;
 pub mod streamer;
 
@@ -45,6 +47,9 @@ pub struct TieredParams {
     pub no_repack: bool,
     /// Read ahead what the next layers will likely need (on by default in the CLI).
     pub prefetch: bool,
+    /// Where expert co-activation statistics persist (default: `$HYPURA_CACHE_DIR`
+    /// or `~/.cache/hypura`).
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 /// The simple rule until the scheduler's planner exists: everything fits →
@@ -174,6 +179,12 @@ impl TieredModel {
             cache_budget,
         )
         .map_err(EngineError::InvalidArgument)?;
+        if mode == Mode::ExpertStreaming {
+            match coact::stats_path(path, gguf.data_offset(), params.cache_dir.as_deref()) {
+                Ok(stats) => streamer.persist_coactivation(stats),
+                Err(e) => tracing::warn!("co-activation statistics will not persist: {e}"),
+            }
+        }
         let streamer = Arc::new(streamer);
         if params.prefetch {
             streamer.start_prefetch();

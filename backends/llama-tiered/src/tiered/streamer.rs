@@ -16,12 +16,14 @@
 //! a request for it waits for the read instead of reading it again.
 use std::collections::HashMap;
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
 use serde::Serialize;
 
+use super::coact::Coactivation;
 use super::placement::Mode;
 use crate::gguf::GgufFile;
 use crate::llama::{EvalHook, Node, StreamRegion, PAGE};
@@ -76,9 +78,10 @@ struct State {
     units: HashMap<UnitKey, Unit>,
     n_layers: u32,
     n_experts: u32,
-    /// Expert-streaming: `coact[l][a * n_experts + b]` counts tokens that chose
-    /// expert `a` in layer `l` and `b` in layer `l + 1`.
-    coact: Vec<Vec<u32>>,
+    /// Expert-streaming: co-activation counts between consecutive layers.
+    coact: Coactivation,
+    /// Where `coact` is loaded from and saved to (on drop).
+    coact_path: Option<PathBuf>,
     /// The previous request's layer and units (for co-activation counts).
     last_request: Option<(u32, Vec<u32>)>,
     /// Moving averages: seconds to read one unit, seconds between requests.
@@ -162,11 +165,14 @@ impl Streamer {
         };
         let n_layers = units.keys().map(|k| k.0 + 1).max().unwrap_or(0);
         let n_experts = units.keys().map(|k| k.1 + 1).max().unwrap_or(0);
-        let coact = if mode == Mode::ExpertStreaming {
-            vec![vec![0u32; (n_experts * n_experts) as usize]; n_layers as usize]
-        } else {
-            Vec::new()
-        };
+        let coact = Coactivation::new(
+            if mode == Mode::ExpertStreaming {
+                n_layers
+            } else {
+                0
+            },
+            n_experts,
+        );
         Ok(Streamer {
             mode,
             region,
@@ -179,6 +185,7 @@ impl Streamer {
                 n_layers,
                 n_experts,
                 coact,
+                coact_path: None,
                 last_request: None,
                 read_seconds_per_unit: 0.0,
                 compute_seconds_per_layer: 0.0,
@@ -197,6 +204,22 @@ impl Streamer {
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Starts from the statistics saved at `path` (if they match this model)
+    /// and saves them there when the streamer is dropped.
+    pub fn persist_coactivation(&self, path: PathBuf) {
+        let mut state = self.lock();
+        let (n_layers, n_experts) = (state.coact.n_layers, state.coact.n_experts);
+        if let Some(saved) = Coactivation::load(&path, n_layers, n_experts) {
+            state.coact = saved;
+        }
+        state.coact_path = Some(path);
+    }
+
+    /// Co-activation counts gathered so far (including loaded ones).
+    pub fn coactivation(&self) -> Coactivation {
+        self.lock().coact.clone()
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -387,7 +410,7 @@ impl Streamer {
                 let n = state.n_experts as usize;
                 if let Some((prev_layer, prev)) = state.last_request.take() {
                     if prev_layer + 1 == layer {
-                        let table = &mut state.coact[prev_layer as usize];
+                        let table = &mut state.coact.counts[prev_layer as usize];
                         for &a in &prev {
                             for &b in experts {
                                 table[a as usize * n + b as usize] += 1;
@@ -400,7 +423,7 @@ impl Streamer {
                 if next >= state.n_layers {
                     return Vec::new();
                 }
-                let table = &state.coact[layer as usize];
+                let table = &state.coact.counts[layer as usize];
                 let mut scores: Vec<(u32, u32)> = (0..n as u32)
                     .map(|b| {
                         (
@@ -577,6 +600,22 @@ fn ema(avg: f64, sample: f64) -> f64 {
         sample
     } else {
         0.8 * avg + 0.2 * sample
+    }
+}
+
+impl Drop for Streamer {
+    fn drop(&mut self) {
+        let state = self.lock();
+        if let Some(path) = &state.coact_path {
+            if state.coact.total() > 0 {
+                if let Err(e) = state.coact.save(path) {
+                    tracing::warn!(
+                        "could not save co-activation statistics to {}: {e}",
+                        path.display()
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -1,0 +1,97 @@
+//! Expert co-activation statistics, persisted per model file so a restarted
+//! server prefetches well from its first token.
+//!
+//! Kept in `$HYPURA_CACHE_DIR/coactivation/` (else `~/.cache/hypura/…`), one
+//! JSON file per model, named by a content key: the SHA-256 of the file's
+//! header (metadata and tensor table) and size. Never written next to the model.
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// `counts[l][a * n_experts + b]`: tokens that chose expert `a` in layer `l`
+/// and expert `b` in layer `l + 1`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Coactivation {
+    pub n_layers: u32,
+    pub n_experts: u32,
+    pub counts: Vec<Vec<u32>>,
+}
+
+impl Coactivation {
+    pub fn new(n_layers: u32, n_experts: u32) -> Self {
+        Coactivation {
+            n_layers,
+            n_experts,
+            counts: vec![vec![0; (n_experts * n_experts) as usize]; n_layers as usize],
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.iter().flatten().map(|&c| c as u64).sum()
+    }
+
+    /// Loads saved statistics of the same shape, if any.
+    pub fn load(path: &Path, n_layers: u32, n_experts: u32) -> Option<Coactivation> {
+        let saved: Coactivation = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        let shape_ok = saved.n_layers == n_layers
+            && saved.n_experts == n_experts
+            && saved.counts.len() == n_layers as usize
+            && saved
+                .counts
+                .iter()
+                .all(|l| l.len() == (n_experts * n_experts) as usize);
+        shape_ok.then_some(saved)
+    }
+
+    /// Writes atomically (temp file + rename).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+/// Where the statistics of the model file `model` (whose header is
+/// `data_offset` bytes long) are kept: under `cache_dir`, else the default
+/// cache directory (`$HYPURA_CACHE_DIR`, else `~/.cache/hypura`).
+pub fn stats_path(
+    model: &Path,
+    data_offset: u64,
+    cache_dir: Option<&Path>,
+) -> std::io::Result<PathBuf> {
+    let dir = match cache_dir {
+        Some(dir) => dir.to_path_buf(),
+        None => default_cache_dir()?,
+    };
+    let mut file = File::open(model)?;
+    let size = file.metadata()?.len();
+    let mut header = vec![0u8; data_offset.min(size) as usize];
+    file.read_exact(&mut header)?;
+    let mut hash = Sha256::new();
+    hash.update(&header);
+    hash.update(size.to_le_bytes());
+    let key: String = hash
+        .finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(dir.join("coactivation").join(format!("{key}.json")))
+}
+
+fn default_cache_dir() -> std::io::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("HYPURA_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    let home = std::env::var_os("HOME").ok_or_else(|| std::io::Error::other("HOME is not set"))?;
+    Ok(PathBuf::from(home).join(".cache/hypura"))
+}
