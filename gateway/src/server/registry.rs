@@ -432,7 +432,13 @@ impl Registry {
 
 fn load(named: &NamedModel, settings: &EngineSettings) -> Result<Arc<LoadedModel>, ApiError> {
     tracing::info!("loading {} from {}", named.name, named.path.display());
-    let model = Model::load(&named.path, ModelParams::default())
+    // Same kernels as `hypura run` and every streaming mode: no CPU repacking,
+    // so a prompt gets the same tokens whichever way the model is held.
+    let params = ModelParams {
+        no_repack: true,
+        ..Default::default()
+    };
+    let model = Model::load(&named.path, params)
         .map_err(|e| ApiError::Internal(format!("could not load model '{}': {e}", named.name)))?;
     let model = Arc::new(model);
     let n_ctx_per_seq = settings
