@@ -1,19 +1,10 @@
 //! The `hypura` binary end to end, on the real SmolLM2 model and on bad files.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn smollm2() -> PathBuf {
-    let dir = std::env::var_os("HYPURA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"));
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-models.sh",
-        path.display()
-    );
-    path
-}
+use common::smollm2;
 
 fn hypura(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hypura"))
