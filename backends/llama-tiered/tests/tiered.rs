@@ -426,3 +426,25 @@ fn coactivation_statistics_survive_a_restart() {
     std::fs::remove_dir_all(&cache).ok();
     std::fs::remove_file(path).ok();
 }
+
+#[test]
+fn per_token_statistics_add_up_to_the_cumulative_ones() {
+    let m = load_with(smollm2_moe(), Mode::ExpertStreaming, None, false);
+    let mut last = m.stats();
+    let mut per_token = Vec::new();
+    greedy_trace(&m, 8, &mut |m| {
+        let now = m.stats();
+        per_token.push(now.since(&last));
+        last = now;
+    });
+    let total = m.stats();
+    let sum =
+        |f: fn(&llama_tiered::tiered::StreamStats) -> u64| per_token.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|s| s.nvme_bytes_read), total.nvme_bytes_read);
+    assert_eq!(sum(|s| s.expert_hits), total.expert_hits);
+    assert_eq!(sum(|s| s.expert_misses), total.expert_misses);
+    // After the prompt, each token looks up exactly 2 experts in each of 30 layers.
+    for s in &per_token[1..] {
+        assert_eq!(s.expert_hits + s.expert_misses, 2 * 30, "{s:?}");
+    }
+}

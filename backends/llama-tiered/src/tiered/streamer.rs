@@ -62,6 +62,36 @@ enum Residency {
     Resident,
 }
 
+impl StreamStats {
+    /// What happened between `earlier` and this snapshot (e.g. one token:
+    /// take a snapshot after each decode). Gauges (cache bytes, peak, budget)
+    /// keep this snapshot's value; rates are recomputed for the interval.
+    pub fn since(&self, earlier: &StreamStats) -> StreamStats {
+        let io_stall_seconds = (self.io_stall_seconds - earlier.io_stall_seconds).max(0.0);
+        let nvme_bytes_read = self.nvme_bytes_read.saturating_sub(earlier.nvme_bytes_read);
+        StreamStats {
+            mode: self.mode.clone(),
+            nvme_bytes_read,
+            expert_hits: self.expert_hits.saturating_sub(earlier.expert_hits),
+            expert_misses: self.expert_misses.saturating_sub(earlier.expert_misses),
+            prefetch_hits: self.prefetch_hits.saturating_sub(earlier.prefetch_hits),
+            prefetch_wasted_bytes: self
+                .prefetch_wasted_bytes
+                .saturating_sub(earlier.prefetch_wasted_bytes),
+            io_stall_seconds,
+            read_gbps: if io_stall_seconds > 0.0 {
+                nvme_bytes_read as f64 / io_stall_seconds / 1e9
+            } else {
+                0.0
+            },
+            cache_bytes: self.cache_bytes,
+            cache_peak_bytes: self.cache_peak_bytes,
+            cache_budget_bytes: self.cache_budget_bytes,
+            evictions: self.evictions.saturating_sub(earlier.evictions),
+        }
+    }
+}
+
 struct Unit {
     /// File byte ranges of the unit's slices.
     ranges: Vec<(u64, u64)>,
