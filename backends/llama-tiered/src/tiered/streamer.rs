@@ -45,7 +45,9 @@ pub struct StreamStats {
     pub prefetch_wasted_bytes: u64,
     /// Time the decoding thread waited for reads.
     pub io_stall_seconds: f64,
-    /// `nvme_bytes_read / io_stall_seconds`, in GB/s.
+    /// Seconds spent in reads, on the decoding thread and the prefetcher (summed).
+    pub read_seconds: f64,
+    /// `nvme_bytes_read / read_seconds`, in GB/s.
     pub read_gbps: f64,
     /// Bytes of units resident now, and the most ever resident at once.
     pub cache_bytes: u64,
@@ -68,6 +70,7 @@ impl StreamStats {
     /// keep this snapshot's value; rates are recomputed for the interval.
     pub fn since(&self, earlier: &StreamStats) -> StreamStats {
         let io_stall_seconds = (self.io_stall_seconds - earlier.io_stall_seconds).max(0.0);
+        let read_seconds = (self.read_seconds - earlier.read_seconds).max(0.0);
         let nvme_bytes_read = self.nvme_bytes_read.saturating_sub(earlier.nvme_bytes_read);
         StreamStats {
             mode: self.mode.clone(),
@@ -79,8 +82,9 @@ impl StreamStats {
                 .prefetch_wasted_bytes
                 .saturating_sub(earlier.prefetch_wasted_bytes),
             io_stall_seconds,
-            read_gbps: if io_stall_seconds > 0.0 {
-                nvme_bytes_read as f64 / io_stall_seconds / 1e9
+            read_seconds,
+            read_gbps: if read_seconds > 0.0 {
+                nvme_bytes_read as f64 / read_seconds / 1e9
             } else {
                 0.0
             },
@@ -256,8 +260,8 @@ impl Streamer {
         let state = self.lock();
         let mut stats = state.stats.clone();
         stats.cache_bytes = state.cache_bytes;
-        stats.read_gbps = if stats.io_stall_seconds > 0.0 {
-            stats.nvme_bytes_read as f64 / stats.io_stall_seconds / 1e9
+        stats.read_gbps = if stats.read_seconds > 0.0 {
+            stats.nvme_bytes_read as f64 / stats.read_seconds / 1e9
         } else {
             0.0
         };
@@ -383,7 +387,9 @@ impl Streamer {
             let read_started = Instant::now();
             let result = self.read_ranges(&reads);
             let mut state = self.lock();
-            let per_unit = read_started.elapsed().as_secs_f64() / misses.len() as f64;
+            let read_seconds = read_started.elapsed().as_secs_f64();
+            state.stats.read_seconds += read_seconds;
+            let per_unit = read_seconds / misses.len() as f64;
             state.read_seconds_per_unit = ema(state.read_seconds_per_unit, per_unit);
             match result {
                 Ok(bytes) => state.stats.nvme_bytes_read += bytes,
@@ -502,8 +508,10 @@ impl Streamer {
             state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
             ranges
         };
+        let read_started = Instant::now();
         let result = self.read_ranges(&ranges);
         let mut state = self.lock();
+        state.stats.read_seconds += read_started.elapsed().as_secs_f64();
         let unit = state.units.get_mut(&key).expect("exists");
         match result {
             Ok(bytes) => {
