@@ -4,6 +4,9 @@
 //! the model is missing: CI fetches the models first, so a missing file is a
 //! setup error, never a reason to skip.
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use crate::llama::{Model, ModelParams};
 
 /// Folder holding the fetched models: `$HYPURA_MODELS_DIR`, else `models/` at the workspace root.
 pub fn models_dir() -> PathBuf {
@@ -22,4 +25,14 @@ pub fn smollm2() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// SmolLM2 loaded once per test process (llama.cpp's default load), shared by tests.
+pub fn smollm2_model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            Arc::new(Model::load(&smollm2(), ModelParams::default()).expect("load SmolLM2"))
+        })
+        .clone()
 }

@@ -1,25 +1,18 @@
 //! The continuous-batching engine against real llama.cpp on SmolLM2.
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llama_tiered::batch::{BatchConfig, BatchEngine, EventSink, GenerateRequest, GenerationEvent};
 use llama_tiered::generate::{generate, Completion, FinishReason, GenerateParams};
-use llama_tiered::llama::{Context, ContextParams, Model, ModelParams, SamplingParams};
+use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
 use llama_tiered::{prompt, test_models, EngineError};
 
 /// How long any single wait in these tests may take before it is a failure.
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn smollm2() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            Arc::new(
-                Model::load(&test_models::smollm2(), ModelParams::default()).expect("load SmolLM2"),
-            )
-        })
-        .clone()
+    test_models::smollm2_model()
 }
 
 fn config(n_parallel: u32) -> BatchConfig {

@@ -1,21 +1,14 @@
 //! The engine against real llama.cpp on the real SmolLM2 model.
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use hypura_llama_sys as sys;
 use llama_tiered::chat::ChatMessage;
 use llama_tiered::generate::{generate, FinishReason, GenerateParams};
-use llama_tiered::llama::{Context, ContextParams, Model, ModelParams, SamplingParams};
+use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
 use llama_tiered::{prompt, test_models, EngineError};
 
 fn smollm2() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            Arc::new(
-                Model::load(&test_models::smollm2(), ModelParams::default()).expect("load SmolLM2"),
-            )
-        })
-        .clone()
+    test_models::smollm2_model()
 }
 
 fn context(model: &Arc<Model>, n_seq_max: u32) -> Context {

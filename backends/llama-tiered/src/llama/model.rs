@@ -39,7 +39,7 @@ pub struct Model {
     raw: NonNull<sys::llama_model>,
     path: PathBuf,
     /// The STREAM buffer type its STREAM tensors live in; dropped after the model.
-    stream: Option<StreamBufferType>,
+    _stream: Option<StreamBufferType>,
 }
 
 // SAFETY: a `llama_model` is not mutated after loading; llama.cpp's server
@@ -96,7 +96,7 @@ impl Model {
             Some(raw) => Ok(Model {
                 raw,
                 path: path.to_path_buf(),
-                stream: None,
+                _stream: None,
             }),
             None if aborted_by_caller => Err(EngineError::Cancelled),
             None => Err(EngineError::Load {
@@ -177,17 +177,12 @@ impl Model {
         let model = Model {
             raw,
             path: path.to_path_buf(),
-            stream: Some(stream_buft),
+            _stream: Some(stream_buft),
         };
         if let Some(e) = read_error {
             return Err(load_error(e.to_string()));
         }
         Ok((model, report))
-    }
-
-    /// The STREAM buffer type, for models loaded with [`Model::load_tiered`].
-    pub fn stream_buffer_type(&self) -> Option<&StreamBufferType> {
-        self.stream.as_ref()
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {

@@ -270,10 +270,6 @@ impl StreamBufferType {
         &*self.raw as *const BufferType as sys::ggml_backend_buffer_type_t
     }
 
-    pub fn name(&self) -> &CStr {
-        &self.ctx.name
-    }
-
     /// Ends the loading phase (see `BuftContext::loading`).
     pub(crate) fn finish_loading(&self) {
         self.ctx.loading.store(false, Ordering::SeqCst);
