@@ -3,8 +3,10 @@
 //! - `hypura inspect MODEL`: what a GGUF file holds (see `cli/inspect.rs`).
 //! - `hypura run MODEL`: generate text from a prompt or chat interactively (see `cli/run.rs`).
 //! - `hypura serve [MODEL|DIR ...]`: Ollama- and OpenAI-compatible HTTP APIs over a pool of
-//!   models (see `cli/serve.rs`, `server/`); with no model, SmolLM2 is fetched (`fetch.rs`).
+//!   models (see `cli/serve.rs`, `server/`); with no model, SmolLM2 is fetched (`fetch.rs`);
+//!   `--config FILE` reads the settings from TOML (`config.rs`).
 mod cli;
+mod config;
 mod fetch;
 mod server;
 

@@ -5,6 +5,14 @@
 //!
 //! - [`roles`]: what a tensor does (attention, norm, experts, ...), judged from its name.
 //! - [`size`]: byte sizes as people write them (`512MiB`, `8GiB`).
+//! - [`profile`]: the measured hardware profile the planner reads.
+//! - [`plan`]: the placement planner (tier per tensor, mode, cache sizes, predicted speed).
+//! - [`cost`]: the decode cost model the planner prices plans with.
+//! - [`budget`]: one memory budget across models: admission, promotion, demotion.
 
+pub mod budget;
+pub mod profile;
+pub mod plan;
+pub mod cost;
 pub mod roles;
 pub mod size;

@@ -22,7 +22,7 @@ static void quiet(enum ggml_log_level level, const char * text, void * data) {
 
 int main(int argc, char ** argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s MODEL PROMPT N_TOKENS N_THREADS [N_GPU_LAYERS] [read|mmap]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL PROMPT N_TOKENS N_THREADS [N_GPU_LAYERS] [read|mmap] [CPU_REGEX]\n", argv[0]);
         return 2;
     }
     const char * path = argv[1];
@@ -31,6 +31,8 @@ int main(int argc, char ** argv) {
     int n_threads = atoi(argv[4]);
     int n_gpu = argc > 5 ? atoi(argv[5]) : 0;
     int use_mmap = argc > 6 && strcmp(argv[6], "mmap") == 0;
+    // Tensors matching CPU_REGEX stay in host RAM (llama-bench's `-ot REGEX=CPU`).
+    const char * cpu_regex = argc > 7 ? argv[7] : NULL;
 
     llama_log_set(quiet, NULL);
     llama_backend_init();
@@ -40,6 +42,12 @@ int main(int argc, char ** argv) {
     // With mmap, CPU repacking would copy every weight into anonymous memory:
     // keep weights in the page cache, as a memory-limited mmap user would.
     if (use_mmap) mp.use_extra_bufts = false;
+    struct llama_model_tensor_buft_override overrides[2] = {{0}};
+    if (cpu_regex) {
+        overrides[0].pattern = cpu_regex;
+        overrides[0].buft = ggml_backend_cpu_buffer_type();
+        mp.tensor_buft_overrides = overrides;
+    }
     struct llama_model * model = llama_model_load_from_file(path, mp);
     if (!model) { fprintf(stderr, "cannot load %s\n", path); return 1; }
     const struct llama_vocab * vocab = llama_model_get_vocab(model);
@@ -65,11 +73,13 @@ int main(int argc, char ** argv) {
     int generated = 0;
     double t_first = 0, t1 = now_s();
     llama_token next = 0;
+    llama_token * out = calloc(n_gen > 0 ? n_gen : 1, sizeof(llama_token));
     for (; generated < n_gen; generated++) {
         const float * logits = llama_get_logits_ith(ctx, -1);
         int best = 0;
         for (int i = 1; i < n_vocab; i++) if (logits[i] > logits[best]) best = i;
         next = best;
+        out[generated] = best;
         if (generated == 0) t_first = now_s();
         if (generated + 1 == n_gen) { generated++; break; }
         if (llama_decode(ctx, llama_batch_get_one(&next, 1)) != 0) return 1;
@@ -78,8 +88,11 @@ int main(int argc, char ** argv) {
     (void) t1;
     // Same accounting as hypura's `tokens_per_second`: tokens after the first
     // (which comes from the prompt's logits) over the time spent decoding them.
-    printf("{\"prompt_tokens\":%d,\"prompt_tokens_per_second\":%.2f,\"generated_tokens\":%d,\"tokens_per_second\":%.2f}\n",
+    printf("{\"prompt_tokens\":%d,\"prompt_tokens_per_second\":%.2f,\"generated_tokens\":%d,\"tokens_per_second\":%.2f,\"tokens\":[",
            n_prompt, n_prompt / t_prompt, generated, (generated - 1) / t_gen);
+    for (int i = 0; i < generated; i++) printf(i ? ",%d" : "%d", out[i]);
+    printf("]}\n");
+    free(out);
     llama_free(ctx);
     llama_model_free(model);
     return 0;

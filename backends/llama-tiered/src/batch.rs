@@ -36,7 +36,7 @@ use crate::error::EngineError;
 use crate::generate::{
     check_prompt, Completion, FinishReason, GenerateParams, Next, Sequence, Timings,
 };
-use crate::llama::{Batch, Context, ContextParams, Model};
+use crate::llama::{Batch, Context, ContextParams, EvalHook, Model};
 
 /// Most sequences one llama.cpp context holds (`LLAMA_MAX_SEQ`).
 const MAX_PARALLEL: u32 = 256;
@@ -44,7 +44,7 @@ const MAX_PARALLEL: u32 = 256;
 /// Context length of the embedding context: every text is decoded in one
 /// micro-batch (mean pooling needs all its tokens at once), and llama.cpp
 /// computes logits for each of them, so this stays small.
-const EMBED_N_CTX: u32 = 512;
+pub const EMBED_N_CTX: u32 = 512;
 
 /// How a [`BatchEngine`] shares its context between requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +185,8 @@ struct Inner {
     worker_thread: ThreadId,
     /// Created on the first [`BatchEngine::embed`].
     embedder: Mutex<Option<Embedder>>,
+    /// Streams the weights of every context of this engine, if they are streamed.
+    hook: Option<Arc<dyn EvalHook>>,
     #[cfg(test)]
     abort: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -242,6 +244,17 @@ impl BatchEngine {
     /// Creates the context (`n_ctx_per_seq * n_parallel` tokens) and spawns
     /// the worker thread that owns it.
     pub fn start(model: Arc<Model>, config: BatchConfig) -> Result<BatchEngine, EngineError> {
+        BatchEngine::start_with_hook(model, config, None)
+    }
+
+    /// [`BatchEngine::start`] for a model whose weights are streamed: every
+    /// context it creates (generation and embeddings) runs `hook`
+    /// ([`crate::tiered::TieredModel::hook`]).
+    pub fn start_with_hook(
+        model: Arc<Model>,
+        config: BatchConfig,
+        hook: Option<Arc<dyn EvalHook>>,
+    ) -> Result<BatchEngine, EngineError> {
         config.validate()?;
         let ctx_params = ContextParams {
             n_ctx: config.n_ctx_per_seq * config.n_parallel,
@@ -250,7 +263,7 @@ impl BatchEngine {
             n_threads: config.n_threads,
             ..Default::default()
         };
-        let ctx = Context::new(Arc::clone(&model), &ctx_params)?;
+        let ctx = Context::with_hook(Arc::clone(&model), &ctx_params, hook.clone())?;
         #[cfg(test)]
         let abort = ctx.abort_flag();
         let shared = Arc::new(Shared {
@@ -277,6 +290,7 @@ impl BatchEngine {
                 worker_thread: handle.thread().id(),
                 worker: Mutex::new(Some(handle)),
                 embedder: Mutex::new(None),
+                hook,
                 #[cfg(test)]
                 abort,
             }),
@@ -308,7 +322,7 @@ impl BatchEngine {
         let sequence = Sequence::new(
             &request.params,
             &request.prompt,
-            n_vocab,
+            &self.inner.model,
             config.n_ctx_per_seq,
         )?;
         let mut state = self.inner.shared.lock();
@@ -430,7 +444,12 @@ impl BatchEngine {
             .unwrap_or_else(PoisonError::into_inner);
         let embedder = match guard.as_mut() {
             Some(embedder) => embedder,
-            None => guard.insert(Embedder::new(model, n_ctx, self.inner.config.n_threads)?),
+            None => guard.insert(Embedder::new(
+                model,
+                n_ctx,
+                self.inner.config.n_threads,
+                self.inner.hook.clone(),
+            )?),
         };
         tokenized.iter().map(|t| embedder.embed(t)).collect()
     }
@@ -711,6 +730,7 @@ impl Worker {
             match next {
                 Next::Decode(token) => slot.next_token = Some(token),
                 Next::Finish(reason) => self.finish(seq, reason),
+                Next::Fail(error) => self.fail(seq, error),
             }
         }
     }
@@ -738,6 +758,14 @@ impl Worker {
             send(&mut sink, GenerationEvent::Text(text.to_string()))
         });
         send(&mut sink, GenerationEvent::Done(completion));
+    }
+
+    /// One sequence failed (its sampler): it gets the error and its slot back.
+    fn fail(&mut self, seq: usize, error: EngineError) {
+        if let Some(mut slot) = self.release(seq) {
+            Counters::add(&self.shared.counters.failed, 1);
+            send(&mut slot.sink, GenerationEvent::Error(error));
+        }
     }
 
     /// A failed decode: every sequence in the batch gets the error and its
@@ -789,7 +817,12 @@ struct Embedder {
 }
 
 impl Embedder {
-    fn new(model: &Arc<Model>, n_ctx: u32, n_threads: u32) -> Result<Embedder, EngineError> {
+    fn new(
+        model: &Arc<Model>,
+        n_ctx: u32,
+        n_threads: u32,
+        hook: Option<Arc<dyn EvalHook>>,
+    ) -> Result<Embedder, EngineError> {
         let params = ContextParams {
             n_ctx,
             n_batch: n_ctx,
@@ -799,7 +832,7 @@ impl Embedder {
             mean_pooling: true,
         };
         Ok(Embedder {
-            ctx: Context::new(Arc::clone(model), &params)?,
+            ctx: Context::with_hook(Arc::clone(model), &params, hook)?,
             batch: Batch::new(n_ctx as usize),
         })
     }
@@ -952,5 +985,82 @@ mod tests {
         };
         assert_eq!(done.tokens.len(), 16);
         assert!(done.text.starts_with(" Paris"), "{:?}", done.text);
+    }
+
+    /// Each slot samples with its own grammar: two requests decoded together
+    /// follow two different schemas.
+    #[test]
+    fn grammars_constrain_each_sequence_on_its_own() {
+        let model = smollm2();
+        let config = BatchConfig {
+            n_parallel: 2,
+            n_ctx_per_seq: 512,
+            n_batch: 128,
+            n_threads: 2,
+            queue_limit: 4,
+        };
+        let engine = BatchEngine::start(Arc::clone(&model), config).unwrap();
+        let schema = |values: &str| {
+            crate::llama::json_schema_to_grammar(&format!(
+                r#"{{"type":"object","properties":{{"answer":{{"enum":{values}}}}},"required":["answer"]}}"#
+            ))
+            .unwrap()
+        };
+        let prompt =
+            crate::prompt::tokenize_raw(&model, "Is Paris in France? Answer in JSON:").unwrap();
+        let receivers: Vec<_> = [schema(r#"["yes","no"]"#), schema("[1,2,3]")]
+            .into_iter()
+            .map(|grammar| {
+                let (tx, rx) = mpsc::channel();
+                let params = GenerateParams {
+                    sampling: SamplingParams {
+                        grammar: Some(grammar),
+                        ..SamplingParams::greedy()
+                    },
+                    max_tokens: Some(64),
+                    stop: vec![],
+                };
+                let request = GenerateRequest {
+                    prompt: prompt.clone(),
+                    params,
+                };
+                engine
+                    .submit(request, Box::new(move |e| tx.send(e).is_ok()))
+                    .unwrap();
+                rx
+            })
+            .collect();
+        let answers: Vec<serde_json::Value> = receivers
+            .into_iter()
+            .map(|rx| loop {
+                match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+                    GenerationEvent::Done(c) => {
+                        assert_eq!(c.finish_reason, FinishReason::Stop, "{:?}", c.text);
+                        break serde_json::from_str(&c.text).unwrap();
+                    }
+                    GenerationEvent::Text(_) => {}
+                    GenerationEvent::Error(e) => panic!("{e}"),
+                }
+            })
+            .collect();
+        let first = answers[0]["answer"].as_str().unwrap();
+        assert!(["yes", "no"].contains(&first), "{answers:?}");
+        let second = answers[1]["answer"].as_i64().unwrap();
+        assert!((1..=3).contains(&second), "{answers:?}");
+        assert_eq!(answers[0].as_object().unwrap().len(), 1);
+        assert_eq!(answers[1].as_object().unwrap().len(), 1);
+
+        let bad = GenerateRequest {
+            prompt,
+            params: GenerateParams {
+                sampling: SamplingParams {
+                    grammar: Some("root ::= missing-rule".into()),
+                    ..SamplingParams::greedy()
+                },
+                ..Default::default()
+            },
+        };
+        let err = engine.submit(bad, Box::new(|_| true)).unwrap_err();
+        assert!(matches!(err, EngineError::InvalidArgument(_)), "{err}");
     }
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::error::EngineError;
-use crate::llama::{Batch, Context, Sampler, SamplingParams};
+use crate::llama::{Batch, Context, Model, Sampler, SamplingParams};
 
 /// What to generate.
 #[derive(Debug, Clone, Default)]
@@ -81,7 +81,8 @@ pub fn generate(
 ) -> Result<Completion, EngineError> {
     let n_ctx = ctx.n_ctx();
     check_prompt(prompt, n_ctx)?;
-    let mut sequence = Sequence::new(params, prompt, ctx.model().n_vocab(), n_ctx)?;
+    let model = std::sync::Arc::clone(ctx.model());
+    let mut sequence = Sequence::new(params, prompt, &model, n_ctx)?;
 
     let mut timings = Timings {
         prompt_tokens: prompt.len(),
@@ -97,6 +98,7 @@ pub fn generate(
         let token = match sequence.advance(ctx, last_row, on_text) {
             Next::Decode(token) => token,
             Next::Finish(reason) => break reason,
+            Next::Fail(e) => return Err(e),
         };
         let step = Instant::now();
         batch.clear();
@@ -127,6 +129,8 @@ pub(crate) enum Next {
     /// Decode this token at [`Sequence::next_pos`], then call `advance` on its logits.
     Decode(i32),
     Finish(FinishReason),
+    /// Sampling failed (a grammar that allows no token): the request fails.
+    Fail(EngineError),
 }
 
 /// One sequence's generation after its prompt: samples, turns tokens into
@@ -134,6 +138,8 @@ pub(crate) enum Next {
 /// so that both end a generation by the same rules.
 pub(crate) struct Sequence {
     sampler: Sampler,
+    /// Special tokens whose text is kept ([`SamplingParams::preserved_tokens`]).
+    preserved: Vec<i32>,
     text: TextStream,
     tokens: Vec<i32>,
     n_prompt: usize,
@@ -143,20 +149,21 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    /// Builds the sampler (rejecting bad sampling options) and feeds it the
-    /// prompt (for penalties).
+    /// Builds the sampler (rejecting bad sampling options or a grammar that
+    /// does not parse) and feeds it the prompt (for penalties).
     pub(crate) fn new(
         params: &GenerateParams,
         prompt: &[i32],
-        n_vocab: usize,
+        model: &Model,
         n_ctx: u32,
     ) -> Result<Sequence, EngineError> {
-        let mut sampler = Sampler::new(&params.sampling, n_vocab, n_ctx)?;
+        let mut sampler = Sampler::new(&params.sampling, model, n_ctx)?;
         for &t in prompt {
             sampler.accept(t);
         }
         Ok(Sequence {
             sampler,
+            preserved: preserved_tokens(model, &params.sampling.preserved_tokens),
             text: TextStream::new(&params.stop),
             tokens: Vec::new(),
             n_prompt: prompt.len(),
@@ -176,13 +183,17 @@ impl Sequence {
         if self.tokens.len() >= self.max_tokens {
             return Next::Finish(FinishReason::Length);
         }
-        let token = self.sampler.sample(ctx, row);
+        let token = match self.sampler.sample(ctx, row) {
+            Ok(token) => token,
+            Err(e) => return Next::Fail(e),
+        };
         self.tokens.push(token);
         let model = ctx.model();
         if model.is_eog(token) {
             return Next::Finish(FinishReason::Stop);
         }
-        let (emitted, stopped) = self.text.push(&model.token_to_bytes(token, false));
+        let special = self.preserved.contains(&token);
+        let (emitted, stopped) = self.text.push(&model.token_to_bytes(token, special));
         if !emitted.is_empty() && !on_text(&emitted) {
             return Next::Finish(FinishReason::Cancelled);
         }
@@ -231,6 +242,20 @@ impl Sequence {
             timings,
         }
     }
+}
+
+/// The ids of the texts in `texts` that are one token each (special-token
+/// text parsed); the others cannot be told apart from plain text anyway.
+fn preserved_tokens(model: &Model, texts: &[String]) -> Vec<i32> {
+    texts
+        .iter()
+        .filter_map(
+            |text| match model.tokenize(text, false, true).ok()?.as_slice() {
+                [one] => Some(*one),
+                _ => None,
+            },
+        )
+        .collect()
 }
 
 /// Decodes a prompt in chunks of the context's batch size; returns the batch

@@ -8,17 +8,21 @@
 //! - [`batch`]: continuous batching — many requests decoded together in one context, and embeddings.
 //! - [`generate`]: the decode loop (stop strings, UTF-8, end of generation, timings).
 //! - [`tiered`]: placement of tensors on GPU / RAM / STREAM and the streamer.
+//! - [`hwprobe`]: `hypura profile` — measures CPU, RAM, GPUs and disk; caches the profile.
 //! - [`synth`]: synthetic GGUF models for tests and benchmarks.
+//! - [`tools`]: tool-call syntax per template family: detection, parsing, forcing grammars.
 pub mod batch;
 pub mod chat;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod hwprobe;
 pub mod inspect;
 pub mod llama;
 pub mod prompt;
 pub mod synth;
 pub mod test_models;
 pub mod tiered;
+pub mod tools;
 
 pub use error::EngineError;

@@ -482,6 +482,43 @@ pub fn write(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
     Ok(report)
 }
 
+/// Writes `spec` as a sparse file: the header and tensor table, then a hole
+/// to the full size. A valid GGUF whose tensor data reads as zeros, written
+/// in milliseconds and taking no disk space: for planning and inspecting
+/// model-sized files (not for running them: zero scales give zero outputs).
+pub fn write_sparse(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
+    spec.validate()?;
+    let start = Instant::now();
+    let plan = spec.plan();
+    let mut b = GgufBuilder::new();
+    spec.set_kvs(&mut b)?;
+    for t in &plan {
+        b.add_tensor(&t.name, t.ty, &t.dims)?;
+    }
+    let meta = b.meta_bytes();
+    let alignment = b.alignment() as u64;
+    let data_bytes = b
+        .tensors()
+        .last()
+        .map_or(0, |t| (t.offset + t.size_bytes).next_multiple_of(alignment));
+    let io = |e: std::io::Error| {
+        SynthError::Gguf(GgufError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    };
+    let mut file = std::fs::File::create(path).map_err(io)?;
+    std::io::Write::write_all(&mut file, &meta).map_err(io)?;
+    let bytes = meta.len() as u64 + data_bytes;
+    file.set_len(bytes).map_err(io)?;
+    Ok(WriteReport {
+        path: path.to_path_buf(),
+        bytes,
+        tensors: plan.len(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
 /// Pools of valid quantized blocks, one per weight type.
 struct Pools(Vec<(GgmlType, Vec<u8>)>);
 

@@ -65,6 +65,7 @@ fn load_with(
         no_repack: true,
         prefetch,
         cache_dir: Some(temp_path("cache")),
+        ..Default::default()
     };
     TieredModel::load(path, &params).expect("tiered load")
 }
@@ -377,16 +378,86 @@ fn streamed_model_runs_in_a_shared_context() {
 }
 
 #[test]
-fn a_streamed_model_decodes_in_one_context_at_a_time() {
-    let m = load(&test_models::smollm2(), Mode::DenseFfnStreaming, None);
-    let first = ctx(&m);
-    let err = m
-        .new_context(&ContextParams::default())
-        .err()
-        .expect("second context refused");
-    assert!(err.to_string().contains("one context at a time"), "{err}");
-    drop(first);
-    ctx(&m); // allowed again once the first is gone
+fn two_threads_decode_one_streamed_model_at_once_exactly() {
+    let reference = greedy_trace(
+        &load(smollm2_moe(), Mode::FullResident, None),
+        12,
+        &mut |_| {},
+    )
+    .0;
+    let probe = load(smollm2_moe(), Mode::ExpertStreaming, None);
+    let minimum = probe.streamer.as_ref().unwrap().minimum_budget_bytes();
+    let resident = probe.resident_bytes;
+    drop(probe);
+    // Tight: each thread pins a layer's experts, so evictions happen under both.
+    let m = load(
+        smollm2_moe(),
+        Mode::ExpertStreaming,
+        Some(resident + 3 * minimum),
+    );
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| greedy_trace(&m, 12, &mut |_| {}).0);
+        let b = s.spawn(|| greedy_trace(&m, 12, &mut |_| {}).0);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a, reference);
+    assert_eq!(b, reference);
+    let stats = m.stats();
+    assert!(stats.evictions > 0, "the budget was tight: {stats:?}");
+    assert!(stats.cache_bytes <= 3 * minimum, "{stats:?}");
+}
+
+#[test]
+fn promotion_fills_the_cache_and_demotion_drops_it_without_changing_tokens() {
+    let reference = greedy_trace(
+        &load(&test_models::smollm2(), Mode::FullResident, None),
+        10,
+        &mut |_| {},
+    )
+    .0;
+    let m = load_with(
+        &test_models::smollm2(),
+        Mode::DenseFfnStreaming,
+        None,
+        false,
+    );
+    let streamer = m.streamer.as_ref().unwrap();
+    let minimum = streamer.minimum_budget_bytes();
+    assert!(streamer
+        .set_cache_budget(minimum - 1)
+        .unwrap_err()
+        .contains("below"));
+
+    // Demoted: the smallest cache; every token reads the FFN of every layer.
+    streamer.set_cache_budget(minimum).unwrap();
+    assert_eq!(greedy_trace(&m, 10, &mut |_| {}).0, reference);
+    let demoted = m.stats();
+    assert!(demoted.cache_bytes <= minimum, "{demoted:?}");
+    assert!(
+        demoted.nvme_bytes_read >= 10 * streamer.stream_bytes(),
+        "{demoted:?}"
+    );
+
+    // Promoted: the cache holds every unit once filled; decoding reads nothing.
+    streamer.set_cache_budget(streamer.stream_bytes()).unwrap();
+    let filled = streamer.fill();
+    assert!(
+        filled > 0 && filled <= streamer.stream_bytes() + 64 * 4096 * 30,
+        "{filled}"
+    );
+    let before = m.stats();
+    assert_eq!(before.cache_bytes, streamer.stream_bytes());
+    assert_eq!(greedy_trace(&m, 10, &mut |_| {}).0, reference);
+    assert_eq!(
+        m.stats().nvme_bytes_read,
+        before.nvme_bytes_read,
+        "no I/O when full"
+    );
+
+    // Demoted again: the pages go back to the kernel at once.
+    streamer.set_cache_budget(minimum).unwrap();
+    assert!(m.stats().cache_bytes <= minimum);
+    assert!(streamer.region_resident_bytes() <= minimum + 2 * 4096 * 3 * 30);
 }
 
 #[test]

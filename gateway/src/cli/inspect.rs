@@ -1,10 +1,18 @@
-//! `hypura inspect`: reads only the GGUF header and tensor table.
-use std::path::PathBuf;
+//! `hypura inspect`: reads only the GGUF header and tensor table; with
+//! `--plan`, also where the planner would put every tensor and the decode
+//! speed it predicts.
+use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use clap::Args;
+use hypura_scheduler::plan::{self, Budgets, Plan, PlanRequest};
+use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
+use hypura_scheduler::size::format_bytes;
 use llama_tiered::gguf::GgufFile;
+use llama_tiered::hwprobe;
 use llama_tiered::inspect::ModelReport;
+use llama_tiered::tiered::{placement, Mode};
+use serde_json::json;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -13,11 +21,41 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Show the placement plan: tier per tensor, mode, cache sizes, predicted
+    /// decode speed and its bottleneck.
+    #[arg(long)]
+    plan: bool,
+    /// Most GPU memory for weights and KV cache, e.g. 16GiB (default: the
+    /// profile's free GPU memory less 1 GiB).
+    #[arg(long, value_parser = parse_size, requires = "plan")]
+    gpu_budget: Option<u64>,
+    /// Most RAM for weights, KV cache and stream cache, e.g. 16GiB (default:
+    /// 90% of the profile's available RAM).
+    #[arg(long, value_parser = parse_size, requires = "plan")]
+    ram_budget: Option<u64>,
+    /// Context length in tokens whose KV cache counts against the budgets
+    /// (capped at the model's training length).
+    #[arg(long, default_value_t = 4096)]
+    context: u32,
+    /// Plan for the machine of this saved profile (default: this machine's,
+    /// cached by `hypura profile`).
+    #[arg(long, requires = "plan")]
+    profile: Option<PathBuf>,
+    /// Plan only this mode.
+    #[arg(long, requires = "plan")]
+    mode: Option<Mode>,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    hypura_scheduler::size::parse_size(text)
 }
 
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     let file = GgufFile::open(&args.model)?;
     file.validate()?;
+    if args.plan {
+        return print_plan(&args, &file);
+    }
     let report = ModelReport::from_gguf(&file);
     if args.json {
         let json = serde_json::to_string_pretty(&report).context("serializing the report")?;
@@ -26,4 +64,228 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         print!("{report}");
     }
     Ok(())
+}
+
+/// A hardware profile and where it came from.
+pub(super) struct LoadedProfile {
+    pub profile: HardwareProfile,
+    pub path: PathBuf,
+}
+
+/// The profile at `explicit`, else the cached one of this machine; `None`
+/// when neither exists (`hypura profile` has not run).
+pub(super) fn find_profile(explicit: Option<&Path>) -> anyhow::Result<Option<LoadedProfile>> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let Ok(dir) = hwprobe::default_cache_dir() else {
+                return Ok(None);
+            };
+            let cached = hwprobe::cache_file(&dir);
+            if !cached.exists() {
+                return Ok(None);
+            }
+            cached
+        }
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the hardware profile {}", path.display()))?;
+    let profile: HardwareProfile = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a hardware profile (run `hypura profile` to measure this machine)",
+            path.display()
+        )
+    })?;
+    if profile.version != PROFILE_VERSION {
+        bail!(
+            "the hardware profile {} has version {}, this hypura reads {PROFILE_VERSION}: run `hypura profile` again",
+            path.display(),
+            profile.version
+        );
+    }
+    Ok(Some(LoadedProfile { profile, path }))
+}
+
+/// [`find_profile`], with an error telling what to do when there is none.
+pub(super) fn require_profile(explicit: Option<&Path>) -> anyhow::Result<LoadedProfile> {
+    find_profile(explicit)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no hardware profile of this machine: run `hypura profile` once to measure it, \
+             or pass --profile FILE (e.g. config/profiles/h200.json) to plan for another machine"
+        )
+    })
+}
+
+/// What a plan is asked for.
+pub(super) struct PlanOptions {
+    pub gpu_budget: Option<u64>,
+    pub ram_budget: Option<u64>,
+    pub context: u32,
+    pub mode: Option<Mode>,
+}
+
+/// The context the engine will use: `requested`, capped at the model's
+/// training length (as `hypura run` does).
+pub(super) fn effective_context(file: &GgufFile, requested: u32) -> u32 {
+    let train = file
+        .arch_u64("context_length")
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(requested)
+        .max(16);
+    requested.clamp(16, train)
+}
+
+/// Plans `file` on `profile`.
+pub(super) fn make_plan(
+    file: &GgufFile,
+    profile: &HardwareProfile,
+    options: &PlanOptions,
+) -> anyhow::Result<Plan> {
+    let (tensors, facts) = placement::plan_inputs(file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.path().display()))?;
+    let request = PlanRequest {
+        tensors: &tensors,
+        facts,
+        budgets: Budgets {
+            gpu_bytes: options.gpu_budget,
+            ram_bytes: options.ram_budget,
+        },
+        context_tokens: effective_context(file, options.context),
+        profile,
+        mode: options.mode,
+    };
+    Ok(plan::plan(&request)?)
+}
+
+fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
+    let loaded = require_profile(args.profile.as_deref())?;
+    let options = PlanOptions {
+        gpu_budget: args.gpu_budget,
+        ram_budget: args.ram_budget,
+        context: args.context,
+        mode: args.mode,
+    };
+    let plan = make_plan(file, &loaded.profile, &options)
+        .with_context(|| format!("planning {}", args.model.display()))?;
+    if args.json {
+        let mut value = plan_json(&plan);
+        value["model"] = json!(args.model.display().to_string());
+        value["profile"] = json!({
+            "path": loaded.path.display().to_string(),
+            "host": loaded.profile.host,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{}", plan_table(&plan, &args.model, &loaded));
+    }
+    Ok(())
+}
+
+/// The plan as one JSON object (without the per-tensor tiers' bulk beyond a map).
+pub(super) fn plan_json(plan: &Plan) -> serde_json::Value {
+    let p = &plan.prediction;
+    json!({
+        "mode": plan.mode,
+        "tier_bytes": plan.tier_bytes,
+        "predicted_tokens_per_second": p.tokens_per_second,
+        "bottleneck": p.bottleneck,
+        "seconds_per_token": {
+            "total": p.seconds_per_token,
+            "gpu": p.gpu_seconds,
+            "ram": p.ram_seconds,
+            "nvme": p.nvme_seconds,
+            "pcie": p.pcie_seconds,
+            "overhead": p.overhead_seconds,
+        },
+        "gpu_budget_bytes": plan.gpu_budget_bytes,
+        "ram_budget_bytes": plan.ram_budget_bytes,
+        "context_tokens": plan.context_tokens,
+        "kv_cache_bytes": plan.kv_cache_bytes,
+        "kv_cache_gpu_bytes": plan.kv_cache_gpu_bytes,
+        "stream_cache_bytes": plan.stream_cache_bytes,
+        "pool_slots": plan.pool_slots,
+        "prefetch_depth_layers": plan.prefetch_depth_layers,
+        "expected_hit_rate": plan.expected_hit_rate,
+        "nvme_bytes_per_token": plan.nvme_bytes_per_token,
+        "rates_gbps": plan.rates,
+        "tiers": plan.tiers,
+    })
+}
+
+fn plan_table(plan: &Plan, model: &Path, loaded: &LoadedProfile) -> String {
+    let p = &plan.prediction;
+    let b = &plan.tier_bytes;
+    let ms = |s: f64| format!("{:.3} ms", s * 1e3);
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<20}{v}\n"));
+    line("model", model.display().to_string());
+    line(
+        "profile",
+        format!("{} ({})", loaded.profile.host, loaded.path.display()),
+    );
+    line("mode", plan.mode.to_string());
+    line(
+        "budgets",
+        format!(
+            "GPU {}, RAM {}",
+            format_bytes(plan.gpu_budget_bytes),
+            format_bytes(plan.ram_budget_bytes)
+        ),
+    );
+    line("GPU weights", format_bytes(b.gpu));
+    line("RAM weights", format_bytes(b.ram));
+    line("STREAM weights", format_bytes(b.stream));
+    line(
+        "KV cache",
+        format!(
+            "{} for {} tokens ({} on GPU)",
+            format_bytes(plan.kv_cache_bytes),
+            plan.context_tokens,
+            format_bytes(plan.kv_cache_gpu_bytes)
+        ),
+    );
+    if plan.mode != Mode::FullResident {
+        let unit = if plan.mode == Mode::ExpertStreaming {
+            "expert slices"
+        } else {
+            "layers"
+        };
+        line(
+            "stream cache",
+            format!(
+                "{} in RAM ({} {unit}), expected hit rate {:.0}%",
+                format_bytes(plan.stream_cache_bytes),
+                plan.pool_slots,
+                plan.expected_hit_rate * 100.0
+            ),
+        );
+        line(
+            "prefetch depth",
+            format!("{} layers", plan.prefetch_depth_layers),
+        );
+        line(
+            "NVMe per token",
+            format_bytes(plan.nvme_bytes_per_token as u64),
+        );
+    }
+    line(
+        "predicted decode",
+        format!(
+            "{:.2} tok/s, bottleneck: {}",
+            p.tokens_per_second,
+            p.bottleneck.describe()
+        ),
+    );
+    line(
+        "time per token",
+        format!(
+            "GPU {}, RAM {}, NVMe {}, PCIe {}, overhead {}",
+            ms(p.gpu_seconds),
+            ms(p.ram_seconds),
+            ms(p.nvme_seconds),
+            ms(p.pcie_seconds),
+            ms(p.overhead_seconds)
+        ),
+    );
+    out
 }

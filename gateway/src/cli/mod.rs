@@ -1,5 +1,7 @@
 //! Command-line interface: one module per subcommand.
+mod bench;
 mod inspect;
+mod profile;
 mod progress;
 mod run;
 mod serve;
@@ -19,8 +21,12 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure decode speed as planned, beside the planner's prediction.
+    Bench(bench::BenchArgs),
     /// Show what a GGUF model holds: architecture, parameters, bytes per tensor role.
     Inspect(inspect::InspectArgs),
+    /// Measure this machine (CPU, RAM, GPUs, disk) once and cache the result.
+    Profile(profile::ProfileArgs),
     /// Generate text from a prompt, or chat with --interactive.
     Run(run::RunArgs),
     /// Serve models over Ollama- and OpenAI-compatible HTTP APIs.
@@ -29,7 +35,9 @@ enum Command {
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Bench(args) => bench::bench(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Profile(args) => profile::profile(args),
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::serve(args),
     }

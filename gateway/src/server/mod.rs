@@ -3,8 +3,9 @@
 //! - [`registry`]: names → GGUF files; loaded models with keep-alive.
 //! - [`infer`]: prompts, submitting to a model's batch engine, event streams.
 //! - [`validation`]: request bodies, names, durations and options → checked values.
+//! - [`structured`]: `format` / `response_format` → grammars; `tools` → prompts and tool calls.
 //! - [`error`]: one error enum; its status and body per API family.
-//! - [`ollama`], [`openai`]: one file per API family.
+//! - [`ollama`], [`openai`]: one file per API family; [`pull`]: `/api/pull`.
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
@@ -15,7 +16,10 @@ pub mod infer;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod pull;
 pub mod registry;
+pub mod residency;
+pub mod structured;
 pub mod validation;
 
 use std::net::SocketAddr;
@@ -44,6 +48,9 @@ pub struct AppState {
     /// When set, every route but `/`, `/api/version` and the docs needs
     /// `Authorization: Bearer <key>`.
     pub api_key: Option<Arc<str>>,
+    /// Where `/api/pull` saves downloaded models (`None`: no directory could
+    /// be found; pulling URLs then fails with a message that says how to set one).
+    pub models_dir: Option<Arc<std::path::Path>>,
 }
 
 /// Server options beyond the models.
@@ -104,7 +111,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/delete", delete(ollama::delete_model))
         .route("/api/copy", post(ollama::copy))
-        .route("/api/pull", post(ollama::pull))
+        .route("/api/pull", post(pull::pull))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::retrieve_model))
         .route("/v1/chat/completions", post(openai::chat_completions))

@@ -17,6 +17,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::StreamExt;
 use llama_tiered::chat::ChatMessage;
 use llama_tiered::generate::Completion;
+use llama_tiered::tools::{self, ToolFamily, ToolStream};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
@@ -25,6 +26,7 @@ use super::body_bytes;
 use super::error::{ApiError, OllamaError};
 use super::infer::{self, finish_reason, nanos, Generation, Step};
 use super::registry::{LoadedModel, ModelInfo, NamedModel};
+use super::structured::{self, ToolChoice};
 use super::validation::{parse_json, CheckedParams, KeepAlive, ModelName, OllamaOptions};
 use super::AppState;
 
@@ -92,6 +94,10 @@ pub struct PsModel {
     pub size_vram: u64,
     /// Context per sequence, in tokens.
     pub context_length: u32,
+    /// hypura: `full`, `partial` or `streaming` (see the global budget).
+    pub residency: String,
+    /// hypura: bytes of weights per tier (`stream` = left on disk, read on demand).
+    pub tier_bytes: super::registry::TierBytes,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -138,7 +144,7 @@ pub struct GenerateRequest {
     /// Tokens returned by a previous call, to continue that conversation.
     pub context: Option<Vec<i32>>,
     pub images: Option<Vec<String>>,
-    /// `"json"` or a JSON Schema (not supported yet).
+    /// `"json"` (any JSON object) or a JSON Schema: the reply is constrained to it by a grammar.
     #[schema(value_type = Object)]
     pub format: Option<Value>,
     pub options: Option<OllamaOptions>,
@@ -175,9 +181,11 @@ pub struct ChatRequest {
     pub model: String,
     /// Empty or absent: load the model (or unload it with `keep_alive: 0`).
     pub messages: Option<Vec<Message>>,
-    /// Not supported yet: must be empty.
+    /// OpenAI-style function tools, for models whose template supports
+    /// them (others answer 400); calls come back in `message.tool_calls`.
     #[schema(value_type = Vec<Object>)]
     pub tools: Option<Vec<Value>>,
+    /// `"json"` or a JSON Schema, as in `/api/generate`.
     #[schema(value_type = Object)]
     pub format: Option<Value>,
     pub options: Option<OllamaOptions>,
@@ -220,6 +228,10 @@ pub struct GenerateChunk {
 pub struct ReplyMessage {
     pub role: String,
     pub content: String,
+    /// `[{"function": {"index", "name", "arguments": {…}}}]`, when the model called tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 /// One `/api/chat` chunk.
@@ -300,13 +312,6 @@ pub struct CopyRequest {
     pub destination: String,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
-pub struct PullRequest {
-    pub model: Option<String>,
-    pub name: Option<String>,
-    pub stream: Option<bool>,
-}
-
 // ---------------------------------------------------------------------------------------------
 // Small helpers
 // ---------------------------------------------------------------------------------------------
@@ -350,17 +355,6 @@ fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>> {
 
 fn params(options: Option<&OllamaOptions>) -> Result<CheckedParams> {
     Ok(options.cloned().unwrap_or_default().to_params()?)
-}
-
-fn reject_format(format: Option<&Value>) -> Result<()> {
-    match format {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(s)) if s.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::bad_request(
-            "format (structured output) is not supported yet: omit it",
-        )
-        .into()),
-    }
 }
 
 /// `think`: true or a level asks for thinking, which the model must support.
@@ -440,11 +434,66 @@ fn ndjson_line<T: Serialize>(value: &T) -> Bytes {
 /// Which route's chunks a stream writes.
 #[derive(Clone)]
 enum Route {
-    Generate { model: String, raw: bool },
-    Chat { model: String },
+    Generate {
+        model: String,
+        raw: bool,
+    },
+    /// `tools`: the tool-call syntax to parse replies with, when tools were given.
+    Chat {
+        model: String,
+        tools: Option<ToolFamily>,
+    },
 }
 
 impl Route {
+    fn tool_stream(&self) -> Option<ToolStream> {
+        match self {
+            Route::Chat {
+                tools: Some(family),
+                ..
+            } => Some(ToolStream::new(*family)),
+            _ => None,
+        }
+    }
+
+    /// A whole reply's text → content and Ollama `tool_calls`.
+    fn split_reply(&self, text: String) -> (String, Vec<Value>) {
+        match self {
+            Route::Chat {
+                tools: Some(family),
+                ..
+            } => {
+                let reply = tools::parse(*family, &text);
+                (
+                    reply.content,
+                    structured::ollama_tool_calls(&reply.tool_calls),
+                )
+            }
+            _ => (text, Vec::new()),
+        }
+    }
+
+    /// The intermediate chunk carrying a reply's tool calls, whole.
+    fn tool_calls_chunk(&self, tool_calls: Vec<Value>) -> Bytes {
+        ndjson_line(&ChatChunk {
+            model: self.model().to_string(),
+            created_at: now(),
+            message: ReplyMessage {
+                role: "assistant".into(),
+                content: String::new(),
+                tool_calls: Some(tool_calls),
+            },
+            done: false,
+            stats: None,
+        })
+    }
+
+    fn model(&self) -> &str {
+        match self {
+            Route::Generate { model, .. } | Route::Chat { model, .. } => model,
+        }
+    }
+
     fn text_chunk(&self, text: String) -> Bytes {
         match self {
             Route::Generate { model, .. } => ndjson_line(&GenerateChunk {
@@ -455,12 +504,13 @@ impl Route {
                 stats: None,
                 context: None,
             }),
-            Route::Chat { model } => ndjson_line(&ChatChunk {
+            Route::Chat { model, .. } => ndjson_line(&ChatChunk {
                 model: model.clone(),
                 created_at: now(),
                 message: ReplyMessage {
                     role: "assistant".into(),
                     content: text,
+                    tool_calls: None,
                 },
                 done: false,
                 stats: None,
@@ -468,8 +518,15 @@ impl Route {
         }
     }
 
-    /// The final chunk; `text` is empty when streaming (it was sent already).
-    fn final_chunk(&self, text: String, completion: &Completion, generation: &Generation) -> Bytes {
+    /// The final chunk; `text` is empty and `tool_calls` too when streaming
+    /// (they were sent already).
+    fn final_chunk(
+        &self,
+        text: String,
+        tool_calls: Vec<Value>,
+        completion: &Completion,
+        generation: &Generation,
+    ) -> Bytes {
         let reason = finish_reason(completion.finish_reason);
         let stats = stats(
             completion,
@@ -493,12 +550,13 @@ impl Route {
                     context,
                 })
             }
-            Route::Chat { model } => ndjson_line(&ChatChunk {
+            Route::Chat { model, .. } => ndjson_line(&ChatChunk {
                 model: model.clone(),
                 created_at: now(),
                 message: ReplyMessage {
                     role: "assistant".into(),
                     content: text,
+                    tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
                 },
                 done: true,
                 stats: Some(stats),
@@ -511,17 +569,47 @@ fn ndjson_response(body: Body) -> Response {
     ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }
 
-/// Streams a generation as NDJSON; a failure mid-stream is one `{"error"}` line.
+/// Streams a generation as NDJSON; a failure mid-stream is one `{"error"}`
+/// line. With tools, text from where a tool call may begin is held back and
+/// the calls come whole in one chunk before the final one.
 fn stream(generation: Generation, route: Route) -> Response {
-    let chunks = futures_util::stream::unfold(Some((generation, route)), |state| async move {
-        let (mut generation, route) = state?;
-        match generation.next().await? {
-            Step::Text(text) => Some((route.text_chunk(text), Some((generation, route)))),
-            Step::Done(completion) => Some((
-                route.final_chunk(String::new(), &completion, &generation),
-                None,
-            )),
-            Step::Error(e) => Some((ndjson_line(&json!({"error": e.to_string()})), None)),
+    let filter = route.tool_stream();
+    let start = Some((generation, route, filter));
+    let chunks = futures_util::stream::unfold(start, |state| async move {
+        let (mut generation, route, mut filter) = state?;
+        loop {
+            match generation.next().await? {
+                Step::Text(text) => {
+                    let text = match filter.as_mut() {
+                        Some(filter) => filter.push(&text),
+                        None => text,
+                    };
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let chunk = route.text_chunk(text);
+                    return Some((chunk, Some((generation, route, filter))));
+                }
+                Step::Done(completion) => {
+                    let mut out = Vec::new();
+                    if let Some(reply) = filter.map(ToolStream::finish) {
+                        if !reply.content.is_empty() {
+                            out.extend_from_slice(&route.text_chunk(reply.content));
+                        }
+                        if !reply.tool_calls.is_empty() {
+                            let calls = structured::ollama_tool_calls(&reply.tool_calls);
+                            out.extend_from_slice(&route.tool_calls_chunk(calls));
+                        }
+                    }
+                    let last =
+                        route.final_chunk(String::new(), Vec::new(), &completion, &generation);
+                    out.extend_from_slice(&last);
+                    return Some((Bytes::from(out), None));
+                }
+                Step::Error(e) => {
+                    return Some((ndjson_line(&json!({"error": e.to_string()})), None))
+                }
+            }
         }
     });
     ndjson_response(Body::from_stream(chunks.map(Ok::<_, Infallible>)))
@@ -530,7 +618,8 @@ fn stream(generation: Generation, route: Route) -> Response {
 /// Runs a generation to its end and answers one JSON object.
 async fn whole(generation: Generation, route: Route) -> Result<Response> {
     let (completion, generation) = generation.collect().await?;
-    let line = route.final_chunk(completion.text.clone(), &completion, &generation);
+    let (text, tool_calls) = route.split_reply(completion.text.clone());
+    let line = route.final_chunk(text, tool_calls, &completion, &generation);
     Ok((
         [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
         line,
@@ -581,12 +670,13 @@ async fn load_or_unload(
             stats: Some(stats),
             context: None,
         }),
-        Route::Chat { model } => serde_json::to_value(ChatChunk {
+        Route::Chat { model, .. } => serde_json::to_value(ChatChunk {
             model: model.clone(),
             created_at: now(),
             message: ReplyMessage {
                 role: "assistant".into(),
                 content: String::new(),
+                tool_calls: None,
             },
             done: true,
             stats: Some(stats),
@@ -645,15 +735,20 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
         .registry
         .loaded()
         .into_iter()
-        .map(|m| PsModel {
-            name: m.name.clone(),
-            model: m.name.clone(),
-            size: m.model().size_bytes(),
-            digest: m.info.digest.clone(),
-            details: details(&m.info),
-            expires_at: rfc3339(m.expires_at().unwrap_or(forever)),
-            size_vram: 0,
-            context_length: m.n_ctx_per_seq,
+        .map(|m| {
+            let (residency, tier_bytes) = state.registry.residency(&m);
+            PsModel {
+                name: m.name.clone(),
+                model: m.name.clone(),
+                size: tier_bytes.gpu + tier_bytes.ram,
+                digest: m.info.digest.clone(),
+                details: details(&m.info),
+                expires_at: rfc3339(m.expires_at().unwrap_or(forever)),
+                size_vram: tier_bytes.gpu,
+                context_length: m.n_ctx_per_seq,
+                residency: residency.to_string(),
+                tier_bytes,
+            }
         })
         .collect();
     Json(PsResponse { models })
@@ -713,7 +808,7 @@ pub async fn generate(
         model: request.model.clone(),
         raw,
     };
-    reject_format(request.format.as_ref())?;
+    let grammar = structured::ollama_format(request.format.as_ref())?;
     if request.images.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::bad_request(format!(
             "\"{}\" does not support images",
@@ -726,7 +821,8 @@ pub async fn generate(
             ApiError::bad_request("suffix (fill-in-the-middle) is not supported yet").into(),
         );
     }
-    let checked = params(request.options.as_ref())?;
+    let mut checked = params(request.options.as_ref())?;
+    checked.generate.sampling.grammar = grammar;
     let named = resolve(&state, &request.model, &name)?;
     let extra = thinking(request.think.as_ref(), &named, &request.model)?;
     let prompt_text = request.prompt.clone().unwrap_or_default();
@@ -776,8 +872,13 @@ fn generate_tokens(
             messages.push(ChatMessage::new("system", system.as_str()));
         }
         messages.push(ChatMessage::new("user", prompt));
-        let mut tokens =
-            infer::chat_prompt(model, &messages, request.template.as_deref(), extra.clone())?;
+        let mut tokens = infer::chat_prompt(
+            model,
+            &messages,
+            request.template.as_deref(),
+            extra.clone(),
+            None,
+        )?;
         // The conversation already began with BOS.
         let bos = model.model().token_bos();
         if continuing && bos.is_some() && tokens.first().copied() == bos {
@@ -833,7 +934,7 @@ fn chat_messages(messages: &[Message], requested: &str) -> Result<Vec<ChatMessag
                 .into());
             }
             let mut message = ChatMessage::new(m.role.as_str(), m.content.as_str());
-            message.tool_calls = m.tool_calls.clone().filter(|v| !v.is_null());
+            message.tool_calls = structured::ollama_input_tool_calls(m.tool_calls.as_ref());
             message.name = m.tool_name.clone();
             Ok(message)
         })
@@ -855,20 +956,32 @@ pub async fn chat(
     let request: ChatRequest = parse_json(&body_bytes(body)?)?;
     let name = ModelName::parse(&request.model, "model")?;
     let keep_alive = keep_alive(request.keep_alive.as_ref())?;
+    let mut checked = params(request.options.as_ref())?;
+    checked.generate.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
+    let named = resolve(&state, &request.model, &name)?;
+    let tools = structured::prepare_tools(
+        request.tools.as_deref(),
+        &ToolChoice::Auto,
+        named.info.chat_template.as_deref(),
+        &request.model,
+    )?;
+    if let Some(tools) = &tools {
+        tools.apply(&mut checked.generate.sampling)?;
+    }
     let route = Route::Chat {
         model: request.model.clone(),
+        tools: tools.as_ref().map(|t| t.family),
     };
-    reject_format(request.format.as_ref())?;
-    let checked = params(request.options.as_ref())?;
-    let named = resolve(&state, &request.model, &name)?;
-    infer::check_tools(request.tools.as_deref(), &named, &request.model)?;
     let extra = thinking(request.think.as_ref(), &named, &request.model)?;
     let messages = request.messages.as_deref().unwrap_or_default();
     if messages.is_empty() {
         return load_or_unload(&state, &request.model, &name, keep_alive, &route).await;
     }
     let messages = chat_messages(messages, &request.model)?;
-    let build = |model: &LoadedModel| infer::chat_prompt(model, &messages, None, extra.clone());
+    let definitions = tools.as_ref().map(|t| &t.definitions);
+    let build = |model: &LoadedModel| {
+        infer::chat_prompt(model, &messages, None, extra.clone(), definitions)
+    };
     let generation = run(
         &state,
         &request.model,
@@ -1038,36 +1151,4 @@ pub async fn copy(
         .copy(&source, destination)
         .map_err(|_| ApiError::ModelNotFound(request.source.clone()))?;
     Ok(StatusCode::OK)
-}
-
-/// Models are GGUF files given to `hypura serve`: pulling one already served
-/// succeeds at once; anything else is a 400 explaining how to add it.
-#[utoipa::path(post, path = "/api/pull", tag = "ollama", request_body = PullRequest,
-    responses((status = 200, content_type = "application/x-ndjson"), (status = 400, body = super::error::OllamaErrorBody)))]
-pub async fn pull(
-    State(state): State<AppState>,
-    body: std::result::Result<Bytes, BytesRejection>,
-) -> Result<Response> {
-    let request: PullRequest = parse_json(&body_bytes(body)?)?;
-    let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
-    if state.registry.resolve(&name).is_none() {
-        return Err(ApiError::bad_request(format!(
-            "pulling '{requested}' from a registry is not supported yet: pass GGUF files or \
-             directories to `hypura serve`"
-        ))
-        .into());
-    }
-    let statuses = [
-        json!({"status": "pulling manifest"}),
-        json!({"status": "success"}),
-    ];
-    if request.stream.unwrap_or(true) {
-        let body: Vec<u8> = statuses
-            .iter()
-            .flat_map(|s| ndjson_line(s).to_vec())
-            .collect();
-        Ok(ndjson_response(Body::from(body)))
-    } else {
-        Ok(Json(json!({"status": "success"})).into_response())
-    }
 }

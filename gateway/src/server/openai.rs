@@ -19,7 +19,8 @@ use axum::Json;
 use base64::Engine as _;
 use futures_util::StreamExt;
 use llama_tiered::chat::ChatMessage;
-use llama_tiered::generate::Completion;
+use llama_tiered::generate::{Completion, GenerateParams};
+use llama_tiered::tools::ToolStream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -29,6 +30,7 @@ use super::error::{ApiError, OpenAiError};
 use super::infer::{self, finish_reason, Generation, Step};
 use super::ollama::{embed_texts, shorten, EmbedInput};
 use super::registry::LoadedModel;
+use super::structured::{self, ToolChoice};
 use super::validation::{parse_json, ModelName, OpenAiSampling, StopSpec};
 use super::AppState;
 
@@ -108,12 +110,18 @@ pub struct ChatCompletionRequest {
     pub stop: Option<StopSpec>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
-    /// `{"type": "text"}` only (JSON modes are not supported yet).
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
+    /// "json_schema", "json_schema": {"name", "schema", "strict"}}`: the
+    /// reply is constrained by a grammar (the schema always, `strict` or not).
     #[schema(value_type = Object)]
     pub response_format: Option<Value>,
-    /// Not supported yet: must be empty.
+    /// Function tools, for models whose template supports them (others answer 400).
     #[schema(value_type = Vec<Object>)]
     pub tools: Option<Vec<Value>>,
+    /// `"auto"` (default), `"none"` (tools left out), `"required"` or
+    /// `{"type": "function", "function": {"name"}}` (a call forced by a grammar).
+    #[schema(value_type = Object)]
+    pub tool_choice: Option<Value>,
     /// Only 1.
     pub n: Option<u32>,
 }
@@ -150,14 +158,19 @@ pub struct Usage {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
-    pub content: String,
+    /// `null` when the model only called tools.
+    pub content: Option<String>,
+    /// `[{"id", "type": "function", "function": {"name", "arguments": "<JSON>"}}]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: String,
 }
 
@@ -180,6 +193,10 @@ pub struct Delta {
     pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The reply's tool calls, whole, each with its `index`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -369,12 +386,11 @@ fn only_one_choice(n: Option<u32>) -> Result<()> {
 async fn run(
     state: &AppState,
     requested: &str,
-    sampling: &OpenAiSampling,
+    params: GenerateParams,
     started: Instant,
     build: impl Fn(&LoadedModel) -> std::result::Result<Vec<i32>, ApiError>,
 ) -> Result<Generation> {
     let name = model_name(requested)?;
-    let params = sampling.to_params()?;
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -421,6 +437,7 @@ impl StreamIds {
                     delta: Delta {
                         role: role.map(str::to_string),
                         content,
+                        tool_calls: None,
                     },
                     finish_reason: finish.map(str::to_string),
                 }],
@@ -444,6 +461,27 @@ impl StreamIds {
         }
     }
 
+    /// A chat delta carrying the reply's tool calls.
+    fn tool_calls_chunk(&self, tool_calls: Vec<Value>) -> Bytes {
+        sse_event(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT.into(),
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: None,
+                    tool_calls: Some(tool_calls),
+                },
+                finish_reason: None,
+            }],
+            usage: None,
+        })
+    }
+
     fn usage_chunk(&self, usage: Usage) -> Bytes {
         let mut value = serde_json::json!({
             "id": self.id,
@@ -458,8 +496,12 @@ impl StreamIds {
     }
 
     /// The events after the last text: finish, usage, `[DONE]`.
-    fn tail(&self, completion: &Completion, generation: &Generation) -> Bytes {
-        let reason = finish_reason(completion.finish_reason);
+    fn tail(&self, completion: &Completion, generation: &Generation, called_tools: bool) -> Bytes {
+        let reason = if called_tools {
+            "tool_calls"
+        } else {
+            finish_reason(completion.finish_reason)
+        };
         let mut out = self.chunk(None, None, Some(reason)).to_vec();
         if self.include_usage {
             out.extend_from_slice(&self.usage_chunk(usage(completion, generation)));
@@ -469,24 +511,51 @@ impl StreamIds {
     }
 }
 
-fn stream(generation: Generation, ids: StreamIds) -> Response {
+/// Streams a generation as SSE. With tools (`filter`), text from where a
+/// tool call may begin is held back; the calls come whole in one delta.
+fn stream(generation: Generation, ids: StreamIds, filter: Option<ToolStream>) -> Response {
     let first = if ids.chat {
         Some(ids.chunk(Some("assistant"), Some(String::new()), None))
     } else {
         None
     };
-    let events = futures_util::stream::unfold(Some((generation, ids)), |state| async move {
-        let (mut generation, ids) = state?;
-        match generation.next().await? {
-            Step::Text(text) => {
-                let event = ids.chunk(None, Some(text), None);
-                Some((event, Some((generation, ids))))
-            }
-            Step::Done(completion) => Some((ids.tail(&completion, &generation), None)),
-            Step::Error(e) => {
-                let mut out = sse_event(&e.openai_body()).to_vec();
-                out.extend_from_slice(b"data: [DONE]\n\n");
-                Some((Bytes::from(out), None))
+    let start = Some((generation, ids, filter));
+    let events = futures_util::stream::unfold(start, |state| async move {
+        let (mut generation, ids, mut filter) = state?;
+        loop {
+            match generation.next().await? {
+                Step::Text(text) => {
+                    let text = match filter.as_mut() {
+                        Some(filter) => filter.push(&text),
+                        None => text,
+                    };
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let event = ids.chunk(None, Some(text), None);
+                    return Some((event, Some((generation, ids, filter))));
+                }
+                Step::Done(completion) => {
+                    let mut out = Vec::new();
+                    let mut called_tools = false;
+                    if let Some(reply) = filter.map(ToolStream::finish) {
+                        if !reply.content.is_empty() {
+                            out.extend_from_slice(&ids.chunk(None, Some(reply.content), None));
+                        }
+                        if !reply.tool_calls.is_empty() {
+                            called_tools = true;
+                            let calls = structured::openai_tool_calls(&reply.tool_calls, true);
+                            out.extend_from_slice(&ids.tool_calls_chunk(calls));
+                        }
+                    }
+                    out.extend_from_slice(&ids.tail(&completion, &generation, called_tools));
+                    return Some((Bytes::from(out), None));
+                }
+                Step::Error(e) => {
+                    let mut out = sse_event(&e.openai_body()).to_vec();
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    return Some((Bytes::from(out), None));
+                }
             }
         }
     });
@@ -557,17 +626,13 @@ pub async fn chat_completions(
         .registry
         .resolve(&name)
         .ok_or_else(|| ApiError::ModelNotFound(request.model.clone()))?;
-    infer::check_tools(request.tools.as_deref(), &named, &request.model)?;
-    match request.response_format.as_ref().and_then(|f| f.get("type")) {
-        None => {}
-        Some(Value::String(t)) if t == "text" => {}
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-            "response_format {other} is not supported yet: omit it or use {{\"type\": \"text\"}}"
-        ))
-            .into())
-        }
-    }
+    let grammar = structured::openai_response_format(request.response_format.as_ref())?;
+    let tools = structured::prepare_tools(
+        request.tools.as_deref(),
+        &ToolChoice::parse(request.tool_choice.as_ref())?,
+        named.info.chat_template.as_deref(),
+        &request.model,
+    )?;
     let messages = chat_messages(&request.messages)?;
     let sampling = OpenAiSampling {
         temperature: request.temperature,
@@ -578,8 +643,15 @@ pub async fn chat_completions(
         max_tokens: request.max_completion_tokens.or(request.max_tokens),
         stop: request.stop.clone(),
     };
-    let build = |model: &LoadedModel| infer::chat_prompt(model, &messages, None, Map::new());
-    let generation = run(&state, &request.model, &sampling, started, build).await?;
+    let mut params = sampling.to_params()?;
+    params.sampling.grammar = grammar;
+    if let Some(tools) = &tools {
+        tools.apply(&mut params.sampling)?;
+    }
+    let definitions = tools.as_ref().map(|t| &t.definitions);
+    let build =
+        |model: &LoadedModel| infer::chat_prompt(model, &messages, None, Map::new(), definitions);
+    let generation = run(&state, &request.model, params, started, build).await?;
     if request.stream.unwrap_or(false) {
         let ids = StreamIds::new(
             "chatcmpl",
@@ -587,10 +659,23 @@ pub async fn chat_completions(
             request.stream_options.as_ref(),
             true,
         );
-        return Ok(stream(generation, ids));
+        return Ok(stream(generation, ids, tools.as_ref().map(|t| t.stream())));
     }
     let (completion, generation) = generation.collect().await?;
     let usage = usage(&completion, &generation);
+    let (content, tool_calls) = match &tools {
+        Some(tools) => {
+            let reply = tools.parse(&completion.text);
+            let calls = structured::openai_tool_calls(&reply.tool_calls, false);
+            (reply.content, calls)
+        }
+        None => (completion.text, Vec::new()),
+    };
+    let reason = if tool_calls.is_empty() {
+        finish_reason(completion.finish_reason)
+    } else {
+        "tool_calls"
+    };
     Ok(Json(ChatCompletion {
         id: new_id("chatcmpl"),
         object: "chat.completion".into(),
@@ -601,9 +686,10 @@ pub async fn chat_completions(
             index: 0,
             message: AssistantMessage {
                 role: "assistant".into(),
-                content: completion.text,
+                content: (tool_calls.is_empty() || !content.is_empty()).then_some(content),
+                tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
             },
-            finish_reason: finish_reason(completion.finish_reason).into(),
+            finish_reason: reason.into(),
         }],
         usage,
     })
@@ -650,7 +736,14 @@ pub async fn completions(
         stop: request.stop.clone(),
     };
     let build = |model: &LoadedModel| infer::raw_prompt(model, &prompt);
-    let generation = run(&state, &request.model, &sampling, started, build).await?;
+    let generation = run(
+        &state,
+        &request.model,
+        sampling.to_params()?,
+        started,
+        build,
+    )
+    .await?;
     if request.stream.unwrap_or(false) {
         let ids = StreamIds::new(
             "cmpl",
@@ -658,7 +751,7 @@ pub async fn completions(
             request.stream_options.as_ref(),
             false,
         );
-        return Ok(stream(generation, ids));
+        return Ok(stream(generation, ids, None));
     }
     let (completion, generation) = generation.collect().await?;
     let usage = usage(&completion, &generation);

@@ -7,7 +7,7 @@ use utoipa_scalar::{Scalar, Servable};
 
 use super::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use super::validation::{OllamaOptions, StopSpec};
-use super::{ollama, openai, AppState};
+use super::{ollama, openai, pull, AppState};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,7 +29,7 @@ use super::{ollama, openai, AppState};
         ollama::embeddings,
         ollama::delete_model,
         ollama::copy,
-        ollama::pull,
+        pull::pull,
         openai::list_models,
         openai::retrieve_model,
         openai::chat_completions,

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dashmap::DashMap;
-use llama_tiered::batch::{BatchConfig, BatchEngine};
+use llama_tiered::batch::{BatchConfig, BatchEngine, EMBED_N_CTX};
 use llama_tiered::chat::ChatTemplate;
 use llama_tiered::gguf::{GgufFile, GgufValue};
 use llama_tiered::inspect::file_type_name;
@@ -26,7 +26,13 @@ use moka::Expiry;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use hypura_scheduler::budget::{Admission, Move, Residency};
+use llama_tiered::gguf::GgufFile as HeaderFile;
+use llama_tiered::tiered::footprint::StreamFootprint;
+use llama_tiered::tiered::{Streamer, TieredModel, TieredParams};
+
 use super::error::ApiError;
+use super::residency::GlobalBudget;
 use super::validation::{KeepAlive, ModelName};
 
 /// How every model is run (from the command line).
@@ -42,6 +48,41 @@ pub struct EngineSettings {
     /// Requests waiting for a slot before new ones get 503.
     pub queue_limit: usize,
     pub default_keep_alive: KeepAlive,
+    /// GPU memory all models together may use, in bytes (`None`: no limit set).
+    pub gpu_budget_bytes: Option<u64>,
+    /// Host RAM all models together may use, in bytes (`None`: no limit set).
+    pub ram_budget_bytes: Option<u64>,
+}
+
+/// The residency floor of a model: the budget scheduler never demotes it below
+/// this. Ordered from the weakest floor to the strongest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pin {
+    /// No floor: the model may be demoted to streaming and unloaded.
+    #[default]
+    None,
+    /// Stays loaded, at least streaming its weights from disk.
+    Streaming,
+    /// Keeps at least the tensors its plan holds resident in RAM or GPU memory.
+    Partial,
+    /// Stays fully resident in RAM or GPU memory.
+    Full,
+}
+
+/// Per-model settings (from the configuration file); the default leaves the
+/// server's settings in force.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelPolicy {
+    /// Keep-alive when a request sets none (`None`: the server's).
+    pub keep_alive: Option<KeepAlive>,
+    pub pin: Pin,
+    /// Higher keeps memory longer when the budget is short.
+    pub priority: i32,
+    /// Context per sequence in tokens (`None`: the server's).
+    pub n_ctx_per_seq: Option<u32>,
+    /// Sequences decoded together (`None`: the server's).
+    pub n_parallel: Option<u32>,
 }
 
 /// What a GGUF header says about a model, read once at registration.
@@ -70,6 +111,7 @@ pub struct NamedModel {
     pub name: String,
     pub path: Arc<PathBuf>,
     pub info: Arc<ModelInfo>,
+    pub policy: ModelPolicy,
 }
 
 impl ModelInfo {
@@ -171,6 +213,9 @@ pub struct LoadedModel {
     keep_alive: Mutex<KeepAlive>,
     /// When it will be unloaded if idle; `None` = never.
     expires_at: Mutex<Option<SystemTime>>,
+    /// Streams its weights (under a global budget): the cache to resize on
+    /// promotion and demotion.
+    pub streamer: Option<Arc<Streamer>>,
 }
 
 impl LoadedModel {
@@ -183,7 +228,8 @@ impl LoadedModel {
     }
 
     fn idle_ttl(&self) -> Option<Duration> {
-        if self.active.load(Ordering::SeqCst) > 0 {
+        // Under a budget the policy decides when it goes (see `residency`).
+        if self.active.load(Ordering::SeqCst) > 0 || self.streamer.is_some() {
             return None;
         }
         match *lock(&self.keep_alive) {
@@ -246,6 +292,8 @@ pub struct ModelLease {
     loaded: Cache<Arc<PathBuf>, Arc<LoadedModel>>,
     /// Time this request spent loading the model (zero when it was loaded).
     pub load_duration: Duration,
+    /// The global budget this request is counted in, if any.
+    budget: Option<(Arc<GlobalBudget>, hypura_scheduler::budget::ModelId)>,
 }
 
 impl std::ops::Deref for ModelLease {
@@ -262,6 +310,14 @@ impl Drop for ModelLease {
         }
         let keep_alive = *lock(&self.model.keep_alive);
         self.model.set_keep_alive(keep_alive);
+        if let Some((budget, id)) = &self.budget {
+            budget.finish(*id);
+            if keep_alive.is_zero() {
+                let moves = budget.tick();
+                execute_moves(budget, &self.loaded, moves);
+            }
+            return;
+        }
         if keep_alive.is_zero() {
             self.loaded.invalidate(&self.model.path);
         } else {
@@ -276,6 +332,9 @@ pub struct Registry {
     names: DashMap<String, NamedModel>,
     loaded: Cache<Arc<PathBuf>, Arc<LoadedModel>>,
     settings: EngineSettings,
+    /// Set when `--gpu-budget` or `--ram-budget` is: every model then streams
+    /// and shares it ([`GlobalBudget`]).
+    budget: Option<Arc<GlobalBudget>>,
 }
 
 impl Registry {
@@ -288,10 +347,18 @@ impl Registry {
                 std::thread::spawn(move || model.engine.shutdown());
             })
             .build();
+        let budget = (settings.gpu_budget_bytes.is_some() || settings.ram_budget_bytes.is_some())
+            .then(|| {
+                Arc::new(GlobalBudget::new(
+                    settings.gpu_budget_bytes.unwrap_or(0),
+                    settings.ram_budget_bytes.unwrap_or(u64::MAX),
+                ))
+            });
         Registry {
             names: DashMap::new(),
             loaded,
             settings,
+            budget,
         }
     }
 
@@ -306,6 +373,17 @@ impl Registry {
         path: PathBuf,
         info: Arc<ModelInfo>,
     ) -> Result<(), String> {
+        self.register_with(name, path, info, ModelPolicy::default())
+    }
+
+    /// [`Registry::register`] with per-model settings.
+    pub fn register_with(
+        &self,
+        name: ModelName,
+        path: PathBuf,
+        info: Arc<ModelInfo>,
+        policy: ModelPolicy,
+    ) -> Result<(), String> {
         if let Some(existing) = self.names.get(&name.key) {
             if *existing.path != path {
                 return Err(format!(
@@ -317,14 +395,82 @@ impl Registry {
             }
             return Ok(());
         }
-        self.names.insert(
-            name.key,
-            NamedModel {
-                name: name.display,
-                path: Arc::new(path),
-                info,
-            },
-        );
+        let named = NamedModel {
+            name: name.display,
+            path: Arc::new(path),
+            info,
+            policy,
+        };
+        self.add_to_budget(&named)?;
+        self.names.insert(name.key, named);
+        Ok(())
+    }
+
+    /// Counts a model file in the global budget (if there is one): fails,
+    /// naming the minimum, when it cannot stream within it.
+    fn add_to_budget(&self, named: &NamedModel) -> Result<(), String> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        let file = HeaderFile::open(named.path.as_path()).map_err(|e| e.to_string())?;
+        let footprint = StreamFootprint::of(&file);
+        let (n_ctx_per_seq, n_parallel) = engine_shape(named, &self.settings);
+        let kv_tokens = u64::from(n_ctx_per_seq) * u64::from(n_parallel) + u64::from(EMBED_N_CTX);
+        let keep_alive = match named
+            .policy
+            .keep_alive
+            .unwrap_or(self.settings.default_keep_alive)
+        {
+            KeepAlive::Forever => None,
+            KeepAlive::For(d) => Some(d),
+        };
+        let pin = match named.policy.pin {
+            Pin::None => Residency::Unloaded,
+            Pin::Streaming => Residency::Streaming,
+            Pin::Partial => Residency::Partial,
+            Pin::Full => Residency::Full,
+        };
+        budget.add(
+            &named.name,
+            &named.path,
+            footprint,
+            footprint.kv_bytes_per_token * kv_tokens,
+            pin,
+            named.policy.priority,
+            keep_alive,
+        )
+    }
+
+    /// `/api/pull`: serves `path` as `name` with fresh `info`, replacing an
+    /// entry of the same file (its bytes may have changed: a loaded copy is
+    /// unloaded); fails if the name is taken by another file.
+    pub fn register_pulled(
+        &self,
+        name: ModelName,
+        path: PathBuf,
+        info: Arc<ModelInfo>,
+    ) -> Result<(), String> {
+        let policy = match self.names.get(&name.key) {
+            Some(existing) if *existing.path != path => {
+                return Err(format!(
+                    "the name {} is taken by {}: pull under another name",
+                    name.display,
+                    existing.path.display()
+                ))
+            }
+            Some(existing) => existing.policy,
+            None => ModelPolicy::default(),
+        };
+        let path = Arc::new(path);
+        self.loaded.invalidate(&path);
+        let named = NamedModel {
+            name: name.display,
+            path,
+            info,
+            policy,
+        };
+        self.add_to_budget(&named)?;
+        self.names.insert(name.key, named);
         Ok(())
     }
 
@@ -358,25 +504,146 @@ impl Registry {
             .resolve(name)
             .ok_or_else(|| ApiError::ModelNotFound(requested.to_string()))?;
         let started = Instant::now();
-        let loaded = self.loaded.clone();
-        let settings = self.settings.clone();
-        let key = Arc::clone(&named.path);
-        let model = tokio::task::spawn_blocking(move || {
-            loaded.try_get_with(key, || load(&named, &settings))
-        })
-        .await
-        .map_err(|e| ApiError::Internal(format!("model load task failed: {e}")))?
-        .map_err(|e| (*e).clone())?;
+        let default_keep_alive = named
+            .policy
+            .keep_alive
+            .unwrap_or(self.settings.default_keep_alive);
+        let keep_alive = keep_alive.unwrap_or(default_keep_alive);
+        let (model, budget) = match &self.budget {
+            Some(budget) => {
+                let (model, id) = self.admit(budget, named, keep_alive).await?;
+                (model, Some((Arc::clone(budget), id)))
+            }
+            None => {
+                let loaded = self.loaded.clone();
+                let settings = self.settings.clone();
+                let key = Arc::clone(&named.path);
+                let model = tokio::task::spawn_blocking(move || {
+                    loaded.try_get_with(key, || load(&named, &settings, None))
+                })
+                .await
+                .map_err(|e| ApiError::Internal(format!("model load task failed: {e}")))?
+                .map_err(|e| (*e).clone())?;
+                (model, None)
+            }
+        };
         let load_duration = started.elapsed();
         model.active.fetch_add(1, Ordering::SeqCst);
-        model.set_keep_alive(keep_alive.unwrap_or(self.settings.default_keep_alive));
+        model.set_keep_alive(keep_alive);
         // A read recomputes the expiry: none while the lease lives.
         let _ = self.loaded.get(&model.path);
         Ok(ModelLease {
             model,
             loaded: self.loaded.clone(),
             load_duration,
+            budget,
         })
+    }
+
+    /// Admission under the global budget: the model is loaded (streaming at
+    /// least) and counted in flight once this returns. Waits for room while
+    /// other models are busy, up to [`ADMISSION_TIMEOUT`].
+    async fn admit(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: NamedModel,
+        keep_alive: KeepAlive,
+    ) -> Result<(Arc<LoadedModel>, hypura_scheduler::budget::ModelId), ApiError> {
+        let id = budget
+            .model(&named.path)
+            .ok_or_else(|| ApiError::Internal(format!("{} is not in the budget", named.name)))?
+            .id;
+        budget.set_keep_alive(
+            id,
+            match keep_alive {
+                KeepAlive::Forever => None,
+                KeepAlive::For(d) => Some(d),
+            },
+        );
+        let deadline = Instant::now() + ADMISSION_TIMEOUT;
+        loop {
+            let changed = budget.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match budget.request(id) {
+                Admission::Ready => {
+                    if let Some(model) = self.loaded.get(&named.path) {
+                        return Ok((model, id));
+                    }
+                    // Another request is loading it: wait for that load.
+                    budget.finish(id);
+                }
+                Admission::Load { mv } => {
+                    let level = mv.to;
+                    let loaded = self.loaded.clone();
+                    let settings = self.settings.clone();
+                    let key = Arc::clone(&named.path);
+                    let budgeted = budget.model(&named.path).map(|m| (m, level));
+                    let named_for_load = named.clone();
+                    let result = tokio::task::spawn_blocking(move || {
+                        loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
+                    })
+                    .await;
+                    match result {
+                        Ok(Ok(model)) => {
+                            budget.move_done(mv);
+                            return Ok((model, id));
+                        }
+                        Ok(Err(e)) => {
+                            budget.move_failed(mv);
+                            budget.finish(id);
+                            return Err((*e).clone());
+                        }
+                        Err(e) => {
+                            budget.move_failed(mv);
+                            budget.finish(id);
+                            return Err(ApiError::Internal(format!("model load task failed: {e}")));
+                        }
+                    }
+                }
+                Admission::Wait { moves } => execute_moves(budget, &self.loaded, moves),
+                Admission::Reject(why) => return Err(ApiError::BadRequest(why)),
+            }
+            if Instant::now() >= deadline {
+                return Err(ApiError::Unavailable(format!(
+                    "no room in the memory budget for {} after {} s: other models are busy; retry later",
+                    named.name,
+                    ADMISSION_TIMEOUT.as_secs()
+                )));
+            }
+            // Woken by a finished request or move; time alone can also make
+            // room (idle models become demotable), so look again each second.
+            let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+        }
+    }
+
+    /// Residency (`full` without a budget) and bytes per tier of a loaded model.
+    pub fn residency(&self, model: &LoadedModel) -> (Residency, TierBytes) {
+        let Some(budgeted) = self.budget.as_ref().and_then(|b| b.model(&model.path)) else {
+            return (
+                Residency::Full,
+                TierBytes {
+                    gpu: 0,
+                    ram: model.info.file_bytes,
+                    stream: 0,
+                },
+            );
+        };
+        let level = self
+            .budget
+            .as_ref()
+            .and_then(|b| b.residency(&model.path))
+            .unwrap_or(Residency::Unloaded);
+        let f = budgeted.footprint;
+        let cached = model.streamer.as_ref().map_or(0, |s| s.stats().cache_bytes);
+        (
+            level,
+            TierBytes {
+                gpu: 0,
+                ram: f.resident_bytes + cached,
+                stream: f.stream_bytes.saturating_sub(cached),
+            },
+        )
     }
 
     /// Unloads the model named `name` if it is loaded (in-flight requests finish).
@@ -385,8 +652,22 @@ impl Registry {
             return false;
         };
         let was_loaded = self.loaded.contains_key(&named.path);
-        self.loaded.invalidate(&named.path);
+        self.unload_file(&named.path);
         was_loaded
+    }
+
+    /// Unloads a file now (under a budget: as soon as it is idle, through the
+    /// policy, so the budget's books stay right).
+    fn unload_file(&self, path: &Arc<PathBuf>) {
+        let Some(budget) = &self.budget else {
+            self.loaded.invalidate(path);
+            return;
+        };
+        if let Some(m) = budget.model(path) {
+            budget.set_keep_alive(m.id, Some(Duration::ZERO));
+            let moves = budget.tick();
+            execute_moves(budget, &self.loaded, moves);
+        }
     }
 
     /// `/api/copy`: `destination` names the same file as `source`.
@@ -412,7 +693,7 @@ impl Registry {
             .remove(&name.key)
             .ok_or_else(|| ApiError::ModelNotFound(name.display.clone()))?;
         if !self.names.iter().any(|e| e.path == named.path) {
-            self.loaded.invalidate(&named.path);
+            self.unload_file(&named.path);
         }
         Ok(())
     }
@@ -420,6 +701,10 @@ impl Registry {
     /// Expires idle models whose keep-alive has passed (moka evicts lazily).
     pub fn run_pending_tasks(&self) {
         self.loaded.run_pending_tasks();
+        if let Some(budget) = &self.budget {
+            let moves = budget.tick();
+            execute_moves(budget, &self.loaded, moves);
+        }
     }
 
     /// Stops every engine: in-flight requests finish, new ones are refused.
@@ -430,29 +715,130 @@ impl Registry {
     }
 }
 
-fn load(named: &NamedModel, settings: &EngineSettings) -> Result<Arc<LoadedModel>, ApiError> {
+/// How long a request waits for room in the global budget.
+const ADMISSION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Bytes of a model per tier, for `/api/ps`.
+#[derive(Debug, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
+pub struct TierBytes {
+    pub gpu: u64,
+    pub ram: u64,
+    pub stream: u64,
+}
+
+/// Context per sequence and sequences of a model's engine.
+fn engine_shape(named: &NamedModel, settings: &EngineSettings) -> (u32, u32) {
+    let n_ctx_train = named
+        .info
+        .context_length
+        .map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32);
+    let n_ctx_per_seq = named
+        .policy
+        .n_ctx_per_seq
+        .unwrap_or(settings.n_ctx_per_seq)
+        .clamp(16, n_ctx_train.max(16));
+    let n_parallel = named.policy.n_parallel.unwrap_or(settings.n_parallel);
+    (n_ctx_per_seq, n_parallel)
+}
+
+/// Carries out the budget's moves: cache resizes at once (a promotion then
+/// fills the cache on a background thread), unloads through the cache of
+/// loaded models (the engine finishes in-flight work; the policy never
+/// unloads a model with requests in flight).
+fn execute_moves(
+    budget: &Arc<GlobalBudget>,
+    loaded: &Cache<Arc<PathBuf>, Arc<LoadedModel>>,
+    moves: Vec<Move>,
+) {
+    for mv in moves {
+        let Some(path) = budget.path_of(mv.model) else {
+            budget.move_failed(mv);
+            continue;
+        };
+        tracing::info!("{}: {} → {}", path.display(), mv.from, mv.to);
+        if mv.to == Residency::Unloaded {
+            loaded.invalidate(&path);
+            budget.move_done(mv);
+            continue;
+        }
+        let resized = loaded.get(&path).and_then(|model| {
+            let streamer = model.streamer.clone()?;
+            let cache_bytes = budget.model(&path)?.cache_bytes(mv.to);
+            match streamer.set_cache_budget(cache_bytes) {
+                Ok(()) => Some(streamer),
+                Err(e) => {
+                    tracing::error!("{}: {e}", path.display());
+                    None
+                }
+            }
+        });
+        match resized {
+            Some(streamer) => {
+                budget.move_done(mv);
+                if mv.to > mv.from {
+                    std::thread::spawn(move || streamer.fill());
+                }
+            }
+            None => budget.move_failed(mv),
+        }
+    }
+}
+
+/// Loads a model: whole into RAM, or (under a budget) in its streaming
+/// placement with the stream cache of `budgeted`'s residency.
+fn load(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    budgeted: Option<(super::residency::BudgetedModel, Residency)>,
+) -> Result<Arc<LoadedModel>, ApiError> {
     tracing::info!("loading {} from {}", named.name, named.path.display());
+    let failed = |e: &dyn std::fmt::Display| {
+        ApiError::Internal(format!("could not load model '{}': {e}", named.name))
+    };
     // Same kernels as `hypura run` and every streaming mode: no CPU repacking,
     // so a prompt gets the same tokens whichever way the model is held.
-    let params = ModelParams {
-        no_repack: true,
-        ..Default::default()
+    let (model, streamer, hook) = match &budgeted {
+        None => {
+            let params = ModelParams {
+                no_repack: true,
+                ..Default::default()
+            };
+            let model = Model::load(&named.path, params).map_err(|e| failed(&e))?;
+            (Arc::new(model), None, None)
+        }
+        Some((budgeted, level)) => {
+            let params = TieredParams {
+                mode: Some(budgeted.footprint.mode),
+                ram_budget_bytes: Some(
+                    budgeted.footprint.resident_bytes + budgeted.cache_bytes(*level),
+                ),
+                no_repack: true,
+                prefetch: true,
+                ..Default::default()
+            };
+            let tiered = TieredModel::load(&named.path, &params).map_err(|e| failed(&e))?;
+            let hook = tiered.hook();
+            let streamer = tiered.streamer.clone();
+            if *level > Residency::Streaming {
+                if let Some(s) = streamer.clone() {
+                    std::thread::spawn(move || s.fill());
+                }
+            }
+            (Arc::clone(&tiered.model), streamer, hook)
+        }
     };
-    let model = Model::load(&named.path, params)
-        .map_err(|e| ApiError::Internal(format!("could not load model '{}': {e}", named.name)))?;
-    let model = Arc::new(model);
-    let n_ctx_per_seq = settings
-        .n_ctx_per_seq
-        .clamp(16, model.n_ctx_train().max(16));
+    let (n_ctx_per_seq, n_parallel) = engine_shape(named, settings);
+    let n_ctx_per_seq = n_ctx_per_seq.min(model.n_ctx_train().max(16));
     let config = BatchConfig {
-        n_parallel: settings.n_parallel,
+        n_parallel,
         n_ctx_per_seq,
-        n_batch: settings.n_batch,
+        // Every generating sequence needs a place in each decode step.
+        n_batch: settings.n_batch.max(n_parallel),
         n_threads: settings.n_threads,
         queue_limit: settings.queue_limit,
     };
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
-    let engine = BatchEngine::start(Arc::clone(&model), config)
+    let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)
         .map_err(|e| ApiError::Internal(format!("could not start model '{}': {e}", named.name)))?;
     Ok(Arc::new(LoadedModel {
         name: named.name.clone(),
@@ -462,8 +848,14 @@ fn load(named: &NamedModel, settings: &EngineSettings) -> Result<Arc<LoadedModel
         template,
         n_ctx_per_seq,
         active: AtomicUsize::new(0),
-        keep_alive: Mutex::new(settings.default_keep_alive),
+        keep_alive: Mutex::new(
+            named
+                .policy
+                .keep_alive
+                .unwrap_or(settings.default_keep_alive),
+        ),
         expires_at: Mutex::new(None),
+        streamer,
     }))
 }
 

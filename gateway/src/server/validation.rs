@@ -274,6 +274,7 @@ impl OllamaOptions {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             seed: seed(self.seed),
+            ..SamplingParams::default()
         };
         check_sampling(&sampling, "options.")?;
         let max_tokens = match self.num_predict {
@@ -334,6 +335,7 @@ impl OpenAiSampling {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             seed: seed(self.seed),
+            ..SamplingParams::default()
         };
         check_sampling(&sampling, "")?;
         if !(0.0..=2.0).contains(&sampling.temperature) {

@@ -115,3 +115,52 @@ def test_openclaw_discovery_and_streamed_chat(server):
             chunks = [json.loads(line) for line in r.iter_lines() if line]
         assert "".join(c["message"]["content"] for c in chunks) == GERMANY
         assert chunks[-1]["done"] and chunks[-1]["prompt_eval_count"] > 0 and chunks[-1]["eval_count"] > 0
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 99},
+        "is_capital": {"type": "boolean"},
+    },
+    "required": ["city", "population_millions", "is_capital"],
+}
+
+
+def test_format_json_and_schema(client):
+    import json
+
+    question = 'What is the capital of France? Reply in JSON with the key "capital".'
+    r = client.generate(MODEL, question, format="json", options={**GREEDY, "num_predict": 200})
+    assert r.done_reason == "stop"
+    assert json.loads(r.response)["data"]["title"] == "Paris"
+    r = client.chat(
+        MODEL,
+        messages=[{"role": "user", "content": "Give facts about Berlin as JSON."}],
+        format=CITY_SCHEMA,
+        options=GREEDY,
+    )
+    city = json.loads(r.message.content)
+    assert sorted(city) == ["city", "is_capital", "population_millions"]
+    assert city["city"] in ("Paris", "Berlin", "Rome")
+    assert isinstance(city["population_millions"], int) and isinstance(city["is_capital"], bool)
+
+
+def test_tools_on_a_model_without_tool_support_raise(client):
+    def get_weather(city: str) -> str:
+        """The weather in a city.
+
+        Args:
+          city: the city's name
+        """
+        return "sunny"
+
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[get_weather])
+    assert e.value.status_code == 400
+    assert e.value.error == f'"{MODEL}" does not support tools'
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(MODEL, messages=[{"role": "user", "content": "x"}], format={"type": "banana"})
+    assert e.value.status_code == 400
+    assert "unrecognized type" in e.value.error

@@ -65,3 +65,58 @@ def test_errors_raise_sdk_exceptions(client):
         client.chat.completions.create(model=MODEL, messages=[])
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 99},
+        "is_capital": {"type": "boolean"},
+    },
+    "required": ["city", "population_millions", "is_capital"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema_and_json_object(client):
+    import json
+
+    question = [{"role": "user", "content": "Give facts about Berlin as JSON."}]
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=question,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}},
+    )
+    city = json.loads(r.choices[0].message.content)
+    assert sorted(city) == ["city", "is_capital", "population_millions"]
+    assert city["city"] in ("Paris", "Berlin", "Rome")
+    assert isinstance(city["population_millions"], int) and isinstance(city["is_capital"], bool)
+    r = client.chat.completions.create(
+        model=MODEL, messages=question, temperature=0, max_tokens=200, response_format={"type": "json_object"}
+    )
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_tools_on_a_model_without_tool_support_raise(client):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools)
+    assert e.value.status_code == 400
+    assert e.value.body["message"] == f'"{MODEL}" does not support tools'
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": []}}},
+        )
+    assert "enum must be a non-empty array" in e.value.message

@@ -1,7 +1,7 @@
 //! `hypura-synth`: writes synthetic GGUF models for tests and benchmarks.
 //!
 //! ```text
-//! hypura-synth dense|moe --preset NAME [--layers N] [--type q4_k|q8_0|f16|q4_0] [--seed S] -o FILE
+//! hypura-synth dense|moe --preset NAME [--layers N] [--type q4_k|q8_0|f16|q4_0] [--seed S] [--sparse] -o FILE
 //! hypura-synth derive-moe --from SRC.gguf [--experts 4] [--used 2] [--perturb 0.01] [--seed S] -o FILE
 //! ```
 use std::path::PathBuf;
@@ -12,14 +12,20 @@ use llama_tiered::synth::{self, SynthSpec, WriteReport};
 
 const USAGE: &str = "\
 usage:
-  hypura-synth dense|moe --preset PRESET [--layers N] [--type TYPE] [--seed S] -o FILE
+  hypura-synth dense|moe --preset PRESET [--layers N] [--type TYPE] [--seed S] [--sparse] -o FILE
   hypura-synth derive-moe --from SRC.gguf [--experts 4] [--used 2] [--perturb 0.01] [--seed S] -o FILE
 
 presets: llama-8b, llama-70b, mixtral-8x7b, qwen3-30b-a3b, tiny-llama, tiny-mixtral
 types:   q4_k (default; output q6_k), q8_0, f16, q4_0
-`dense` refuses MoE presets and `moe` dense ones.";
+`dense` refuses MoE presets and `moe` dense ones.
+--sparse writes only the header and tensor table and extends the file to its
+full size with a hole (zero data, no disk space): for `hypura inspect --plan`
+on model-sized files, not for running them.";
 
-/// Parsed `--flag value` pairs after the subcommand.
+/// Flags that take no value.
+const SWITCHES: [&str; 1] = ["--sparse"];
+
+/// Parsed `--flag value` pairs (and switches) after the subcommand.
 struct Flags(Vec<(String, String)>);
 
 impl Flags {
@@ -29,6 +35,10 @@ impl Flags {
         while let Some(flag) = it.next() {
             if !flag.starts_with('-') {
                 return Err(format!("unexpected argument {flag:?}"));
+            }
+            if SWITCHES.contains(&flag.as_str()) {
+                pairs.push((flag.clone(), String::new()));
+                continue;
             }
             let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
             pairs.push((flag.clone(), value.clone()));
@@ -114,16 +124,23 @@ fn synth_cmd(moe: bool, mut flags: Flags) -> Result<WriteReport, String> {
     if let Some(seed) = flags.take_parsed(&["--seed"])? {
         spec = spec.with_seed(seed);
     }
+    let sparse = flags.take(&["--sparse"]).is_some();
     let path = output(&mut flags)?;
     flags.finish()?;
     eprintln!(
-        "writing {} ({} layers, {}) to {}",
+        "writing {}{} ({} layers, {}) to {}",
+        if sparse { "a sparse " } else { "" },
         spec.name,
         spec.n_layer,
         spec.weight_type,
         path.display()
     );
-    synth::write(&spec, &path).map_err(|e| e.to_string())
+    if sparse {
+        synth::write_sparse(&spec, &path)
+    } else {
+        synth::write(&spec, &path)
+    }
+    .map_err(|e| e.to_string())
 }
 
 fn derive_cmd(mut flags: Flags) -> Result<WriteReport, String> {

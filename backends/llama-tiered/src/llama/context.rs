@@ -126,6 +126,7 @@ impl Context {
             raw_params.pooling_type = sys::LLAMA_POOLING_TYPE_MEAN;
         }
         raw_params.no_perf = false;
+        raw_params.op_offload = model.op_offload();
         raw_params.abort_callback = Some(abort_trampoline);
         raw_params.abort_callback_data = &*abort as *const AbortState as *mut c_void;
         let hook = hook.map(Box::new);
@@ -180,6 +181,9 @@ impl Context {
         }
         // SAFETY: the batch's arrays hold `n_tokens` valid entries; the context is alive.
         let rc = unsafe { sys::llama_decode(self.raw.as_ptr(), batch.raw) };
+        if let Some(hook) = &self.abort.hook {
+            hook.decode_done();
+        }
         match rc {
             0 => Ok(()),
             1 => Err(EngineError::ContextFull),

@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 
 use hypura_llama_sys as sys;
 
+use super::backend::{gpu_devices, gpu_handles};
 use super::stream::{LoadFile, LoadReport, StreamBufferType};
 use crate::error::EngineError;
 
@@ -19,11 +20,32 @@ pub enum LoadMode {
     Mmap,
 }
 
+/// Which weights one GPU holds, in llama.cpp's terms (`tiered::gpu` derives
+/// it from a placement). Everything not named stays where llama.cpp puts it
+/// for `n_gpu_layers`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuOffload {
+    /// Index of the GPU among [`super::gpu_devices`].
+    pub gpu_index: usize,
+    /// llama.cpp's `n_gpu_layers`: the last this-many layers, their KV cache
+    /// and their compute go to the GPU; more than the layer count also takes
+    /// the output layer.
+    pub n_gpu_layers: u32,
+    /// Anchored regexes of tensors placed in GPU memory against that default.
+    pub gpu_patterns: Vec<String>,
+    /// Anchored regexes of tensors kept in host RAM against that default.
+    pub ram_patterns: Vec<String>,
+    /// Bytes of weights the GPU will hold, checked against its free memory.
+    pub gpu_weight_bytes: u64,
+}
+
 /// Options for [`Model::load`].
 #[derive(Default)]
 pub struct ModelParams<'a> {
-    /// Layers to offload to a GPU (`-1` = all, `0` = none).
+    /// Layers to offload to a GPU (`-1` = all, `0` = none); ignored with `gpu`.
     pub n_gpu_layers: i32,
+    /// Weights on one GPU (an error when this build sees no GPU).
+    pub gpu: Option<GpuOffload>,
     pub load_mode: LoadMode,
     /// Keep weights in their file layout: no CPU "repack" buffer types. Those
     /// speed up some types (Q4_0, Q4_K, IQ4_NL, Q8_0 on x86) but cannot apply
@@ -40,6 +62,120 @@ pub struct Model {
     path: PathBuf,
     /// The STREAM buffer type its STREAM tensors live in; dropped after the model.
     _stream: Option<StreamBufferType>,
+}
+
+/// llama.cpp's device and buffer-type settings for one load; the pointers
+/// in `overrides` and `devices` point into this value, so it must stay put
+/// until `llama_model_load_from_file*` returns.
+struct DeviceSetup {
+    _patterns: Vec<CString>,
+    overrides: Vec<sys::llama_model_tensor_buft_override>,
+    devices: Vec<sys::ggml_backend_dev_t>,
+    n_gpu_layers: i32,
+}
+
+impl DeviceSetup {
+    /// `stream`: the STREAM patterns and buffer type, matched after the GPU
+    /// and RAM patterns (those name exact tensors, never STREAM ones).
+    fn new(
+        gpu: Option<&GpuOffload>,
+        stream: Option<(&[String], sys::ggml_backend_buffer_type_t)>,
+        default_n_gpu_layers: i32,
+    ) -> Result<DeviceSetup, EngineError> {
+        let mut rules: Vec<(&str, sys::ggml_backend_buffer_type_t)> = Vec::new();
+        let mut devices = Vec::new();
+        let mut n_gpu_layers = default_n_gpu_layers;
+        if let Some(gpu) = gpu {
+            let dev = gpu_device(gpu)?;
+            // SAFETY: registry handles live as long as the process.
+            let (gpu_buft, ram_buft) = unsafe {
+                (
+                    sys::ggml_backend_dev_buffer_type(dev),
+                    // llama.cpp treats the plain CPU type as "the RAM tier":
+                    // it then picks among host types as for a CPU layer.
+                    sys::ggml_backend_cpu_buffer_type(),
+                )
+            };
+            rules.extend(gpu.gpu_patterns.iter().map(|p| (p.as_str(), gpu_buft)));
+            rules.extend(gpu.ram_patterns.iter().map(|p| (p.as_str(), ram_buft)));
+            devices = vec![dev, std::ptr::null_mut()];
+            n_gpu_layers = i32::try_from(gpu.n_gpu_layers).unwrap_or(i32::MAX);
+        }
+        if let Some((patterns, buft)) = stream {
+            rules.extend(patterns.iter().map(|p| (p.as_str(), buft)));
+        }
+        let patterns: Vec<CString> = rules
+            .iter()
+            .map(|(p, _)| {
+                CString::new(*p).map_err(|_| EngineError::InvalidArgument(format!("pattern {p:?}")))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut overrides: Vec<sys::llama_model_tensor_buft_override> = patterns
+            .iter()
+            .zip(&rules)
+            .map(|(p, (_, buft))| sys::llama_model_tensor_buft_override {
+                pattern: p.as_ptr(),
+                buft: *buft,
+            })
+            .collect();
+        overrides.push(sys::llama_model_tensor_buft_override {
+            pattern: std::ptr::null(),
+            buft: std::ptr::null_mut(),
+        });
+        Ok(DeviceSetup {
+            _patterns: patterns,
+            overrides,
+            devices,
+            n_gpu_layers,
+        })
+    }
+
+    /// Sets the device fields of `params`; `self` must outlive the load call.
+    fn apply(&mut self, params: &mut sys::llama_model_params) {
+        params.n_gpu_layers = self.n_gpu_layers;
+        if self.overrides.len() > 1 {
+            params.tensor_buft_overrides = self.overrides.as_ptr();
+        }
+        if !self.devices.is_empty() {
+            // One GPU: no layer split between devices.
+            params.devices = self.devices.as_mut_ptr();
+            params.split_mode = sys::LLAMA_SPLIT_MODE_NONE;
+            params.main_gpu = 0;
+        }
+    }
+}
+
+/// The GPU `gpu` names, after checking it exists and has room for the weights.
+fn gpu_device(gpu: &GpuOffload) -> Result<sys::ggml_backend_dev_t, EngineError> {
+    let handles = gpu_handles();
+    let devices = gpu_devices();
+    let (Some(&dev), Some(info)) = (handles.get(gpu.gpu_index), devices.get(gpu.gpu_index)) else {
+        return Err(EngineError::InvalidArgument(if devices.is_empty() {
+            format!(
+                "the placement puts {} bytes of weights on the GPU tier, but this build of hypura sees no GPU \
+                 (a CPU-only llama.cpp, or no device found): drop --gpu-layers/--gpu-budget, or run hypura over a CUDA build of llama.cpp",
+                gpu.gpu_weight_bytes
+            )
+        } else {
+            format!(
+                "GPU {} does not exist: this machine has {} ({})",
+                gpu.gpu_index,
+                devices.len(),
+                devices
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }));
+    };
+    if gpu.gpu_weight_bytes > info.free_bytes {
+        return Err(EngineError::InvalidArgument(format!(
+            "the placement puts {} bytes of weights on {} ({}), which has {} bytes free: lower --gpu-budget or --gpu-layers",
+            gpu.gpu_weight_bytes, info.name, info.description, info.free_bytes
+        )));
+    }
+    Ok(dev)
 }
 
 // SAFETY: a `llama_model` is not mutated after loading; llama.cpp's server
@@ -66,9 +202,10 @@ impl Model {
             EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
         })?;
 
+        let mut devices = DeviceSetup::new(params.gpu.as_ref(), None, params.n_gpu_layers)?;
         // SAFETY: returns a plain struct of defaults.
         let mut raw_params = unsafe { sys::llama_model_default_params() };
-        raw_params.n_gpu_layers = params.n_gpu_layers;
+        devices.apply(&mut raw_params);
         raw_params.use_extra_bufts = !params.no_repack;
         raw_params.load_mode = match params.load_mode {
             LoadMode::Read => sys::LLAMA_LOAD_MODE_NONE,
@@ -89,9 +226,10 @@ impl Model {
         raw_params.progress_callback_user_data = &mut callback as *mut _ as *mut c_void;
 
         // SAFETY: the path is NUL-terminated; the progress callback and its
-        // data outlive the call; llama.cpp catches its own exceptions and
-        // returns NULL on failure.
+        // data, and the device setup, outlive the call; llama.cpp catches its
+        // own exceptions and returns NULL on failure.
         let raw = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), raw_params) };
+        drop(devices);
         match NonNull::new(raw) {
             Some(raw) => Ok(Model {
                 raw,
@@ -112,13 +250,16 @@ impl Model {
     /// to `stream_buft`, which places them at their file offsets, and their
     /// bytes (`stream_ranges` of the file) are not read; `tensor_starts`
     /// (the data offsets of all tensors) bound reads. Everything else is
-    /// loaded by llama.cpp's own loader as in [`Model::load`] (read mode).
+    /// loaded by llama.cpp's own loader as in [`Model::load`] (read mode),
+    /// on `gpu` where given (STREAM tensors always stay in host memory).
+    #[allow(clippy::too_many_arguments)]
     pub fn load_tiered(
         path: &Path,
         tensor_starts: Vec<u64>,
         stream_ranges: Vec<(u64, u64)>,
         stream_patterns: &[String],
         stream_buft: StreamBufferType,
+        gpu: Option<&GpuOffload>,
         no_repack: bool,
         progress: Option<&mut dyn FnMut(f32) -> bool>,
     ) -> Result<(Model, LoadReport), EngineError> {
@@ -134,38 +275,22 @@ impl Model {
         let mut load_file = LoadFile::new(file, stream_ranges, tensor_starts)
             .map_err(|e| load_error(e.to_string()))?;
 
-        let patterns: Vec<CString> = stream_patterns
-            .iter()
-            .map(|p| {
-                CString::new(p.as_str())
-                    .map_err(|_| EngineError::InvalidArgument(format!("pattern {p:?}")))
-            })
-            .collect::<Result<_, _>>()?;
-        let mut overrides: Vec<sys::llama_model_tensor_buft_override> = patterns
-            .iter()
-            .map(|p| sys::llama_model_tensor_buft_override {
-                pattern: p.as_ptr(),
-                buft: stream_buft.handle(),
-            })
-            .collect();
-        overrides.push(sys::llama_model_tensor_buft_override {
-            pattern: std::ptr::null(),
-            buft: std::ptr::null_mut(),
-        });
+        let mut devices = DeviceSetup::new(gpu, Some((stream_patterns, stream_buft.handle())), 0)?;
 
         let fp = load_file.open().map_err(|e| load_error(e.to_string()))?;
         // SAFETY: plain defaults, then pointers that outlive the call: the
-        // override list and its patterns, and the FILE (closed right after).
+        // device setup (override list, patterns, device list), and the FILE
+        // (closed right after).
         let raw = unsafe {
             let mut params = sys::llama_model_default_params();
-            params.n_gpu_layers = 0;
+            devices.apply(&mut params);
             params.load_mode = sys::LLAMA_LOAD_MODE_NONE;
             params.use_extra_bufts = !no_repack;
-            params.tensor_buft_overrides = overrides.as_ptr();
             params.progress_callback = Some(progress_trampoline);
             params.progress_callback_user_data = &mut callback as *mut _ as *mut c_void;
             sys::llama_model_load_from_file_ptr(fp.cast(), params)
         };
+        drop(devices);
         let (report, read_error) = load_file.close(fp);
         stream_buft.finish_loading();
         let Some(raw) = NonNull::new(raw) else {
@@ -189,7 +314,16 @@ impl Model {
         self.raw.as_ptr()
     }
 
-    fn vocab(&self) -> *const sys::llama_vocab {
+    /// Whether contexts may let a GPU compute ops whose weights are in host
+    /// memory (llama.cpp's `op_offload`, for batches of 32 tokens or more).
+    /// Not with STREAM tensors: the scheduler copies such weights to the GPU
+    /// when the GPU's split starts, before the eval callback has made them
+    /// resident.
+    pub(crate) fn op_offload(&self) -> bool {
+        self._stream.is_none()
+    }
+
+    pub(super) fn vocab(&self) -> *const sys::llama_vocab {
         // SAFETY: the model is alive; the vocab lives as long as the model.
         unsafe { sys::llama_model_get_vocab(self.raw.as_ptr()) }
     }

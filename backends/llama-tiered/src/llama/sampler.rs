@@ -4,6 +4,8 @@ use std::ptr::NonNull;
 use hypura_llama_sys as sys;
 
 use super::context::Context;
+use super::grammar::{GrammarSampler, GRAMMAR_ROOT};
+use super::model::Model;
 use crate::error::EngineError;
 
 /// `LLAMA_DEFAULT_SEED` of llama.h (a macro bindgen does not export): asks
@@ -30,6 +32,16 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// `None` picks a random seed.
     pub seed: Option<u32>,
+    /// A GBNF grammar (root rule `root`) every sampled token must fit, as
+    /// llama.cpp's `--grammar`; `None` or empty: unconstrained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// Texts of special tokens that stay in the output text when sampled
+    /// (llama.cpp's `preserved_tokens`: tool-call markers such as
+    /// `<|python_tag|>` or `[TOOL_CALLS]`); other special tokens render as
+    /// nothing. A text that is not one token of the vocabulary is ignored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preserved_tokens: Vec<String>,
 }
 
 impl Default for SamplingParams {
@@ -44,6 +56,8 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            grammar: None,
+            preserved_tokens: Vec::new(),
         }
     }
 }
@@ -103,21 +117,27 @@ impl SamplingParams {
 }
 
 /// A llama.cpp sampler chain built from [`SamplingParams`], in llama.cpp's
-/// order: penalties → top-k → top-p → min-p → temperature → distribution.
+/// order: penalties → top-k → top-p → min-p → temperature → distribution,
+/// with the grammar (when there is one) constraining before all of them, as
+/// llama.cpp's common sampler does.
 pub struct Sampler {
     raw: NonNull<sys::llama_sampler>,
+    grammar: Option<GrammarSampler>,
+    /// Candidate buffer for grammar sampling, `n_vocab` long.
+    candidates: Vec<sys::llama_token_data>,
 }
 
 // SAFETY: the chain owns its state; used by one thread at a time (`&mut self`).
 unsafe impl Send for Sampler {}
 
 impl Sampler {
-    pub fn new(
-        params: &SamplingParams,
-        n_vocab: usize,
-        n_ctx: u32,
-    ) -> Result<Sampler, EngineError> {
+    pub fn new(params: &SamplingParams, model: &Model, n_ctx: u32) -> Result<Sampler, EngineError> {
         params.validate()?;
+        let n_vocab = model.n_vocab();
+        let grammar = match params.grammar.as_deref() {
+            Some(text) if !text.is_empty() => Some(GrammarSampler::new(model, text, GRAMMAR_ROOT)?),
+            _ => None,
+        };
         // SAFETY: creates an empty chain that owns the samplers added to it.
         let chain = unsafe {
             let mut chain_params = sys::llama_sampler_chain_default_params();
@@ -126,7 +146,11 @@ impl Sampler {
         };
         let raw = NonNull::new(chain)
             .ok_or_else(|| EngineError::Context("could not create a sampler".into()))?;
-        let sampler = Sampler { raw };
+        let sampler = Sampler {
+            raw,
+            grammar,
+            candidates: Vec::new(),
+        };
         let penalties_on = params.repeat_penalty != 1.0
             || params.presence_penalty != 0.0
             || params.frequency_penalty != 0.0;
@@ -175,16 +199,119 @@ impl Sampler {
     }
 
     /// Samples from the logits of batch row `idx` and records the token
-    /// (for penalties).
-    pub fn sample(&mut self, ctx: &mut Context, idx: i32) -> i32 {
-        // SAFETY: both are alive; llama_sampler_sample also accepts the token.
-        unsafe { sys::llama_sampler_sample(self.raw.as_ptr(), ctx.as_ptr(), idx) }
+    /// (for penalties, and in the grammar). Fails only when a grammar allows
+    /// no token at all.
+    pub fn sample(&mut self, ctx: &mut Context, idx: i32) -> Result<i32, EngineError> {
+        if self.grammar.is_none() {
+            // SAFETY: both are alive; llama_sampler_sample also accepts the token.
+            return Ok(unsafe { sys::llama_sampler_sample(self.raw.as_ptr(), ctx.as_ptr(), idx) });
+        }
+        // llama.cpp's common sampler: sample unconstrained, and only when the
+        // grammar refuses that token apply it to the whole vocabulary and
+        // sample again (checking one token is much cheaper than all of them).
+        let mut token = self.sample_from(ctx, idx, false)?;
+        if self.grammar.as_mut().is_some_and(|g| !g.allows(token)) {
+            token = self.sample_from(ctx, idx, true)?;
+        }
+        if let Some(grammar) = self.grammar.as_mut() {
+            grammar.accept(token)?;
+        }
+        // SAFETY: the chain is alive.
+        unsafe { sys::llama_sampler_accept(self.raw.as_ptr(), token) };
+        Ok(token)
     }
 
-    /// Records a token the sampler did not pick (e.g. the prompt, for penalties).
+    /// Runs the chain (after the grammar when `constrained`) over row `idx`'s
+    /// logits and returns the token it selects, without accepting it.
+    fn sample_from(
+        &mut self,
+        ctx: &mut Context,
+        idx: i32,
+        constrained: bool,
+    ) -> Result<i32, EngineError> {
+        let logits = ctx.logits(idx)?;
+        self.candidates.clear();
+        self.candidates
+            .extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .map(|(id, &logit)| sys::llama_token_data {
+                        id: id as i32,
+                        logit,
+                        p: 0.0,
+                    }),
+            );
+        if constrained {
+            if let Some(grammar) = self.grammar.as_mut() {
+                constrain(grammar, &mut self.candidates, logits);
+            }
+        }
+        let mut array = sys::llama_token_data_array {
+            data: self.candidates.as_mut_ptr(),
+            size: self.candidates.len(),
+            selected: -1,
+            sorted: false,
+        };
+        // SAFETY: `array` points at `candidates`, valid for the call; the
+        // samplers reorder and shrink it in place and set `selected`.
+        unsafe { sys::llama_sampler_apply(self.raw.as_ptr(), &mut array) };
+        let selected = usize::try_from(array.selected)
+            .ok()
+            .filter(|&i| i < array.size)
+            .ok_or_else(|| EngineError::Context("the sampler selected no token".into()))?;
+        // SAFETY: `selected < size`, and `data` holds `size` entries.
+        let chosen = unsafe { *array.data.add(selected) };
+        if constrained && chosen.logit == f32::NEG_INFINITY {
+            return Err(EngineError::InvalidArgument(
+                "the grammar allows no token of the vocabulary here".into(),
+            ));
+        }
+        Ok(chosen.id)
+    }
+
+    /// Records a token the sampler did not pick (e.g. the prompt, for
+    /// penalties); the grammar only sees sampled tokens.
     pub fn accept(&mut self, token: i32) {
         // SAFETY: the chain is alive.
         unsafe { sys::llama_sampler_accept(self.raw.as_ptr(), token) }
+    }
+}
+
+/// Candidates the grammar checks first when it refused the sampled token.
+const GRAMMAR_HEAD_TOKENS: usize = 256;
+
+/// Keeps the tokens the grammar allows. Checking every token of a large
+/// vocabulary against a grammar costs far more than a decode step of a
+/// small model, so only the [`GRAMMAR_HEAD_TOKENS`] most likely are checked;
+/// the whole vocabulary only when none of them fits. Greedy decoding picks
+/// what it would from the whole vocabulary (no allowed token outside the
+/// head is more likely than one inside); sampling loses only the tail past
+/// the head.
+fn constrain(
+    grammar: &mut GrammarSampler,
+    candidates: &mut Vec<sys::llama_token_data>,
+    logits: &[f32],
+) {
+    if candidates.len() > GRAMMAR_HEAD_TOKENS {
+        candidates
+            .select_nth_unstable_by(GRAMMAR_HEAD_TOKENS - 1, |a, b| b.logit.total_cmp(&a.logit));
+        candidates.truncate(GRAMMAR_HEAD_TOKENS);
+    }
+    grammar.apply(candidates);
+    candidates.retain(|c| c.logit != f32::NEG_INFINITY);
+    if candidates.is_empty() {
+        candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(id, &logit)| sys::llama_token_data {
+                    id: id as i32,
+                    logit,
+                    p: 0.0,
+                }),
+        );
+        grammar.apply(candidates);
     }
 }
 

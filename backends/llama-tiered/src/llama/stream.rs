@@ -449,6 +449,9 @@ pub trait EvalHook: Send + Sync {
     fn take_error(&self) -> Option<String> {
         None
     }
+    /// A decode on the calling thread has ended (whether it succeeded or
+    /// not): nothing it computed with is in use any more.
+    fn decode_done(&self) {}
 }
 
 /// The `cb_eval` trampoline; `user_data` is a `*const Arc<dyn EvalHook>`.

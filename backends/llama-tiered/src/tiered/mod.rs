@@ -4,7 +4,10 @@
 //! - [`placement`]: tier per tensor and the mode it implies.
 //! - [`streamer`]: the residency cache, reads and statistics.
 //! - [`coact`]: expert co-activation statistics, persisted per model file.
+//! - [`footprint`]: what a streamed model costs in memory, from its header.
 pub mod coact;
+pub mod footprint;
+pub mod gpu;
 pub mod placement;
 pub mod streamer;
 
@@ -14,6 +17,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use gpu::GpuShare;
 pub use placement::{Mode, Placement, Tier};
 pub use streamer::{StreamStats, Streamer};
 
@@ -50,6 +54,23 @@ pub struct TieredParams {
     /// Where expert co-activation statistics persist (default: `$HYPURA_CACHE_DIR`
     /// or `~/.cache/hypura`).
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Resident tensors moved to the GPU tier (see [`gpu::assign`]).
+    pub gpu: GpuShare,
+    /// The planner's decisions (tier per tensor, cache size); `None` places
+    /// by `mode` and `gpu`.
+    pub plan: Option<PlannedLoad>,
+}
+
+/// What the planner (`hypura_scheduler::plan`) decided for a load.
+#[derive(Debug, Clone)]
+pub struct PlannedLoad {
+    /// Tier per tensor; its mode is the load's mode.
+    pub placement: Placement,
+    /// RAM for streamed weights: the expert cache, or the dense FFN pool.
+    pub stream_cache_bytes: u64,
+    /// The planner's read-ahead estimate. The streamer adapts its own depth
+    /// from measured read and compute times; this is what it starts from.
+    pub prefetch_depth_layers: u32,
 }
 
 /// The simple rule until the scheduler's planner exists: everything fits →
@@ -67,6 +88,32 @@ pub fn choose_mode(file: &GgufFile, ram_budget_bytes: Option<u64>) -> Mode {
     } else {
         Mode::DenseFfnStreaming
     }
+}
+
+/// The placement a load uses: the planner's (checked against `mode`), else
+/// the one `mode` (or [`choose_mode`]) implies with `gpu` applied.
+fn placement_of(gguf: &GgufFile, params: &TieredParams) -> Result<Placement, EngineError> {
+    let Some(plan) = &params.plan else {
+        let mode = params
+            .mode
+            .unwrap_or_else(|| choose_mode(gguf, params.ram_budget_bytes));
+        let mut placement =
+            Placement::for_mode(gguf, mode).map_err(EngineError::InvalidArgument)?;
+        gpu::assign(&mut placement, gguf, params.gpu);
+        return Ok(placement);
+    };
+    let planned = plan.placement.mode;
+    if let Some(mode) = params.mode.filter(|&m| m != planned) {
+        return Err(EngineError::InvalidArgument(format!(
+            "the plan is for {planned}, but {mode} was asked for"
+        )));
+    }
+    if params.gpu != GpuShare::None {
+        return Err(EngineError::InvalidArgument(
+            "a planned load takes its GPU tensors from the plan; leave the GPU share unset".into(),
+        ));
+    }
+    Ok(plan.placement.clone())
 }
 
 /// Opens the model file read-only for streaming: O_DIRECT where the file
@@ -102,18 +149,18 @@ impl TieredModel {
     ) -> Result<TieredModel, EngineError> {
         let gguf = GgufFile::open(path)?;
         gguf.validate()?;
-        let mode = params
-            .mode
-            .unwrap_or_else(|| choose_mode(&gguf, params.ram_budget_bytes));
-        let placement = Placement::for_mode(&gguf, mode).map_err(EngineError::InvalidArgument)?;
+        let placement = placement_of(&gguf, params)?;
+        let mode = placement.mode;
+        // What llama.cpp needs to put the GPU tier's tensors there.
+        let gpu_offload = gpu::offload(&placement, &gguf);
         let tier_bytes = placement.tier_bytes(&gguf);
-        let resident_bytes = tier_bytes.get(&Tier::Ram).copied().unwrap_or(0)
-            + tier_bytes.get(&Tier::Gpu).copied().unwrap_or(0);
+        let ram_bytes = tier_bytes.get(&Tier::Ram).copied().unwrap_or(0);
+        let resident_bytes = ram_bytes + tier_bytes.get(&Tier::Gpu).copied().unwrap_or(0);
         let stream_bytes = tier_bytes.get(&Tier::Stream).copied().unwrap_or(0);
         if let Some(budget) = params.ram_budget_bytes {
-            if resident_bytes > budget {
+            if ram_bytes > budget {
                 return Err(EngineError::InvalidArgument(format!(
-                    "{mode} keeps {resident_bytes} bytes of weights resident, more than the RAM budget of {budget} bytes"
+                    "{mode} keeps {ram_bytes} bytes of weights resident in RAM, more than the RAM budget of {budget} bytes"
                 )));
             }
         }
@@ -123,6 +170,7 @@ impl TieredModel {
                 path,
                 ModelParams {
                     no_repack: params.no_repack,
+                    gpu: gpu_offload,
                     ..Default::default()
                 },
             )?;
@@ -165,12 +213,16 @@ impl TieredModel {
             stream_ranges,
             &placement.stream_patterns(),
             buft,
+            gpu_offload.as_ref(),
             params.no_repack,
             progress,
         )?;
-        let cache_budget = params
-            .ram_budget_bytes
-            .map_or(stream_bytes, |b| b - resident_bytes);
+        let cache_budget = match &params.plan {
+            Some(plan) => plan.stream_cache_bytes,
+            None => params
+                .ram_budget_bytes
+                .map_or(stream_bytes, |b| b - ram_bytes),
+        };
         let streamer = Streamer::new(
             &gguf,
             mode,
@@ -179,6 +231,8 @@ impl TieredModel {
             cache_budget,
         )
         .map_err(EngineError::InvalidArgument)?;
+        // Reads in flight per unit: as the cached `hypura profile` suggests.
+        streamer.set_read_queue_depth(crate::hwprobe::default_read_queue_depth());
         if mode == Mode::ExpertStreaming {
             match coact::stats_path(path, gguf.data_offset(), params.cache_dir.as_deref()) {
                 Ok(stats) => streamer.persist_coactivation(stats),
@@ -203,21 +257,17 @@ impl TieredModel {
     }
 
     /// A context that streams this model's STREAM tensors as it decodes.
-    ///
-    /// A streamed model decodes in one context at a time: the streamer pins a
-    /// layer's units until the next layer's request, which is only sound on
-    /// one decoding thread. (Several sequences share that one context.)
+    /// Several contexts may decode at once on different threads (e.g. a
+    /// batch engine's and its embedding context): the streamer pins per
+    /// decoding thread.
     pub fn new_context(&self, params: &ContextParams) -> Result<Context, EngineError> {
-        if let Some(streamer) = &self.streamer {
-            // Only ours when no context holds it.
-            if Arc::strong_count(streamer) > 1 {
-                return Err(EngineError::InvalidArgument(
-                    "a streamed model decodes in one context at a time; drop the other context first".into(),
-                ));
-            }
-        }
-        let hook = self.streamer.clone().map(|s| s as Arc<dyn EvalHook>);
-        Context::with_hook(Arc::clone(&self.model), params, hook)
+        Context::with_hook(Arc::clone(&self.model), params, self.hook())
+    }
+
+    /// The eval hook that streams this model's weights (`None` when fully
+    /// resident): every context decoding this model must have it.
+    pub fn hook(&self) -> Option<Arc<dyn EvalHook>> {
+        self.streamer.clone().map(|s| s as Arc<dyn EvalHook>)
     }
 
     /// Streaming statistics (all zero for full-resident).

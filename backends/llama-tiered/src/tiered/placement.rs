@@ -1,64 +1,13 @@
 //! Which tier each tensor lives on, and the streaming mode that follows.
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
-use hypura_scheduler::roles::{classify, TensorRole};
+use hypura_scheduler::plan::{ModelFacts, Plan, PlanTensor};
 use serde::Serialize;
 
+// The planner owns these; re-exported so engine code keeps its paths.
+pub use hypura_scheduler::plan::{is_streamed, Mode, Tier};
+
 use crate::gguf::GgufFile;
-
-/// Where a tensor's bytes live while the model serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Gpu,
-    Ram,
-    /// Left in the file; read on demand into the STREAM region.
-    Stream,
-}
-
-/// How a model's weights are held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Every tensor resident; no I/O after load.
-    FullResident,
-    /// MoE: expert tensors streamed per selected expert through a RAM cache.
-    ExpertStreaming,
-    /// Dense: FFN weights streamed layer by layer through a pool of slots.
-    DenseFfnStreaming,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::FullResident => "full-resident",
-            Mode::ExpertStreaming => "expert-streaming",
-            Mode::DenseFfnStreaming => "dense-ffn-streaming",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "full-resident" => Ok(Mode::FullResident),
-            "expert-streaming" => Ok(Mode::ExpertStreaming),
-            "dense-ffn-streaming" => Ok(Mode::DenseFfnStreaming),
-            other => Err(format!(
-                "unknown mode '{other}': use full-resident, expert-streaming or dense-ffn-streaming"
-            )),
-        }
-    }
-}
 
 /// The tier of every tensor of a model.
 #[derive(Debug, Clone, Serialize)]
@@ -120,47 +69,75 @@ impl Placement {
     }
 }
 
-/// Whether `mode` streams tensor `name`: exactly the names matched by
-/// [`Placement::stream_patterns`] (stacked expert tensors, or dense FFN
-/// matrices of a layer), so llama.cpp and hypura agree on the STREAM set.
-pub fn is_streamed(mode: Mode, name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("blk.") else {
-        return false;
-    };
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 {
-        return false;
-    }
-    let Some(tensor) = rest[digits..]
-        .strip_prefix('.')
-        .and_then(|r| r.strip_suffix(".weight"))
-    else {
-        return false;
-    };
-    let role = classify(name);
-    match mode {
-        Mode::FullResident => false,
-        Mode::ExpertStreaming => {
-            role == TensorRole::Experts
-                && matches!(
-                    tensor,
-                    "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" | "ffn_gate_up_exps"
+impl Placement {
+    /// The planner's placement, checked against what this engine can load:
+    /// every tensor has a tier, and STREAM is exactly the mode's streamed
+    /// role (the streamer builds its units per mode, not per tensor).
+    pub fn from_plan(file: &GgufFile, plan: &Plan) -> Result<Placement, String> {
+        let mut tiers = BTreeMap::new();
+        for t in file.tensors() {
+            let tier = plan.tiers.get(&t.name).copied().ok_or_else(|| {
+                format!(
+                    "the plan has no tier for {}; plan again for this file",
+                    t.name
                 )
+            })?;
+            if (tier == Tier::Stream) != is_streamed(plan.mode, &t.name) {
+                return Err(format!(
+                    "the plan puts {} on {tier}, but {} streams exactly its {} tensors",
+                    t.name,
+                    plan.mode,
+                    if plan.mode == Mode::ExpertStreaming {
+                        "expert"
+                    } else {
+                        "dense FFN"
+                    }
+                ));
+            }
+            tiers.insert(t.name.clone(), tier);
         }
-        Mode::DenseFfnStreaming => {
-            role == TensorRole::Ffn && matches!(tensor, "ffn_gate" | "ffn_up" | "ffn_down")
-        }
+        Ok(Placement {
+            mode: plan.mode,
+            tiers,
+        })
     }
 }
 
-impl PartialOrd for Tier {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Tier {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (*self as u8).cmp(&(*other as u8))
-    }
+/// What the planner needs from a GGUF: its tensors and model facts, from the
+/// metadata alone (no tensor data is read).
+pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), String> {
+    let tensors = file
+        .tensors()
+        .iter()
+        .map(|t| PlanTensor::new(t.name.clone(), t.n_bytes))
+        .collect();
+    let key = |suffix: &str| file.arch_u64(suffix).and_then(|v| u32::try_from(v).ok());
+    let n_layer = key("block_count").ok_or("the GGUF has no {arch}.block_count")?;
+    let n_embd = key("embedding_length").ok_or("the GGUF has no {arch}.embedding_length")?;
+    let n_head = key("attention.head_count").unwrap_or(1).max(1);
+    // Per-layer arrays (some architectures) fall back to the query head count.
+    let n_head_kv = key("attention.head_count_kv").unwrap_or(n_head);
+    let head_dim = n_embd / n_head;
+    let key_length = key("attention.key_length").unwrap_or(head_dim);
+    let value_length = key("attention.value_length").unwrap_or(head_dim);
+    let n_vocab = key("vocab_size")
+        .or_else(|| {
+            file.get_array("tokenizer.ggml.tokens")
+                .and_then(|a| u32::try_from(a.len()).ok())
+        })
+        .unwrap_or(0);
+    let facts = ModelFacts {
+        n_layer,
+        n_expert: key("expert_count").unwrap_or(0),
+        n_expert_used: key("expert_used_count").unwrap_or(0),
+        n_embd,
+        n_vocab,
+        kv_bytes_per_token: ModelFacts::f16_kv_bytes_per_token(
+            n_layer,
+            n_head_kv,
+            key_length,
+            value_length,
+        ),
+    };
+    Ok((tensors, facts))
 }

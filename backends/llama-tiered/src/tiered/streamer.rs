@@ -5,8 +5,10 @@
 //! layer (its slices of the stacked gate/up/down tensors); in
 //! dense-FFN-streaming one unit is one layer's FFN matrices. A unit needed by
 //! the node being computed is pinned (refcount) and never evicted; pins are
-//! dropped when the next layer's request arrives, which llama.cpp only makes
-//! after the previous layer's matmuls ran (graph order on one thread).
+//! dropped when the same thread's next layer's request arrives, which
+//! llama.cpp only makes after the previous layer's matmuls ran (graph order
+//! on one thread), or when its decode ends. Pins are kept per decoding
+//! thread, so several contexts (one per thread) may share a streamer.
 //!
 //! Prefetch: a background thread reads units predicted to be needed next
 //! while the decoding thread computes — the next `k` layers in
@@ -17,8 +19,9 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -124,7 +127,13 @@ struct State {
     last_request_end: Option<Instant>,
     /// Layer of the latest request.
     current_layer: u32,
-    pinned: Vec<UnitKey>,
+    /// Units each decoding thread uses now (one context per thread): pinned
+    /// until that thread's next request or the end of its decode.
+    pinned: HashMap<ThreadId, Vec<UnitKey>>,
+    /// Most bytes of units held at once; changed by [`Streamer::set_cache_budget`].
+    budget_bytes: u64,
+    /// The least budget that holds what one layer may need at once.
+    minimum_budget_bytes: u64,
     cache_bytes: u64,
     clock: u64,
     accesses_since_ageing: u64,
@@ -136,12 +145,13 @@ pub struct Streamer {
     mode: Mode,
     region: Arc<StreamRegion>,
     file: File,
-    budget_bytes: u64,
     state: Mutex<State>,
     /// Signalled when a prefetch read finishes.
     loaded: Condvar,
     prefetch_tx: Mutex<Option<mpsc::Sender<UnitKey>>>,
     failed: AtomicBool,
+    /// Reads of one unit in flight at once (see [`Streamer::set_read_queue_depth`]).
+    read_queue_depth: AtomicU32,
 }
 
 impl Streamer {
@@ -211,7 +221,6 @@ impl Streamer {
             mode,
             region,
             file,
-            budget_bytes,
             loaded: Condvar::new(),
             prefetch_tx: Mutex::new(None),
             state: Mutex::new(State {
@@ -225,7 +234,9 @@ impl Streamer {
                 compute_seconds_per_layer: 0.0,
                 last_request_end: None,
                 current_layer: 0,
-                pinned: Vec::new(),
+                pinned: HashMap::new(),
+                budget_bytes,
+                minimum_budget_bytes: minimum,
                 cache_bytes: 0,
                 clock: 0,
                 accesses_since_ageing: 0,
@@ -233,11 +244,83 @@ impl Streamer {
                 error: None,
             }),
             failed: AtomicBool::new(false),
+            read_queue_depth: AtomicU32::new(DEFAULT_READ_QUEUE_DEPTH),
         })
     }
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Sets how many reads of [`READ_CHUNK_BYTES`] one unit's read keeps in
+    /// flight (one thread each; at least 1). Default [`DEFAULT_READ_QUEUE_DEPTH`].
+    pub fn set_read_queue_depth(&self, depth: u32) {
+        self.read_queue_depth.store(depth.max(1), Ordering::Relaxed);
+    }
+
+    pub fn read_queue_depth(&self) -> u32 {
+        self.read_queue_depth.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of every streamed unit: the cache budget that holds them all.
+    pub fn stream_bytes(&self) -> u64 {
+        self.lock().units.values().map(|u| u.bytes).sum()
+    }
+
+    /// The smallest cache budget [`Streamer::new`] and
+    /// [`Streamer::set_cache_budget`] accept: what one layer may need at once.
+    pub fn minimum_budget_bytes(&self) -> u64 {
+        self.lock().minimum_budget_bytes
+    }
+
+    /// Changes the cache budget (promotion or demotion without a reload).
+    /// Shrinking evicts unpinned units at once; units in use stay until their
+    /// decode step ends, then go as soon as a request needs room. Fails below
+    /// [`Streamer::minimum_budget_bytes`].
+    pub fn set_cache_budget(&self, budget_bytes: u64) -> Result<(), String> {
+        let mut state = self.lock();
+        if budget_bytes < state.minimum_budget_bytes {
+            return Err(format!(
+                "a stream cache of {budget_bytes} bytes is below the {} bytes one layer may need at once",
+                state.minimum_budget_bytes
+            ));
+        }
+        state.budget_bytes = budget_bytes;
+        self.make_room(&mut state, 0, None);
+        Ok(())
+    }
+
+    /// Reads streamed units into the cache, layer by layer, until it is full
+    /// or every unit is resident (a promotion, so the first tokens after it
+    /// need no I/O). Runs on the caller's thread; decoding goes on meanwhile.
+    /// Returns the bytes read. A failed read stops the fill (the unit is read
+    /// again, and the error surfaced, if a request needs it).
+    pub fn fill(&self) -> u64 {
+        let mut keys: Vec<UnitKey> = self.lock().units.keys().copied().collect();
+        keys.sort_unstable();
+        let mut read = 0;
+        for key in keys {
+            let (bytes, room) = {
+                let state = self.lock();
+                let unit = &state.units[&key];
+                if unit.residency != Residency::Absent {
+                    continue;
+                }
+                (
+                    unit.bytes,
+                    state.budget_bytes.saturating_sub(state.cache_bytes),
+                )
+            };
+            if bytes > room {
+                break;
+            }
+            match self.read_unit(key, false) {
+                Some(Ok(n)) => read += n,
+                Some(Err(_)) => break,
+                None => {}
+            }
+        }
+        read
     }
 
     /// Starts from the statistics saved at `path` (if they match this model)
@@ -260,6 +343,7 @@ impl Streamer {
         let state = self.lock();
         let mut stats = state.stats.clone();
         stats.cache_bytes = state.cache_bytes;
+        stats.cache_budget_bytes = state.budget_bytes;
         stats.read_gbps = if stats.read_seconds > 0.0 {
             stats.nvme_bytes_read as f64 / stats.read_seconds / 1e9
         } else {
@@ -315,11 +399,7 @@ impl Streamer {
             let compute = end.elapsed().as_secs_f64();
             state.compute_seconds_per_layer = ema(state.compute_seconds_per_layer, compute);
         }
-        for key in std::mem::take(&mut state.pinned) {
-            if let Some(u) = state.units.get_mut(&key) {
-                u.pins = u.pins.saturating_sub(1);
-            }
-        }
+        unpin_thread(&mut state);
         state.clock += 1;
         state.current_layer = layer;
         let clock = state.clock;
@@ -333,7 +413,11 @@ impl Streamer {
             unit.pins += 1;
             unit.score += 1.0;
             unit.last_use = clock;
-            state.pinned.push(*key);
+            state
+                .pinned
+                .entry(std::thread::current().id())
+                .or_default()
+                .push(*key);
             state.accesses_since_ageing += 1;
         }
         self.age(&mut state);
@@ -351,6 +435,11 @@ impl Streamer {
             let prefetched = std::mem::take(&mut unit.prefetched);
             let resident = unit.residency == Residency::Resident;
             if !resident {
+                // Loading from now on (under this same lock): the prefetcher
+                // and other decoding threads wait for this thread's read
+                // rather than reading it too or computing with pages still
+                // arriving.
+                unit.residency = Residency::Loading;
                 misses.push((*key, unit.bytes, unit.ranges.clone()));
             }
             if resident {
@@ -361,23 +450,19 @@ impl Streamer {
             }
         }
         let needed: u64 = misses.iter().map(|m| m.1).sum();
-        // Units being prefetched count against the budget but cannot be
+        // Units others are reading count against the budget but cannot be
         // evicted mid-read: wait for them when nothing else can make room.
         while !self.make_room(&mut state, needed, None) {
-            if !state
-                .units
-                .values()
-                .any(|u| u.residency == Residency::Loading)
-            {
+            let others_loading = state.units.iter().any(|(k, u)| {
+                u.residency == Residency::Loading && !misses.iter().any(|m| m.0 == *k)
+            });
+            if !others_loading {
                 tracing::error!("stream cache over budget: every resident unit is in use");
                 break;
             }
             state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        for (key, bytes, _) in &misses {
-            state.units.get_mut(key).expect("exists").residency = Residency::Resident;
-            state.cache_bytes += bytes;
-        }
+        state.cache_bytes += needed;
         state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
         let predicted = self.predict_next(&mut state, layer, experts);
         drop(state);
@@ -392,7 +477,12 @@ impl Streamer {
             let per_unit = read_seconds / misses.len() as f64;
             state.read_seconds_per_unit = ema(state.read_seconds_per_unit, per_unit);
             match result {
-                Ok(bytes) => state.stats.nvme_bytes_read += bytes,
+                Ok(bytes) => {
+                    state.stats.nvme_bytes_read += bytes;
+                    for (key, _, _) in &misses {
+                        state.units.get_mut(key).expect("exists").residency = Residency::Resident;
+                    }
+                }
                 Err(e) => {
                     // Never leave a unit marked resident with bytes that did not arrive.
                     for (key, bytes, ranges) in &misses {
@@ -406,6 +496,9 @@ impl Streamer {
                     self.failed.store(true, Ordering::SeqCst);
                 }
             }
+        }
+        if !misses.is_empty() {
+            self.loaded.notify_all();
         }
         let mut state = self.lock();
         state.stats.io_stall_seconds += started.elapsed().as_secs_f64();
@@ -431,7 +524,7 @@ impl Streamer {
         match self.mode {
             Mode::DenseFfnStreaming => {
                 let unit_bytes = state.units.get(&(layer, 0)).map_or(1, |u| u.bytes.max(1));
-                let slots = (self.budget_bytes / unit_bytes).max(1);
+                let slots = (state.budget_bytes / unit_bytes).max(1);
                 // Lookahead k: enough layers that reading overlaps computing,
                 // bounded by the slots not holding the current layer.
                 let ratio = state.read_seconds_per_unit / state.compute_seconds_per_layer.max(1e-6);
@@ -486,19 +579,34 @@ impl Streamer {
     /// Reads one predicted unit in the background, if it is absent and room
     /// can be made without touching units in use.
     fn prefetch(&self, key: UnitKey) {
+        if let Some(Err(e)) = self.read_unit(key, true) {
+            // A failed prefetch is not an error yet: the unit is read again
+            // (and the error surfaced) if a request needs it.
+            tracing::warn!("prefetch failed: {e}");
+        }
+    }
+
+    /// Reads an absent unit ahead of need (prefetch or fill). With `limit`,
+    /// it only evicts what is needed later than it (see
+    /// [`Streamer::make_room`]); without, it only uses free room. `None` when
+    /// the unit was not read (present already, or no room).
+    fn read_unit(&self, key: UnitKey, limit: bool) -> Option<Result<u64, String>> {
         let ranges = {
             let mut state = self.lock();
-            let Some(unit) = state.units.get(&key) else {
-                return;
-            };
+            let unit = state.units.get(&key)?;
             if unit.residency != Residency::Absent {
-                return;
+                return None;
             }
             let (bytes, score) = (unit.bytes, unit.score);
             let n_layers = state.n_layers.max(1);
             let distance = (key.0 + n_layers - state.current_layer) % n_layers;
-            if !self.make_room(&mut state, bytes, Some((distance, score))) {
-                return;
+            let room = if limit {
+                self.make_room(&mut state, bytes, Some((distance, score)))
+            } else {
+                state.cache_bytes + bytes <= state.budget_bytes
+            };
+            if !room {
+                return None;
             }
             let unit = state.units.get_mut(&key).expect("exists");
             unit.residency = Residency::Loading;
@@ -513,15 +621,12 @@ impl Streamer {
         let mut state = self.lock();
         state.stats.read_seconds += read_started.elapsed().as_secs_f64();
         let unit = state.units.get_mut(&key).expect("exists");
-        match result {
+        match &result {
             Ok(bytes) => {
                 unit.residency = Residency::Resident;
                 state.stats.nvme_bytes_read += bytes;
             }
-            Err(e) => {
-                // A failed prefetch is not an error yet: the unit is read
-                // again (and the error surfaced) if a request needs it.
-                tracing::warn!("prefetch failed: {e}");
+            Err(_) => {
                 unit.residency = Residency::Absent;
                 unit.prefetched = false;
                 let bytes = unit.bytes;
@@ -533,29 +638,35 @@ impl Streamer {
         }
         drop(state);
         self.loaded.notify_all();
+        Some(result)
     }
 
-    /// Reads ranges, spread over a few threads when there are several.
+    /// Reads ranges as chunks of at most [`READ_CHUNK_BYTES`] (see
+    /// [`read_chunks`]), up to the read queue depth of them at once.
     fn read_ranges(&self, ranges: &[(u64, u64)]) -> Result<u64, String> {
         let read = |&(a, b): &(u64, u64)| {
             self.region
                 .read_from(&self.file, a, b)
                 .map_err(|e| format!("reading the model file at {a}..{b}: {e}"))
         };
-        if ranges.len() == 1 {
-            return read(&ranges[0]);
+        let chunks = read_chunks(ranges, READ_CHUNK_BYTES);
+        let threads = (self.read_queue_depth() as usize).clamp(1, chunks.len().max(1));
+        if threads == 1 {
+            return chunks
+                .iter()
+                .try_fold(0u64, |sum, c| read(c).map(|n| sum + n));
         }
-        let threads = ranges.len().min(4);
+        let next = AtomicUsize::new(0);
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let read = &read;
+                .map(|_| {
+                    let (read, next, chunks) = (&read, &next, &chunks);
                     scope.spawn(move || {
-                        ranges
-                            .iter()
-                            .skip(t)
-                            .step_by(threads)
-                            .try_fold(0u64, |sum, r| read(r).map(|n| sum + n))
+                        let mut sum = 0u64;
+                        while let Some(c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            sum += read(c)?;
+                        }
+                        Ok::<u64, String>(sum)
                     })
                 })
                 .collect();
@@ -589,7 +700,7 @@ impl Streamer {
         let n_layers = state.n_layers.max(1);
         let current = state.current_layer;
         let distance = |layer: u32| (layer + n_layers - current) % n_layers;
-        while state.cache_bytes + needed > self.budget_bytes {
+        while state.cache_bytes + needed > state.budget_bytes {
             let victim = state
                 .units
                 .iter()
@@ -657,6 +768,40 @@ impl Drop for Streamer {
     }
 }
 
+/// Releases the pins the calling thread's previous request took.
+fn unpin_thread(state: &mut State) {
+    let Some(keys) = state.pinned.remove(&std::thread::current().id()) else {
+        return;
+    };
+    for key in keys {
+        if let Some(u) = state.units.get_mut(&key) {
+            u.pins = u.pins.saturating_sub(1);
+        }
+    }
+}
+
+/// Largest read issued for a unit, bytes (a page multiple).
+pub const READ_CHUNK_BYTES: u64 = 1 << 20;
+/// Reads in flight per unit when nothing else is configured.
+pub const DEFAULT_READ_QUEUE_DEPTH: u32 = 4;
+
+/// `ranges` cut at every file offset that is a multiple of `chunk` (a page
+/// multiple): the pieces' page-rounded reads never overlap inside a range,
+/// and together cover the same pages the whole ranges would.
+fn read_chunks(ranges: &[(u64, u64)], chunk: u64) -> Vec<(u64, u64)> {
+    let chunk = round_up(chunk.max(1), PAGE);
+    let mut out = Vec::new();
+    for &(a, b) in ranges {
+        let mut start = a;
+        while start < b {
+            let end = ((start / chunk + 1) * chunk).min(b);
+            out.push((start, end));
+            start = end;
+        }
+    }
+    out
+}
+
 fn round_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
@@ -707,11 +852,43 @@ impl EvalHook for Streamer {
         self.failed.load(Ordering::Relaxed)
     }
 
+    fn decode_done(&self) {
+        unpin_thread(&mut self.lock());
+    }
+
     fn take_error(&self) -> Option<String> {
         let error = self.lock().error.take();
         if error.is_some() {
             self.failed.store(false, Ordering::SeqCst);
         }
         error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_cut_at_chunk_multiples() {
+        let mib = 1 << 20;
+        // Unaligned start and end, a range inside one chunk, an empty range.
+        let ranges = [(100, 2 * mib + 5), (3 * mib + 1, 3 * mib + 9), (7, 7)];
+        assert_eq!(
+            read_chunks(&ranges, mib),
+            vec![
+                (100, mib),
+                (mib, 2 * mib),
+                (2 * mib, 2 * mib + 5),
+                (3 * mib + 1, 3 * mib + 9),
+            ]
+        );
+        // Interior cuts are page aligned, so page-rounded reads do not overlap.
+        for (a, b) in read_chunks(&[(4095, 10 * mib + 3)], mib) {
+            assert!(a == 4095 || a % PAGE == 0, "{a}");
+            assert!(b == 10 * mib + 3 || b % PAGE == 0, "{b}");
+        }
+        // A chunk that is no page multiple is rounded up to one.
+        assert_eq!(read_chunks(&[(0, 8192)], 5000), vec![(0, 8192)]);
     }
 }

@@ -1,0 +1,265 @@
+//! The GPU tier: which tensors a GPU share takes, what llama.cpp is told to
+//! load them there, and the clear error of a GPU placement without a GPU.
+//! Tests that need a GPU skip (with a note) where this build sees none.
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use hypura_scheduler::roles::{classify, TensorRole};
+use llama_tiered::generate::{generate, GenerateParams};
+use llama_tiered::gguf::GgufFile;
+use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
+use llama_tiered::synth::{self, SynthSpec};
+use llama_tiered::tiered::{gpu, GpuShare, Mode, Placement, Tier, TieredModel, TieredParams};
+use llama_tiered::{prompt, test_models};
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("hypura-gpu-{}-{name}", std::process::id()))
+}
+
+fn tiny(name: &str, spec: SynthSpec) -> PathBuf {
+    let path = temp_path(name);
+    synth::write(&spec, &path).expect("write synthetic model");
+    path
+}
+
+fn tiny_llama() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| tiny("llama.gguf", SynthSpec::tiny_llama().with_layers(4)))
+}
+
+fn tiny_mixtral() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| tiny("mixtral.gguf", SynthSpec::tiny_mixtral().with_layers(4)))
+}
+
+fn placed(path: &Path, mode: Mode, share: GpuShare) -> (GgufFile, Placement) {
+    let file = GgufFile::open(path).unwrap();
+    let mut placement = Placement::for_mode(&file, mode).unwrap();
+    gpu::assign(&mut placement, &file, share);
+    (file, placement)
+}
+
+fn is_ffn(name: &str) -> bool {
+    matches!(
+        classify(name),
+        TensorRole::Ffn | TensorRole::Experts | TensorRole::SharedExperts
+    )
+}
+
+/// Bytes of everything but FFN / expert weights and the token embeddings.
+fn non_ffn_bytes(file: &GgufFile) -> u64 {
+    file.tensors()
+        .iter()
+        .filter(|t| !is_ffn(&t.name) && classify(&t.name) != TensorRole::Embedding)
+        .map(|t| t.n_bytes)
+        .sum()
+}
+
+#[test]
+fn whole_layers_need_no_override() {
+    let (file, placement) = placed(tiny_llama(), Mode::FullResident, GpuShare::Layers(2));
+    for t in file.tensors() {
+        let expected = if t.name.starts_with("blk.2.") || t.name.starts_with("blk.3.") {
+            Tier::Gpu
+        } else {
+            Tier::Ram
+        };
+        assert_eq!(placement.tier(&t.name), Some(expected), "{}", t.name);
+    }
+    let offload = gpu::offload(&placement, &file).expect("GPU tensors");
+    assert_eq!(offload.n_gpu_layers, 2);
+    assert!(offload.gpu_patterns.is_empty() && offload.ram_patterns.is_empty());
+    let gpu_bytes: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| placement.tier(&t.name) == Some(Tier::Gpu))
+        .map(|t| t.n_bytes)
+        .sum();
+    assert_eq!(offload.gpu_weight_bytes, gpu_bytes);
+}
+
+#[test]
+fn more_layers_than_the_model_takes_the_output_layer_but_not_the_embeddings() {
+    let (file, placement) = placed(tiny_llama(), Mode::FullResident, GpuShare::Layers(99));
+    assert_eq!(placement.tier("token_embd.weight"), Some(Tier::Ram));
+    assert_eq!(placement.tier("output.weight"), Some(Tier::Gpu));
+    assert_eq!(placement.tier("output_norm.weight"), Some(Tier::Gpu));
+    let offload = gpu::offload(&placement, &file).unwrap();
+    // llama.cpp's `-ngl 99`: no override.
+    assert_eq!(offload.n_gpu_layers, 5);
+    assert!(offload.gpu_patterns.is_empty() && offload.ram_patterns.is_empty());
+}
+
+#[test]
+fn a_budget_for_all_but_the_ffn_keeps_the_ffn_in_ram_like_n_cpu_moe() {
+    for (path, names) in [
+        (
+            tiny_llama(),
+            r"ffn_down\.weight|ffn_gate\.weight|ffn_up\.weight",
+        ),
+        (
+            tiny_mixtral(),
+            r"ffn_down_exps\.weight|ffn_gate_exps\.weight|ffn_up_exps\.weight",
+        ),
+    ] {
+        let file = GgufFile::open(path).unwrap();
+        let budget = non_ffn_bytes(&file);
+        let (file, placement) = placed(path, Mode::FullResident, GpuShare::BudgetBytes(budget));
+        for t in file.tensors() {
+            let on_gpu = !is_ffn(&t.name) && classify(&t.name) != TensorRole::Embedding;
+            let expected = if on_gpu { Tier::Gpu } else { Tier::Ram };
+            assert_eq!(placement.tier(&t.name), Some(expected), "{}", t.name);
+        }
+        let offload = gpu::offload(&placement, &file).unwrap();
+        assert_eq!(offload.n_gpu_layers, 5, "every layer and the output");
+        assert_eq!(
+            offload.ram_patterns,
+            vec![format!(r"^blk\.([0-3])\.({names})$")]
+        );
+        assert_eq!(offload.gpu_weight_bytes, budget);
+    }
+}
+
+#[test]
+fn a_budget_short_of_a_layer_stops_at_whole_units() {
+    let file = GgufFile::open(tiny_llama()).unwrap();
+    // The output layer and the last layer's attention and norms, not one byte more.
+    let output: u64 = ["output.weight", "output_norm.weight"]
+        .iter()
+        .map(|n| file.tensor(n).unwrap().n_bytes)
+        .sum();
+    let last: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("blk.3.") && !is_ffn(&t.name))
+        .map(|t| t.n_bytes)
+        .sum();
+    let (file, placement) = placed(
+        tiny_llama(),
+        Mode::FullResident,
+        GpuShare::BudgetBytes(output + last + last / 2),
+    );
+    let offload = gpu::offload(&placement, &file).unwrap();
+    assert_eq!(offload.gpu_weight_bytes, output + last);
+    assert_eq!(
+        offload.n_gpu_layers, 1,
+        "only the last layer's KV on the GPU"
+    );
+    // llama.cpp keeps the output layer on the CPU for `-ngl 1`: named.
+    assert_eq!(
+        offload.gpu_patterns,
+        vec![r"^(output\.weight|output_norm\.weight)$".to_string()]
+    );
+    // Its FFN stays in RAM against llama.cpp's default for a GPU layer.
+    assert_eq!(
+        offload.ram_patterns,
+        vec![r"^blk\.(3)\.(ffn_down\.weight|ffn_gate\.weight|ffn_up\.weight)$".to_string()]
+    );
+}
+
+#[test]
+fn streamed_tensors_never_move_to_the_gpu() {
+    let (file, placement) = placed(tiny_mixtral(), Mode::ExpertStreaming, GpuShare::Layers(99));
+    for t in file.tensors() {
+        let tier = placement.tier(&t.name).unwrap();
+        if classify(&t.name) == TensorRole::Experts {
+            assert_eq!(tier, Tier::Stream, "{}", t.name);
+        } else if classify(&t.name) != TensorRole::Embedding {
+            assert_eq!(tier, Tier::Gpu, "{}", t.name);
+        }
+    }
+    let offload = gpu::offload(&placement, &file).unwrap();
+    assert_eq!(offload.n_gpu_layers, 5);
+    assert!(offload.ram_patterns.is_empty());
+}
+
+#[test]
+fn no_gpu_share_means_no_offload() {
+    let (file, placement) = placed(tiny_llama(), Mode::FullResident, GpuShare::None);
+    assert!(gpu::offload(&placement, &file).is_none());
+}
+
+fn greedy(model: &TieredModel, n: u32) -> Vec<i32> {
+    let mut ctx = model
+        .new_context(&ContextParams {
+            n_ctx: 256,
+            n_threads: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let tokens =
+        prompt::tokenize_raw(&model.model, "The history of the city of Paris begins").unwrap();
+    let params = GenerateParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: Some(n),
+        stop: vec![],
+    };
+    generate(&mut ctx, 0, &tokens, &params, &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn a_gpu_placement_without_a_gpu_is_a_clear_error() {
+    if !gpu_devices().is_empty() {
+        eprintln!("skipped: this build sees a GPU");
+        return;
+    }
+    for (mode, share) in [
+        (Mode::FullResident, GpuShare::Layers(99)),
+        (Mode::DenseFfnStreaming, GpuShare::BudgetBytes(1 << 30)),
+    ] {
+        let err = TieredModel::load(
+            &test_models::smollm2(),
+            &TieredParams {
+                mode: Some(mode),
+                gpu: share,
+                ..Default::default()
+            },
+        )
+        .err()
+        .expect("no GPU to load on");
+        let text = err.to_string();
+        assert!(text.contains("sees no GPU"), "{text}");
+        assert!(text.contains("--gpu-layers"), "says what to do: {text}");
+    }
+}
+
+/// On a GPU: every GPU share loads and decodes; the GPU share of a streamed
+/// model gives the tokens of the same share with the streamed tensors in RAM
+/// (the same ops on the same devices).
+#[test]
+fn gpu_shares_decode_and_streaming_matches_ram_on_the_same_devices() {
+    if gpu_devices().is_empty() {
+        eprintln!("skipped: no GPU in this build");
+        return;
+    }
+    let path = tiny_mixtral();
+    let file = GgufFile::open(path).unwrap();
+    let load = |mode, gpu| {
+        TieredModel::load(
+            path,
+            &TieredParams {
+                mode: Some(mode),
+                gpu,
+                no_repack: true,
+                cache_dir: Some(temp_path("cache")),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let ram = greedy(
+        &load(
+            Mode::FullResident,
+            GpuShare::BudgetBytes(non_ffn_bytes(&file)),
+        ),
+        16,
+    );
+    let stream = greedy(&load(Mode::ExpertStreaming, GpuShare::Layers(99)), 16);
+    assert_eq!(ram, stream);
+    assert!(!greedy(&load(Mode::FullResident, GpuShare::Layers(2)), 16).is_empty());
+}

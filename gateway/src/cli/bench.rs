@@ -1,0 +1,248 @@
+//! `hypura bench`: loads a model as the planner decides, measures prompt and
+//! decode speed, and sets the measurement beside the planner's prediction.
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use hypura_scheduler::size::format_bytes;
+use llama_tiered::gguf::GgufFile;
+use llama_tiered::llama::{Batch, ContextParams};
+use llama_tiered::tiered::{Mode, StreamStats, TieredModel, TieredParams};
+use serde_json::json;
+
+use super::inspect::{self, PlanOptions};
+use super::run::planned_load;
+
+/// The fixed prompt, repeated until it has the asked number of tokens.
+const PROMPT: &str = "The history of computing is a story of memory: how much of it there was, \
+how fast it could be read, and what had to wait on disk. ";
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Path of a GGUF model file.
+    model: PathBuf,
+    /// Plan only this mode (default: the planner's choice).
+    #[arg(long)]
+    mode: Option<Mode>,
+    /// Most GPU memory for weights and KV cache, e.g. 16GiB.
+    #[arg(long, value_parser = parse_size)]
+    gpu_budget: Option<u64>,
+    /// Most RAM for weights, KV cache and stream cache, e.g. 512MiB.
+    #[arg(long, value_parser = parse_size)]
+    ram_budget: Option<u64>,
+    /// Tokens to generate (greedy; end-of-generation tokens are not honoured).
+    #[arg(long, default_value_t = 64)]
+    tokens: u32,
+    /// Tokens of the fixed prompt.
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: u32,
+    /// Context length whose KV cache the plan counts (capped at the model's
+    /// training length).
+    #[arg(long, default_value_t = 4096)]
+    context: u32,
+    /// Threads for decoding (default: all cores).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Predict with this saved profile (default: this machine's cached one).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    hypura_scheduler::size::parse_size(text)
+}
+
+/// What was measured.
+struct Measured {
+    prompt_tokens: u32,
+    prompt_seconds: f64,
+    decode_tokens: u32,
+    decode_seconds: f64,
+    /// Streaming over the decode phase only.
+    stream: StreamStats,
+}
+
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    if args.tokens == 0 || args.prompt_tokens == 0 {
+        bail!("--tokens and --prompt-tokens must be at least 1");
+    }
+    let loaded = inspect::require_profile(args.profile.as_deref())?;
+    let file = GgufFile::open(&args.model)?;
+    file.validate()?;
+    let options = PlanOptions {
+        gpu_budget: args.gpu_budget,
+        ram_budget: args.ram_budget,
+        context: args.context,
+        mode: args.mode,
+    };
+    let plan = inspect::make_plan(&file, &loaded.profile, &options)
+        .with_context(|| format!("planning {}", args.model.display()))?;
+    let params = TieredParams {
+        ram_budget_bytes: Some(plan.ram_budget_bytes),
+        no_repack: true,
+        prefetch: true,
+        plan: Some(planned_load(&file, &plan)?),
+        ..Default::default()
+    };
+    let load_started = Instant::now();
+    let tiered = TieredModel::load(&args.model, &params)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let load_seconds = load_started.elapsed().as_secs_f64();
+    let m = measure(
+        &tiered,
+        &args,
+        inspect::effective_context(&file, args.context),
+    )?;
+
+    let predicted = plan.prediction.tokens_per_second;
+    let measured = f64::from(m.decode_tokens) / m.decode_seconds.max(1e-12);
+    let relative_error = relative_error(predicted, measured);
+    let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens);
+    let lookups = m.stream.expert_hits + m.stream.expert_misses;
+    let hit_rate = if lookups > 0 {
+        m.stream.expert_hits as f64 / lookups as f64
+    } else {
+        1.0
+    };
+    let report = json!({
+        "model": args.model.display().to_string(),
+        "profile": loaded.path.display().to_string(),
+        "mode": plan.mode,
+        "tier_bytes": plan.tier_bytes,
+        "stream_cache_bytes": plan.stream_cache_bytes,
+        "load_seconds": load_seconds,
+        "prompt_tokens": m.prompt_tokens,
+        "prompt_tokens_per_second": f64::from(m.prompt_tokens) / m.prompt_seconds.max(1e-12),
+        "decode_tokens": m.decode_tokens,
+        "decode_seconds": m.decode_seconds,
+        "measured_tokens_per_second": measured,
+        "predicted_tokens_per_second": predicted,
+        "relative_error": relative_error,
+        "bottleneck": plan.prediction.bottleneck,
+        "expected_hit_rate": plan.expected_hit_rate,
+        "predicted_nvme_bytes_per_token": plan.nvme_bytes_per_token,
+        "stream": {
+            "nvme_bytes_per_token": per_token(m.stream.nvme_bytes_read),
+            "hit_rate": hit_rate,
+            "read_gbps": m.stream.read_gbps,
+            "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens),
+        },
+    });
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!("model               {}", args.model.display());
+    println!("mode                {}", plan.mode);
+    println!(
+        "tiers               GPU {}, RAM {}, STREAM {} (stream cache {})",
+        format_bytes(plan.tier_bytes.gpu),
+        format_bytes(plan.tier_bytes.ram),
+        format_bytes(plan.tier_bytes.stream),
+        format_bytes(plan.stream_cache_bytes)
+    );
+    println!(
+        "prompt              {} tokens, {:.1} tok/s",
+        m.prompt_tokens,
+        report["prompt_tokens_per_second"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "decode              {} tokens, {measured:.2} tok/s measured, {predicted:.2} tok/s predicted ({}), error {:+.1}%",
+        m.decode_tokens,
+        plan.prediction.bottleneck.describe(),
+        relative_error * 100.0
+    );
+    if plan.mode != Mode::FullResident {
+        println!(
+            "stream              {}/token read (predicted {}), hit rate {:.0}% (predicted {:.0}%), {:.2} GB/s, I/O stall {:.1} ms/token",
+            format_bytes(per_token(m.stream.nvme_bytes_read) as u64),
+            format_bytes(plan.nvme_bytes_per_token as u64),
+            hit_rate * 100.0,
+            plan.expected_hit_rate * 100.0,
+            m.stream.read_gbps,
+            m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens)
+        );
+    }
+    Ok(())
+}
+
+/// `(predicted − measured) / measured`: positive when the plan promised too much.
+pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
+    if measured > 0.0 {
+        (predicted - measured) / measured
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Greedy decoding of a fixed prompt, timing the prompt and each step.
+fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result<Measured> {
+    let model = Arc::clone(&tiered.model);
+    let mut prompt: Vec<i32> = Vec::new();
+    while prompt.len() < args.prompt_tokens as usize {
+        let piece = model.tokenize(PROMPT, prompt.is_empty(), false)?;
+        if piece.is_empty() {
+            bail!("the model's tokenizer gives no tokens for the benchmark prompt");
+        }
+        prompt.extend(piece);
+    }
+    prompt.truncate(args.prompt_tokens as usize);
+    let needed = args.prompt_tokens + args.tokens + 1;
+    if needed > n_ctx {
+        bail!(
+            "--prompt-tokens + --tokens ({needed}) exceed the context of {n_ctx} tokens; lower them or raise --context"
+        );
+    }
+    let mut ctx = tiered.new_context(&ContextParams {
+        n_ctx,
+        n_batch: args.prompt_tokens.max(1),
+        n_threads: args.threads.unwrap_or(0),
+        ..Default::default()
+    })?;
+    let mut batch = Batch::new(prompt.len());
+    for (i, &t) in prompt.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == prompt.len())?;
+    }
+    let started = Instant::now();
+    ctx.decode(&batch)?;
+    let prompt_seconds = started.elapsed().as_secs_f64();
+    let mut next = argmax(ctx.logits(batch.len() as i32 - 1)?);
+
+    let before = tiered.stats();
+    let started = Instant::now();
+    let mut one = Batch::new(1);
+    for step in 0..args.tokens {
+        one.clear();
+        one.push(next, (prompt.len() as u32 + step) as i32, 0, true)?;
+        ctx.decode(&one)?;
+        next = argmax(ctx.logits(0)?);
+    }
+    let decode_seconds = started.elapsed().as_secs_f64();
+    let stream = tiered.stats().since(&before);
+    Ok(Measured {
+        prompt_tokens: prompt.len() as u32,
+        prompt_seconds,
+        decode_tokens: args.tokens,
+        decode_seconds,
+        stream,
+    })
+}
+
+fn argmax(logits: &[f32]) -> i32 {
+    logits
+        .iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+            if v > best.1 {
+                (i, v)
+            } else {
+                best
+            }
+        })
+        .0 as i32
+}

@@ -1,0 +1,592 @@
+//! Structured output and tool calling, shared by both API families.
+//!
+//! - `format` (Ollama: `"json"` or a JSON Schema) and `response_format`
+//!   (OpenAI: `json_object`, `json_schema`) become a GBNF grammar through
+//!   llama.cpp's converter; the schema is checked here first so a bad one is
+//!   a 400 that says what is wrong (the converter's own reason is lost in
+//!   its C wrapper).
+//! - `tools` are checked against the model's chat template (a template that
+//!   never mentions `tools` cannot describe them: 400, as Ollama), rendered
+//!   through it, and the reply is parsed back into calls with the template
+//!   family's syntax ([`llama_tiered::tools`]). `tool_choice`: `auto`
+//!   (default) parses whatever the model writes, `none` leaves the tools
+//!   out, `required` or `{"type": "function", "function": {"name"}}` force one
+//!   call with a grammar.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
+use llama_tiered::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+
+/// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
+/// JSON object, or a JSON Schema object. Returns the grammar.
+pub fn ollama_format(format: Option<&Value>) -> Result<Option<String>, ApiError> {
+    match format {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => json_object_grammar().map(Some),
+        Some(schema @ Value::Object(_)) => schema_grammar(schema, "format").map(Some),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid format {other}: use \"json\" or a JSON Schema object"
+        ))),
+    }
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}`
+/// or `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`
+/// (the schema is always enforced, `strict` or not). Returns the grammar.
+pub fn openai_response_format(format: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let kind = format.get("type").and_then(Value::as_str);
+    match kind {
+        Some("text") => Ok(None),
+        Some("json_object") => json_object_grammar().map(Some),
+        Some("json_schema") => {
+            let schema = format
+                .get("json_schema")
+                .and_then(|s| s.get("schema"))
+                .filter(|s| !s.is_null())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "response_format.json_schema.schema is required with \"type\": \
+                         \"json_schema\": give the JSON Schema the reply must follow",
+                    )
+                })?;
+            schema_grammar(schema, "response_format.json_schema.schema").map(Some)
+        }
+        _ => Err(ApiError::bad_request(format!(
+            "invalid response_format {format}: \"type\" must be \"text\", \"json_object\" or \
+             \"json_schema\""
+        ))),
+    }
+}
+
+fn json_object_grammar() -> Result<String, ApiError> {
+    json_schema_to_grammar(JSON_OBJECT_SCHEMA).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// A JSON Schema → a grammar, or a 400 naming `field` and the problem.
+fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
+    check_schema(schema, schema, "#")
+        .map_err(|e| ApiError::bad_request(format!("{field}: invalid JSON Schema: {e}")))?;
+    json_schema_to_grammar(&schema.to_string())
+        .map_err(|e| ApiError::bad_request(format!("{field}: {e}")))
+}
+
+/// The checks of llama.cpp's schema reader (`common/json-schema.cpp`), so
+/// that their reasons reach the client. `path` is a JSON pointer.
+fn check_schema(schema: &Value, root: &Value, path: &str) -> Result<(), String> {
+    let fail = |msg: String| Err(format!("at {path}: {msg}"));
+    let Value::Object(map) = schema else {
+        return fail(format!("a schema must be an object, got {schema}"));
+    };
+    if let Some(reference) = map.get("$ref") {
+        return check_ref(reference, root).or_else(|e| fail(e));
+    }
+    for key in ["oneOf", "anyOf", "allOf"] {
+        if let Some(alternatives) = map.get(key) {
+            let Some(list) = alternatives.as_array().filter(|l| !l.is_empty()) else {
+                return fail(format!("{key} must be a non-empty array of schemas"));
+            };
+            for (i, alternative) in list.iter().enumerate() {
+                check_schema(alternative, root, &format!("{path}/{key}/{i}"))?;
+            }
+        }
+    }
+    if let Some(values) = map.get("enum") {
+        if values.as_array().is_none_or(|v| v.is_empty()) {
+            return fail("enum must be a non-empty array".into());
+        }
+    }
+    let types: Vec<&Value> = match map.get("type") {
+        None => Vec::new(),
+        Some(Value::Array(list)) if list.is_empty() => {
+            return fail("type must not be empty".into())
+        }
+        Some(Value::Array(list)) => list.iter().collect(),
+        Some(one) => vec![one],
+    };
+    const TYPES: [&str; 7] = [
+        "object", "array", "string", "integer", "number", "boolean", "null",
+    ];
+    for t in types {
+        match t.as_str() {
+            Some(name) if TYPES.contains(&name) => {}
+            Some(name) => {
+                return fail(format!(
+                    "unrecognized type {name:?}: use one of {}",
+                    TYPES.join(", ")
+                ))
+            }
+            None => {
+                return fail(format!(
+                    "type must be a string or an array of strings, got {t}"
+                ))
+            }
+        }
+    }
+    check_keywords(map, root, path)
+}
+
+fn check_keywords(map: &Map<String, Value>, root: &Value, path: &str) -> Result<(), String> {
+    let fail = |msg: String| Err(format!("at {path}: {msg}"));
+    if let Some(properties) = map.get("properties") {
+        let Some(properties) = properties.as_object() else {
+            return fail("properties must be an object".into());
+        };
+        for (name, property) in properties {
+            check_schema(property, root, &format!("{path}/properties/{name}"))?;
+        }
+    }
+    match map.get("additionalProperties") {
+        None | Some(Value::Bool(_)) => {}
+        Some(schema @ Value::Object(_)) => {
+            check_schema(schema, root, &format!("{path}/additionalProperties"))?
+        }
+        Some(_) => return fail("additionalProperties must be a boolean or a schema".into()),
+    }
+    for key in ["items", "prefixItems"] {
+        match map.get(key) {
+            Some(Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    check_schema(item, root, &format!("{path}/{key}/{i}"))?;
+                }
+            }
+            Some(item) => check_schema(item, root, &format!("{path}/{key}"))?,
+            None => {}
+        }
+    }
+    for key in ["minItems", "maxItems", "minLength", "maxLength"] {
+        if map.get(key).is_some_and(|v| v.as_u64().is_none()) {
+            return fail(format!("{key} must be a non-negative integer"));
+        }
+    }
+    for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+        if map.get(key).is_some_and(|v| !v.is_number()) {
+            return fail(format!("{key} must be a number"));
+        }
+    }
+    for key in ["pattern", "format"] {
+        if map.get(key).is_some_and(|v| !v.is_string()) {
+            return fail(format!("{key} must be a string"));
+        }
+    }
+    Ok(())
+}
+
+/// A `$ref` must point into the same document (`#/…`) at something there.
+fn check_ref(reference: &Value, root: &Value) -> Result<(), String> {
+    let Some(text) = reference.as_str() else {
+        return Err("$ref must be a string".into());
+    };
+    let Some(pointer) = text.strip_prefix('#').filter(|p| p.starts_with('/')) else {
+        return Err(format!(
+            "unsupported $ref {text:?}: only references into the same schema (\"#/…\") are supported"
+        ));
+    };
+    let unescaped = pointer.replace("~1", "/").replace("~0", "~");
+    if root.pointer(pointer).is_none() && root.pointer(&unescaped).is_none() {
+        return Err(format!("$ref {text:?} points at nothing in the schema"));
+    }
+    Ok(())
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (the default).
+    Auto,
+    /// The model must not call tools: they are left out of the prompt.
+    None,
+    /// The model must call one of the tools.
+    Required,
+    /// The model must call this one.
+    Function(String),
+}
+
+impl ToolChoice {
+    pub fn parse(value: Option<&Value>) -> Result<ToolChoice, ApiError> {
+        let bad = |v: &Value| {
+            ApiError::bad_request(format!(
+                "invalid tool_choice {v}: use \"auto\", \"none\", \"required\" or \
+                 {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
+            ))
+        };
+        match value {
+            None | Some(Value::Null) => Ok(ToolChoice::Auto),
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => Ok(ToolChoice::Auto),
+                "none" => Ok(ToolChoice::None),
+                "required" => Ok(ToolChoice::Required),
+                _ => Err(bad(value.unwrap_or(&Value::Null))),
+            },
+            Some(v @ Value::Object(_)) => v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"))
+                .map(|name| ToolChoice::Function(name.to_string()))
+                .ok_or_else(|| bad(v)),
+            Some(v) => Err(bad(v)),
+        }
+    }
+}
+
+/// A request's tools, checked against the model's template.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub family: ToolFamily,
+    /// The `tools` array, for the template.
+    pub definitions: Value,
+    /// Forces a call (tool_choice `required` or a named function).
+    grammar: Option<String>,
+}
+
+/// Checks `tools` and `tool_choice` for the model whose chat template is
+/// `template` (`None`: it has none). `None` when no tools take part.
+pub fn prepare_tools(
+    tools: Option<&[Value]>,
+    choice: &ToolChoice,
+    template: Option<&str>,
+    requested: &str,
+) -> Result<Option<Tools>, ApiError> {
+    let tools = tools.unwrap_or_default();
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::Required | ToolChoice::Function(_) => Err(ApiError::bad_request(
+                "tool_choice asks for a tool call but tools is empty: send the tools",
+            )),
+            _ => Ok(None),
+        };
+    }
+    if *choice == ToolChoice::None {
+        return Ok(None);
+    }
+    let family = template
+        .and_then(ToolFamily::detect)
+        .ok_or_else(|| ApiError::bad_request(format!("\"{requested}\" does not support tools")))?;
+    let mut named = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let function = tool
+            .get("function")
+            .filter(|_| tool.get("type").and_then(Value::as_str) == Some("function"));
+        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(function), Some(name)) = (function, name.filter(|n| !n.is_empty())) else {
+            return Err(ApiError::bad_request(format!(
+                "tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", \
+                 \"description\", \"parameters\"}}}}, got {tool}"
+            )));
+        };
+        let parameters = function.get("parameters").cloned().unwrap_or(Value::Null);
+        named.push((name.to_string(), parameters));
+    }
+    let forced: Vec<(String, Value)> = match choice {
+        ToolChoice::Required => named,
+        ToolChoice::Function(name) => {
+            let one: Vec<_> = named.into_iter().filter(|(n, _)| n == name).collect();
+            if one.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "tool_choice names function {name:?}, which is not among the tools"
+                )));
+            }
+            one
+        }
+        ToolChoice::Auto | ToolChoice::None => Vec::new(),
+    };
+    let grammar = if forced.is_empty() {
+        None
+    } else {
+        let grammar = tools::forced_call_grammar(family, &forced, |schema| {
+            let value: Value = serde_json::from_str(schema).unwrap_or(Value::Null);
+            check_schema(&value, &value, "#").map_err(|e| {
+                ApiError::bad_request(format!("tools: invalid parameters schema: {e}"))
+            })?;
+            json_schema_to_grammar(schema)
+                .map_err(|e| ApiError::bad_request(format!("tools: parameters: {e}")))
+        })?;
+        Some(grammar)
+    };
+    Ok(Some(Tools {
+        family,
+        definitions: Value::Array(tools.to_vec()),
+        grammar,
+    }))
+}
+
+impl Tools {
+    /// Keeps the family's marker tokens in the text and adds the forcing
+    /// grammar; a forced call cannot also follow a response format.
+    pub fn apply(&self, sampling: &mut SamplingParams) -> Result<(), ApiError> {
+        sampling.preserved_tokens = self
+            .family
+            .markers()
+            .iter()
+            .map(|m| m.to_string())
+            .collect();
+        if let Some(grammar) = &self.grammar {
+            if sampling.grammar.is_some() {
+                return Err(ApiError::bad_request(
+                    "a forced tool call (tool_choice) and a response format cannot be combined: \
+                     drop one of them",
+                ));
+            }
+            sampling.grammar = Some(grammar.clone());
+        }
+        Ok(())
+    }
+
+    pub fn stream(&self) -> ToolStream {
+        ToolStream::new(self.family)
+    }
+
+    pub fn parse(&self, text: &str) -> ParsedReply {
+        tools::parse(self.family, text)
+    }
+}
+
+/// Ollama's `message.tool_calls`: `[{"function": {"index", "name", "arguments": {…}}}]`.
+pub fn ollama_tool_calls(calls: &[ToolCall]) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            json!({"function": {
+                "index": index,
+                "name": call.name,
+                "arguments": call.arguments,
+            }})
+        })
+        .collect()
+}
+
+/// OpenAI's `tool_calls`: `[{"id", "type": "function", "function": {"name",
+/// "arguments": "<JSON text>"}}]`; `with_index` adds `index` (stream deltas).
+pub fn openai_tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            let id = call.id.clone().unwrap_or_else(call_id);
+            let arguments = Value::Object(call.arguments.clone()).to_string();
+            let mut value = json!({
+                "id": id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": arguments},
+            });
+            if with_index {
+                value["index"] = index.into();
+            }
+            value
+        })
+        .collect()
+}
+
+/// A fresh `call_…` id.
+fn call_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("call_{nanos:x}{n:04x}")
+}
+
+/// Ollama's input `tool_calls` (`[{"function": {"name", "arguments": {…}}}]`)
+/// in the OpenAI shape the chat templates read (`"type": "function"` added).
+pub fn ollama_input_tool_calls(calls: Option<&Value>) -> Option<Value> {
+    let calls = calls.filter(|v| !v.is_null())?;
+    let Value::Array(list) = calls else {
+        return Some(calls.clone());
+    };
+    let list = list
+        .iter()
+        .map(|call| match call {
+            Value::Object(map) if !map.contains_key("type") => {
+                let mut map = map.clone();
+                map.insert("type".into(), "function".into());
+                Value::Object(map)
+            }
+            other => other.clone(),
+        })
+        .collect();
+    Some(Value::Array(list))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema_error(schema: Value) -> String {
+        ollama_format(Some(&schema)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn formats_become_grammars() {
+        assert_eq!(ollama_format(None).unwrap(), None);
+        assert_eq!(ollama_format(Some(&json!(""))).unwrap(), None);
+        let json_grammar = ollama_format(Some(&json!("json"))).unwrap().unwrap();
+        assert!(json_grammar.starts_with("root ::= "), "{json_grammar}");
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert!(ollama_format(Some(&schema)).unwrap().is_some());
+        let err = ollama_format(Some(&json!("yaml"))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid format \"yaml\": use \"json\" or a JSON Schema object"
+        );
+        assert_eq!(
+            openai_response_format(Some(&json!({"type": "text"}))).unwrap(),
+            None
+        );
+        assert_eq!(
+            openai_response_format(Some(&json!({"type": "json_object"}))).unwrap(),
+            Some(json_grammar)
+        );
+        let err = openai_response_format(Some(&json!({"type": "json_schema"}))).unwrap_err();
+        assert!(err
+            .to_string()
+            .starts_with("response_format.json_schema.schema is required"));
+    }
+
+    #[test]
+    fn bad_schemas_say_where_and_what() {
+        assert_eq!(
+            schema_error(json!({"type": "object", "properties": {"a": {"type": "banana"}}})),
+            "format: invalid JSON Schema: at #/properties/a: unrecognized type \"banana\": use \
+             one of object, array, string, integer, number, boolean, null"
+        );
+        assert_eq!(
+            schema_error(json!({"$ref": "#/$defs/nowhere"})),
+            "format: invalid JSON Schema: at #: $ref \"#/$defs/nowhere\" points at nothing in \
+             the schema"
+        );
+        assert_eq!(
+            schema_error(json!({"enum": []})),
+            "format: invalid JSON Schema: at #: enum must be a non-empty array"
+        );
+        assert_eq!(
+            schema_error(json!({"type": "string", "maxLength": -1})),
+            "format: invalid JSON Schema: at #: maxLength must be a non-negative integer"
+        );
+        let ok = json!({"$defs": {"p": {"type": "string"}}, "type": "object",
+            "properties": {"p": {"$ref": "#/$defs/p"}}});
+        assert!(ollama_format(Some(&ok)).is_ok());
+    }
+
+    #[test]
+    fn tool_choice_values() {
+        assert_eq!(ToolChoice::parse(None).unwrap(), ToolChoice::Auto);
+        assert_eq!(
+            ToolChoice::parse(Some(&json!("required"))).unwrap(),
+            ToolChoice::Required
+        );
+        assert_eq!(
+            ToolChoice::parse(Some(
+                &json!({"type": "function", "function": {"name": "f"}})
+            ))
+            .unwrap(),
+            ToolChoice::Function("f".into())
+        );
+        assert!(ToolChoice::parse(Some(&json!("sometimes"))).is_err());
+    }
+
+    const QWEN_LIKE: &str = "{% if tools %}{{ tools | tojson }}{% endif %}<tool_call>";
+
+    fn weather() -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+        ]
+    }
+
+    #[test]
+    fn tools_need_a_template_that_knows_them() {
+        let err = prepare_tools(
+            Some(&weather()),
+            &ToolChoice::Auto,
+            Some("{{ x }}"),
+            "m:latest",
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "\"m:latest\" does not support tools");
+        let none = prepare_tools(Some(&weather()), &ToolChoice::None, None, "m").unwrap();
+        assert!(none.is_none());
+        let tools = prepare_tools(Some(&weather()), &ToolChoice::Auto, Some(QWEN_LIKE), "m")
+            .unwrap()
+            .unwrap();
+        assert_eq!(tools.family, ToolFamily::Hermes);
+        assert!(tools.grammar.is_none());
+        let bad = vec![json!({"type": "function"})];
+        let err = prepare_tools(Some(&bad), &ToolChoice::Auto, Some(QWEN_LIKE), "m").unwrap_err();
+        assert!(err.to_string().starts_with("tools[0] must be"), "{err}");
+    }
+
+    #[test]
+    fn forced_calls_get_a_grammar_and_exclude_formats() {
+        let required = prepare_tools(
+            Some(&weather()),
+            &ToolChoice::Required,
+            Some(QWEN_LIKE),
+            "m",
+        )
+        .unwrap()
+        .unwrap();
+        let mut sampling = SamplingParams::default();
+        required.apply(&mut sampling).unwrap();
+        let grammar = sampling.grammar.clone().unwrap();
+        assert!(
+            grammar
+                .starts_with("root ::= \"<tool_call>\\n\" hypura-tool-call \"\\n</tool_call>\"\n"),
+            "{grammar}"
+        );
+        assert_eq!(
+            sampling.preserved_tokens,
+            vec!["<tool_call>", "</tool_call>"]
+        );
+        let mut with_format = SamplingParams {
+            grammar: Some("root ::= \"x\"".into()),
+            ..Default::default()
+        };
+        assert!(required.apply(&mut with_format).is_err());
+        let err = prepare_tools(
+            Some(&weather()),
+            &ToolChoice::Function("nope".into()),
+            Some(QWEN_LIKE),
+            "m",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "tool_choice names function \"nope\", which is not among the tools"
+        );
+    }
+
+    #[test]
+    fn tool_calls_in_each_family_shape() {
+        let call = ToolCall {
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}).as_object().unwrap().clone(),
+            id: Some("call_1".into()),
+        };
+        assert_eq!(
+            ollama_tool_calls(std::slice::from_ref(&call)),
+            vec![
+                json!({"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}})
+            ]
+        );
+        assert_eq!(
+            openai_tool_calls(std::slice::from_ref(&call), true),
+            vec![json!({"id": "call_1", "type": "function", "index": 0,
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})]
+        );
+        let input = json!([{"function": {"name": "f", "arguments": {"a": 1}}}]);
+        assert_eq!(
+            ollama_input_tool_calls(Some(&input)).unwrap(),
+            json!([{"function": {"name": "f", "arguments": {"a": 1}}, "type": "function"}])
+        );
+    }
+}

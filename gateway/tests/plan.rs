@@ -1,0 +1,231 @@
+//! `hypura inspect --plan` on model-sized sparse GGUFs (header and tensor
+//! table only, the data a hole), planned for the GPU machine's profile; and
+//! `hypura bench` on SmolLM2.
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use llama_tiered::synth::{self, SynthSpec};
+use serde_json::Value;
+
+const GIB: u64 = 1 << 30;
+
+fn h200() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/profiles/h200.json")
+}
+
+fn hypura(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hypura"))
+        .args(args)
+        // Never the user's cached profile: every plan here names its profile.
+        .env("HYPURA_CACHE_DIR", scratch().join("cache"))
+        .output()
+        .expect("run hypura")
+}
+
+fn scratch() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hypura-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+}
+
+/// A sparse model-sized file of `spec` (written once per test process).
+fn sparse(name: &str, spec: SynthSpec) -> PathBuf {
+    let path = scratch().join(name);
+    if !path.exists() {
+        synth::write_sparse(&spec, &path).expect("write sparse GGUF");
+    }
+    path
+}
+
+fn mixtral() -> PathBuf {
+    sparse("mixtral-8x7b-q4k.gguf", SynthSpec::mixtral_8x7b())
+}
+
+fn llama70b() -> PathBuf {
+    sparse("llama-70b-q4k.gguf", SynthSpec::llama_70b())
+}
+
+/// `inspect MODEL --plan --json --profile h200.json EXTRA...`, parsed.
+fn plan(model: &Path, extra: &[&str]) -> Value {
+    let profile = h200();
+    let mut args = vec![
+        "inspect",
+        model.to_str().unwrap(),
+        "--plan",
+        "--json",
+        "--profile",
+        profile.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = hypura(&args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn tier(plan: &Value, t: &str) -> u64 {
+    plan["tier_bytes"][t].as_u64().expect("tier bytes")
+}
+
+#[test]
+fn sparse_files_have_the_full_size() {
+    let m = std::fs::metadata(mixtral()).unwrap().len();
+    let l = std::fs::metadata(llama70b()).unwrap().len();
+    // About 26 GB and 40 GB of Q4_K.
+    assert!((25_000_000_000..28_000_000_000).contains(&m), "{m}");
+    assert!((38_000_000_000..42_000_000_000).contains(&l), "{l}");
+}
+
+#[test]
+fn mixtral_splits_over_gpu_and_ram_when_it_fits() {
+    let p = plan(
+        &mixtral(),
+        &["--gpu-budget", "16GiB", "--ram-budget", "16GiB"],
+    );
+    assert_eq!(p["mode"], "full-resident");
+    assert_eq!(tier(&p, "stream"), 0);
+    assert!(tier(&p, "gpu") > 10 * GIB, "{p}");
+    assert!(tier(&p, "ram") > 0, "{p}");
+    assert!(tier(&p, "gpu") + p["kv_cache_gpu_bytes"].as_u64().unwrap() <= 16 * GIB);
+}
+
+#[test]
+fn mixtral_streams_experts_in_less() {
+    let p = plan(
+        &mixtral(),
+        &["--gpu-budget", "8GiB", "--ram-budget", "12GiB"],
+    );
+    assert_eq!(p["mode"], "expert-streaming");
+    assert!(tier(&p, "stream") > 20 * GIB, "{p}");
+    let cache = p["stream_cache_bytes"].as_u64().unwrap();
+    assert!(cache > 0 && cache <= 12 * GIB, "{p}");
+    assert_eq!(p["bottleneck"], "nvme");
+}
+
+#[test]
+fn llama70b_streams_its_ffn() {
+    let p = plan(
+        &llama70b(),
+        &["--gpu-budget", "16GiB", "--ram-budget", "16GiB"],
+    );
+    assert_eq!(p["mode"], "dense-ffn-streaming");
+    // Attention, norms and output on the GPU; token embeddings in RAM.
+    assert_eq!(p["tiers"]["blk.0.attn_q.weight"], "gpu");
+    assert_eq!(p["tiers"]["token_embd.weight"], "ram");
+    assert_eq!(p["tiers"]["blk.79.ffn_down.weight"], "stream");
+}
+
+#[test]
+fn json_has_the_required_keys_and_tier_bytes_sum_to_the_tensors() {
+    for (model, budgets) in [
+        (mixtral(), ["16GiB", "16GiB"]),
+        (mixtral(), ["8GiB", "12GiB"]),
+        (llama70b(), ["16GiB", "16GiB"]),
+    ] {
+        let p = plan(
+            &model,
+            &["--gpu-budget", budgets[0], "--ram-budget", budgets[1]],
+        );
+        for key in [
+            "mode",
+            "tier_bytes",
+            "predicted_tokens_per_second",
+            "bottleneck",
+        ] {
+            assert!(p.get(key).is_some(), "{key} missing: {p}");
+        }
+        assert!(p["predicted_tokens_per_second"].as_f64().unwrap() > 0.0);
+        let file = llama_tiered::gguf::GgufFile::open(&model).unwrap();
+        let sum = tier(&p, "gpu") + tier(&p, "ram") + tier(&p, "stream");
+        assert_eq!(sum, file.tensor_bytes());
+        assert_eq!(p["tiers"].as_object().unwrap().len(), file.tensors().len());
+    }
+}
+
+#[test]
+fn a_model_that_cannot_fit_names_its_minimum() {
+    let out = hypura(&[
+        "inspect",
+        llama70b().to_str().unwrap(),
+        "--plan",
+        "--profile",
+        h200().to_str().unwrap(),
+        "--gpu-budget",
+        "0",
+        "--ram-budget",
+        "4GiB",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot run within the budget"), "{err}");
+    // The leanest mode streams the FFN; its minimum is resident weights + KV + one layer.
+    assert!(err.contains("dense-ffn-streaming needs at least"), "{err}");
+    assert!(err.contains("budgets allow 4.0 GiB"), "{err}");
+}
+
+#[test]
+fn without_a_profile_the_plan_says_how_to_get_one() {
+    let out = hypura(&["inspect", mixtral().to_str().unwrap(), "--plan"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hypura profile"), "{err}");
+    assert!(err.contains("--profile"), "{err}");
+}
+
+#[test]
+fn bench_reports_measured_beside_predicted() {
+    let model = common::smollm2();
+    let out = hypura(&[
+        "bench",
+        model.to_str().unwrap(),
+        "--json",
+        "--tokens",
+        "16",
+        "--prompt-tokens",
+        "16",
+        "--threads",
+        "2",
+        "--profile",
+        h200().to_str().unwrap(),
+        // This machine has no GPU: plan the CPU side of the GPU machine.
+        "--gpu-budget",
+        "0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(r["mode"], "full-resident");
+    assert_eq!(r["decode_tokens"], 16);
+    assert_eq!(r["prompt_tokens"], 16);
+    let measured = r["measured_tokens_per_second"].as_f64().unwrap();
+    let predicted = r["predicted_tokens_per_second"].as_f64().unwrap();
+    assert!(measured > 0.0 && predicted > 0.0, "{r}");
+    let seconds = r["decode_seconds"].as_f64().unwrap();
+    assert!((measured - 16.0 / seconds).abs() <= 1e-9 * measured, "{r}");
+    let error = r["relative_error"].as_f64().unwrap();
+    assert!(
+        (error - (predicted - measured) / measured).abs() < 1e-9,
+        "{r}"
+    );
+    for key in [
+        "nvme_bytes_per_token",
+        "hit_rate",
+        "read_gbps",
+        "io_stall_seconds_per_token",
+    ] {
+        assert!(r["stream"].get(key).is_some(), "stream.{key} missing: {r}");
+    }
+    assert_eq!(r["stream"]["nvme_bytes_per_token"], 0.0);
+}

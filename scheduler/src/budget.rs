@@ -1,0 +1,1034 @@
+//! One memory budget across every model a server holds: who is resident, who
+//! streams, who is unloaded, and when that changes.
+//!
+//! The policy is a state machine driven by three calls, each given the time
+//! `now` (a [`Duration`] since any fixed origin: tests use a simulated clock):
+//! - [`BudgetPolicy::request`] when a request for a model arrives: it is
+//!   admitted at once if the model is loaded (at any residency), else the
+//!   policy picks the highest residency that fits — demoting idle models to
+//!   make room — or asks the caller to wait, or rejects a model that can never
+//!   fit;
+//! - [`BudgetPolicy::finish`] when a request ends;
+//! - [`BudgetPolicy::tick`] now and then: unloads models past their keep-alive,
+//!   demotes idle ones to streaming and promotes hot ones toward full residency.
+//!
+//! Every change is a [`Move`] the caller carries out (in the background) and
+//! reports with [`BudgetPolicy::move_done`]. While a move runs, the model is
+//! charged the larger of its old and new footprint, so the budget holds at
+//! every instant whatever order moves finish in:
+//! `Σ charged(model) ≤ budget`, on GPU and RAM separately ([`BudgetPolicy::charged`]).
+//!
+//! A model with requests in flight is never unloaded (a demotion to streaming
+//! is fine: it keeps answering, only slower). Pinned models are never demoted
+//! below their pin.
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes on each tier of memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Footprint {
+    pub gpu_bytes: u64,
+    pub ram_bytes: u64,
+}
+
+impl Footprint {
+    pub const ZERO: Footprint = Footprint {
+        gpu_bytes: 0,
+        ram_bytes: 0,
+    };
+
+    pub fn new(gpu_bytes: u64, ram_bytes: u64) -> Footprint {
+        Footprint {
+            gpu_bytes,
+            ram_bytes,
+        }
+    }
+
+    pub fn fits_in(self, room: Footprint) -> bool {
+        self.gpu_bytes <= room.gpu_bytes && self.ram_bytes <= room.ram_bytes
+    }
+
+    pub fn max(self, other: Footprint) -> Footprint {
+        Footprint::new(
+            self.gpu_bytes.max(other.gpu_bytes),
+            self.ram_bytes.max(other.ram_bytes),
+        )
+    }
+
+    pub fn saturating_sub(self, other: Footprint) -> Footprint {
+        Footprint::new(
+            self.gpu_bytes.saturating_sub(other.gpu_bytes),
+            self.ram_bytes.saturating_sub(other.ram_bytes),
+        )
+    }
+
+    fn add(self, other: Footprint) -> Footprint {
+        Footprint::new(
+            self.gpu_bytes.saturating_add(other.gpu_bytes),
+            self.ram_bytes.saturating_add(other.ram_bytes),
+        )
+    }
+}
+
+impl fmt::Display for Footprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} GPU + {} RAM",
+            crate::size::format_bytes(self.gpu_bytes),
+            crate::size::format_bytes(self.ram_bytes)
+        )
+    }
+}
+
+/// How much of a model is held in memory, from least to most.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Residency {
+    /// Nothing in memory.
+    #[default]
+    Unloaded,
+    /// Only the tensors that are never streamed (plus KV cache and the
+    /// smallest stream cache): every token reads its streamed weights.
+    Streaming,
+    /// Streamed weights partly cached in memory.
+    Partial,
+    /// Every weight in memory: no I/O per token.
+    Full,
+}
+
+impl Residency {
+    pub const ALL: [Residency; 4] = [
+        Residency::Unloaded,
+        Residency::Streaming,
+        Residency::Partial,
+        Residency::Full,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Residency::Unloaded => "unloaded",
+            Residency::Streaming => "streaming",
+            Residency::Partial => "partial",
+            Residency::Full => "full",
+        }
+    }
+}
+
+impl fmt::Display for Residency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Residency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "unloaded" | "none" => Ok(Residency::Unloaded),
+            "streaming" => Ok(Residency::Streaming),
+            "partial" => Ok(Residency::Partial),
+            "full" => Ok(Residency::Full),
+            other => Err(format!(
+                "unknown residency '{other}': use full, partial, streaming or none"
+            )),
+        }
+    }
+}
+
+/// What the policy knows of one model.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub name: String,
+    /// Memory at [`Residency::Streaming`], [`Residency::Partial`] and
+    /// [`Residency::Full`], KV cache included; each no smaller than the one
+    /// before. A model that cannot stream has all three equal.
+    pub streaming: Footprint,
+    pub partial: Footprint,
+    pub full: Footprint,
+    /// Never demoted below this (unless [`Residency::Unloaded`]: no pin).
+    pub pin: Residency,
+    /// Higher wins ties in heat and is demoted last.
+    pub priority: i32,
+    /// Unloaded this long after its last request; `None` = never.
+    pub keep_alive: Option<Duration>,
+}
+
+impl ModelSpec {
+    pub fn footprint(&self, level: Residency) -> Footprint {
+        match level {
+            Residency::Unloaded => Footprint::ZERO,
+            Residency::Streaming => self.streaming,
+            Residency::Partial => self.partial,
+            Residency::Full => self.full,
+        }
+    }
+}
+
+/// Tuning of [`BudgetPolicy`].
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// Heat halves over this time without requests.
+    pub heat_half_life: Duration,
+    /// A model idle this long is demoted to streaming (its pin permitting).
+    pub demote_after: Duration,
+    /// A model takes room from a loaded one only if its heat is this many
+    /// times the other's (hysteresis: two models of similar heat do not swap
+    /// back and forth).
+    pub promote_margin: f64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            heat_half_life: Duration::from_secs(60),
+            demote_after: Duration::from_secs(120),
+            promote_margin: 2.0,
+        }
+    }
+}
+
+/// Index of a model in the policy.
+pub type ModelId = usize;
+
+/// A change of residency for the caller to carry out, then report with
+/// [`BudgetPolicy::move_done`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub model: ModelId,
+    pub from: Residency,
+    pub to: Residency,
+}
+
+/// The answer to [`BudgetPolicy::request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Loaded (or being loaded): start as soon as it is.
+    Ready,
+    /// Load the model (`mv`); the request starts when it is loaded.
+    Load { mv: Move },
+    /// No room now. `moves` (possibly none) demote colder models to make
+    /// some; ask again after the next [`BudgetPolicy::move_done`] or
+    /// [`BudgetPolicy::finish`].
+    Wait { moves: Vec<Move> },
+    /// The model cannot run within the budget at any residency.
+    Reject(String),
+}
+
+#[derive(Debug, Clone)]
+struct ModelState {
+    spec: ModelSpec,
+    level: Residency,
+    /// Set while a move runs: where it goes.
+    moving_to: Option<Residency>,
+    in_flight: usize,
+    /// Requests per half-life, decayed ([`BudgetPolicy::heat`]).
+    heat: f64,
+    heat_at: Duration,
+    last_used: Duration,
+}
+
+impl ModelState {
+    /// What the model holds against the budget: while moving, the larger of
+    /// both ends.
+    fn charged(&self) -> Footprint {
+        let now = self.spec.footprint(self.level);
+        match self.moving_to {
+            Some(to) => now.max(self.spec.footprint(to)),
+            None => now,
+        }
+    }
+
+    fn heat_at(&self, now: Duration, half_life: Duration) -> f64 {
+        let dt = now.saturating_sub(self.heat_at).as_secs_f64();
+        self.heat * 0.5f64.powf(dt / half_life.as_secs_f64().max(1e-9))
+    }
+
+    /// The lowest level a move may take it to now.
+    fn floor(&self) -> Residency {
+        let floor = if self.in_flight > 0 {
+            Residency::Streaming
+        } else {
+            Residency::Unloaded
+        };
+        floor.max(self.spec.pin)
+    }
+}
+
+/// The global budget's state machine (module docs).
+#[derive(Debug, Clone)]
+pub struct BudgetPolicy {
+    budget: Footprint,
+    config: PolicyConfig,
+    models: Vec<ModelState>,
+}
+
+impl BudgetPolicy {
+    pub fn new(budget: Footprint, config: PolicyConfig) -> BudgetPolicy {
+        BudgetPolicy {
+            budget,
+            config,
+            models: Vec::new(),
+        }
+    }
+
+    pub fn budget(&self) -> Footprint {
+        self.budget
+    }
+
+    /// Adds a model, unloaded. Fails when even streaming it would not fit the
+    /// whole budget, or when its footprints are not ordered.
+    pub fn add_model(&mut self, spec: ModelSpec) -> Result<ModelId, String> {
+        if !(spec.streaming.fits_in(spec.partial) && spec.partial.fits_in(spec.full)) {
+            return Err(format!(
+                "{}: footprints must grow from streaming to partial to full",
+                spec.name
+            ));
+        }
+        if !spec.streaming.fits_in(self.budget) {
+            return Err(too_big(&spec, self.budget));
+        }
+        // Pinned models never leave: every other model must still be able to
+        // stream beside them all.
+        let pinned = self
+            .models
+            .iter()
+            .map(|m| m.spec.footprint(m.spec.pin))
+            .fold(spec.footprint(spec.pin), Footprint::add);
+        if !pinned.fits_in(self.budget) {
+            return Err(format!(
+                "{}: pinned at {}, the pinned models would need {pinned}, more than the budget of {}",
+                spec.name, spec.pin, self.budget
+            ));
+        }
+        let all = self.models.iter().map(|m| &m.spec).chain([&spec]);
+        for other in all {
+            let others_pinned = pinned.saturating_sub(other.footprint(other.pin));
+            let need = others_pinned.add(other.streaming);
+            if !need.fits_in(self.budget) {
+                return Err(format!(
+                    "{}: with the pinned models holding {others_pinned}, {} could never stream within the budget of {} (it needs {})",
+                    spec.name, other.name, self.budget, other.streaming
+                ));
+            }
+        }
+        self.models.push(ModelState {
+            spec,
+            level: Residency::Unloaded,
+            moving_to: None,
+            in_flight: 0,
+            heat: 0.0,
+            heat_at: Duration::ZERO,
+            last_used: Duration::ZERO,
+        });
+        Ok(self.models.len() - 1)
+    }
+
+    pub fn spec(&self, id: ModelId) -> &ModelSpec {
+        &self.models[id].spec
+    }
+
+    pub fn residency(&self, id: ModelId) -> Residency {
+        self.models[id].level
+    }
+
+    /// Where a running move takes the model.
+    pub fn moving_to(&self, id: ModelId) -> Option<Residency> {
+        self.models[id].moving_to
+    }
+
+    pub fn in_flight(&self, id: ModelId) -> usize {
+        self.models[id].in_flight
+    }
+
+    /// Requests per half-life, decayed to `now`.
+    pub fn heat(&self, id: ModelId, now: Duration) -> f64 {
+        self.models[id].heat_at(now, self.config.heat_half_life)
+    }
+
+    /// What model `id` holds against the budget now.
+    pub fn charged_to(&self, id: ModelId) -> Footprint {
+        self.models[id].charged()
+    }
+
+    /// Σ of every model's charge: never above [`BudgetPolicy::budget`].
+    pub fn charged(&self) -> Footprint {
+        self.models
+            .iter()
+            .map(ModelState::charged)
+            .fold(Footprint::ZERO, Footprint::add)
+    }
+
+    fn room(&self) -> Footprint {
+        self.budget.saturating_sub(self.charged())
+    }
+
+    /// A request for `id` arrives at `now`. On [`Admission::Ready`] and
+    /// [`Admission::Load`] the request counts as in flight until
+    /// [`BudgetPolicy::finish`]; on `Wait` and `Reject` it does not.
+    ///
+    /// An unloaded model is loaded at the highest residency that fits now,
+    /// streaming at least: the request starts soon and [`BudgetPolicy::tick`]
+    /// promotes the model later if it stays hot. When not even streaming
+    /// fits, colder idle models are demoted ([`Admission::Wait`]).
+    pub fn request(&mut self, id: ModelId, now: Duration) -> Admission {
+        let model = &self.models[id];
+        if model.moving_to == Some(Residency::Unloaded) {
+            // Being unloaded: load it again once that is done.
+            return Admission::Wait { moves: Vec::new() };
+        }
+        if model.level > Residency::Unloaded || model.moving_to.is_some() {
+            self.count_request(id, now);
+            return Admission::Ready;
+        }
+        if !model.spec.streaming.fits_in(self.budget) {
+            return Admission::Reject(too_big(&model.spec, self.budget));
+        }
+        let room = self.room();
+        for level in [Residency::Full, Residency::Partial, Residency::Streaming] {
+            if self.spec(id).footprint(level).fits_in(room) {
+                self.count_request(id, now);
+                return Admission::Load {
+                    mv: self.start_move(id, level),
+                };
+            }
+        }
+        let want = self.spec(id).streaming;
+        let moves = self.make_room(id, want, now, true).unwrap_or_default();
+        Admission::Wait { moves }
+    }
+
+    fn count_request(&mut self, id: ModelId, now: Duration) {
+        let half_life = self.config.heat_half_life;
+        let model = &mut self.models[id];
+        model.heat = model.heat_at(now, half_life) + 1.0;
+        model.heat_at = now;
+        model.last_used = now;
+        model.in_flight += 1;
+    }
+
+    /// How long `id` stays loaded after its last request from now on
+    /// (`None` = forever; zero unloads it at the next tick once idle).
+    pub fn set_keep_alive(&mut self, id: ModelId, keep_alive: Option<Duration>) {
+        self.models[id].spec.keep_alive = keep_alive;
+    }
+
+    /// A request for `id` ended (successfully or not).
+    pub fn finish(&mut self, id: ModelId, now: Duration) {
+        let model = &mut self.models[id];
+        model.in_flight = model.in_flight.saturating_sub(1);
+        model.last_used = now;
+    }
+
+    /// A move reported by the caller is complete: the model is at `to`.
+    pub fn move_done(&mut self, mv: Move) {
+        let model = &mut self.models[mv.model];
+        debug_assert_eq!(model.moving_to, Some(mv.to));
+        model.level = mv.to;
+        model.moving_to = None;
+    }
+
+    /// A move failed: the model stays where it was (a failed load: unloaded).
+    pub fn move_failed(&mut self, mv: Move) {
+        let model = &mut self.models[mv.model];
+        model.level = mv.from;
+        model.moving_to = None;
+    }
+
+    /// Unload or demote what has been idle long enough and promote hot
+    /// models toward full residency. Returns the moves to carry out.
+    pub fn tick(&mut self, now: Duration) -> Vec<Move> {
+        let mut moves = Vec::new();
+        // 1. Keep-alive: unload idle models (their pin permitting).
+        for id in 0..self.models.len() {
+            let m = &self.models[id];
+            let expired = m
+                .spec
+                .keep_alive
+                .is_some_and(|k| now.saturating_sub(m.last_used) >= k);
+            if m.moving_to.is_none() && m.in_flight == 0 && m.level > m.spec.pin && expired {
+                let to = m.spec.pin.min(m.level);
+                moves.push(self.start_move(id, to));
+            }
+        }
+        // 2. Idle models drop their caches.
+        for id in 0..self.models.len() {
+            let m = &self.models[id];
+            let idle = now.saturating_sub(m.last_used) >= self.config.demote_after;
+            let to = Residency::Streaming.max(m.spec.pin);
+            if m.moving_to.is_none() && m.in_flight == 0 && idle && m.level > to {
+                moves.push(self.start_move(id, to));
+            }
+        }
+        // 3. Promote the hottest loaded models, one step at a time toward full.
+        let mut order: Vec<ModelId> = (0..self.models.len())
+            .filter(|&id| {
+                let m = &self.models[id];
+                m.moving_to.is_none()
+                    && m.level > Residency::Unloaded
+                    && m.level < Residency::Full
+                    && now.saturating_sub(m.last_used) < self.config.demote_after
+            })
+            .collect();
+        order.sort_by(|&a, &b| self.rank(b, now).total_cmp(&self.rank(a, now)));
+        for id in order {
+            if self.models[id].moving_to.is_some() {
+                // Demoted just now to make room for a hotter one.
+                continue;
+            }
+            let current = self.models[id].level;
+            for level in [Residency::Full, Residency::Partial] {
+                if level <= current {
+                    break;
+                }
+                let want = self.spec(id).footprint(level);
+                if let Some(mut made) = self.make_room(id, want, now, false) {
+                    if made.is_empty() {
+                        moves.push(self.start_move(id, level));
+                    } else {
+                        // The promotion follows on a later tick, once the
+                        // demotions are done and their memory is free.
+                        moves.append(&mut made);
+                    }
+                    break;
+                }
+            }
+        }
+        moves
+    }
+
+    /// Heat plus a tie-breaking nudge by priority and queue.
+    fn rank(&self, id: ModelId, now: Duration) -> f64 {
+        let m = &self.models[id];
+        m.heat_at(now, self.config.heat_half_life)
+            + m.in_flight as f64
+            + m.spec.priority as f64 * 1e-3
+    }
+
+    /// Demotions of other models that leave room for `id` to hold `want`
+    /// (instead of what it holds now): empty when there is room already,
+    /// `None` when they would not suffice; the moves are started.
+    ///
+    /// For a request (`for_request`), any model may be demoted to streaming
+    /// (it keeps answering), and a model colder by the promote margin or
+    /// idle past `demote_after` may be unloaded if nothing is in flight. For
+    /// a promotion, only such cold models are demoted, never unloaded. Each
+    /// victim goes down only as far as needed; lowest priority, then lowest
+    /// rank, first.
+    fn make_room(
+        &mut self,
+        id: ModelId,
+        want: Footprint,
+        now: Duration,
+        for_request: bool,
+    ) -> Option<Vec<Move>> {
+        let own = self.models[id].charged();
+        let need = want.saturating_sub(own);
+        let mut freed = self.room();
+        if need.fits_in(freed) {
+            return Some(Vec::new());
+        }
+        let my_rank = self.rank(id, now).max(1.0);
+        let my_priority = self.models[id].spec.priority;
+        let cold = |p: &BudgetPolicy, v: ModelId| {
+            let m = &p.models[v];
+            let colder = p.rank(v, now) * p.config.promote_margin <= my_rank
+                && m.spec.priority <= my_priority;
+            let idle = m.in_flight == 0 && now.saturating_sub(m.last_used) >= p.config.demote_after;
+            colder || idle
+        };
+        let mut victims: Vec<ModelId> = (0..self.models.len())
+            .filter(|&v| v != id && self.models[v].moving_to.is_none())
+            .collect();
+        victims.sort_by(|&a, &b| {
+            let (ma, mb) = (&self.models[a], &self.models[b]);
+            ma.spec
+                .priority
+                .cmp(&mb.spec.priority)
+                .then(self.rank(a, now).total_cmp(&self.rank(b, now)))
+        });
+        // Plan first (demotions to streaming, then unloads); start nothing
+        // unless the plan suffices.
+        let mut plan: Vec<(ModelId, Residency)> = Vec::new();
+        for unload in [false, true] {
+            for &v in &victims {
+                if need.fits_in(freed) {
+                    break;
+                }
+                if plan.iter().any(|&(p, _)| p == v) && !unload {
+                    continue;
+                }
+                let m = &self.models[v];
+                let is_cold = cold(self, v);
+                let lowest = if unload {
+                    if !(for_request && is_cold) {
+                        continue;
+                    }
+                    m.floor()
+                } else {
+                    if !(for_request || is_cold) {
+                        continue;
+                    }
+                    Residency::Streaming.max(m.floor())
+                };
+                let from = plan
+                    .iter()
+                    .find(|&&(p, _)| p == v)
+                    .map_or(m.level, |&(_, to)| to);
+                if from <= lowest {
+                    continue;
+                }
+                // As far down as needed, no further.
+                let to = Residency::ALL
+                    .into_iter()
+                    .filter(|&l| l >= lowest && l < from)
+                    .rev()
+                    .find(|&l| {
+                        let gain = m.spec.footprint(from).saturating_sub(m.spec.footprint(l));
+                        need.fits_in(freed.add(gain))
+                    })
+                    .unwrap_or(lowest);
+                let gain = m.spec.footprint(from).saturating_sub(m.spec.footprint(to));
+                if gain == Footprint::ZERO {
+                    continue;
+                }
+                freed = freed.add(gain);
+                plan.retain(|&(p, _)| p != v);
+                plan.push((v, to));
+            }
+        }
+        if !need.fits_in(freed) {
+            return None;
+        }
+        // Demotions are charged at their old size until done, so the room
+        // they make is only taken after they finish.
+        Some(
+            plan.into_iter()
+                .map(|(v, to)| self.start_move(v, to))
+                .collect(),
+        )
+    }
+
+    fn start_move(&mut self, id: ModelId, to: Residency) -> Move {
+        let m = &mut self.models[id];
+        debug_assert!(m.moving_to.is_none());
+        m.moving_to = Some(to);
+        Move {
+            model: id,
+            from: m.level,
+            to,
+        }
+    }
+}
+
+fn too_big(spec: &ModelSpec, budget: Footprint) -> String {
+    format!(
+        "{} needs at least {} to run (streaming), more than the budget of {budget}",
+        spec.name, spec.streaming
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// A model of `full` GiB of RAM that streams in `streaming` GiB.
+    fn spec(name: &str, streaming: u64, full: u64) -> ModelSpec {
+        ModelSpec {
+            name: name.into(),
+            streaming: Footprint::new(0, streaming * GIB),
+            partial: Footprint::new(0, (streaming + full) * GIB / 2),
+            full: Footprint::new(0, full * GIB),
+            pin: Residency::Unloaded,
+            priority: 0,
+            keep_alive: Some(secs(300)),
+        }
+    }
+
+    fn policy(ram_gib: u64, specs: Vec<ModelSpec>) -> BudgetPolicy {
+        let mut p = BudgetPolicy::new(Footprint::new(0, ram_gib * GIB), PolicyConfig::default());
+        for s in specs {
+            p.add_model(s).unwrap();
+        }
+        p
+    }
+
+    fn assert_within_budget(p: &BudgetPolicy) {
+        let charged = p.charged();
+        assert!(
+            charged.fits_in(p.budget()),
+            "charged {charged} over the budget {}",
+            p.budget()
+        );
+    }
+
+    /// Carries out moves at once (the caller's side, instantaneous).
+    fn apply(p: &mut BudgetPolicy, moves: &[Move]) {
+        for &mv in moves {
+            p.move_done(mv);
+            assert_within_budget(p);
+        }
+    }
+
+    /// Requests until admitted, completing moves at once, as the registry does.
+    fn admit(p: &mut BudgetPolicy, id: ModelId, now: Duration) {
+        for _ in 0..16 {
+            match p.request(id, now) {
+                Admission::Ready => return,
+                Admission::Load { mv } => return apply(p, &[mv]),
+                Admission::Wait { moves } => apply(p, &moves),
+                Admission::Reject(why) => panic!("rejected: {why}"),
+            }
+        }
+        panic!("model {id} never admitted: {p:#?}");
+    }
+
+    #[test]
+    fn a_model_that_cannot_stream_within_the_budget_is_refused_with_its_minimum() {
+        let mut p = policy(8, vec![]);
+        let err = p.add_model(spec("huge", 9, 40)).unwrap_err();
+        assert!(
+            err.contains("huge needs at least 0 B GPU + 9.0 GiB RAM"),
+            "{err}"
+        );
+        let err = p
+            .add_model(ModelSpec {
+                streaming: Footprint::new(0, 5 * GIB),
+                partial: Footprint::new(0, 4 * GIB),
+                ..spec("odd", 1, 2)
+            })
+            .unwrap_err();
+        assert!(err.contains("must grow"), "{err}");
+    }
+
+    #[test]
+    fn pins_that_cannot_all_hold_are_refused() {
+        let mut p = policy(10, vec![]);
+        p.add_model(ModelSpec {
+            pin: Residency::Full,
+            ..spec("a", 2, 6)
+        })
+        .unwrap();
+        let err = p
+            .add_model(ModelSpec {
+                pin: Residency::Full,
+                ..spec("b", 2, 6)
+            })
+            .unwrap_err();
+        assert!(err.contains("pinned models would need"), "{err}");
+    }
+
+    #[test]
+    fn an_unloaded_model_loads_at_the_highest_residency_that_fits() {
+        let mut p = policy(10, vec![spec("a", 2, 6), spec("b", 2, 6)]);
+        assert_eq!(
+            p.request(0, secs(0)),
+            Admission::Load {
+                mv: Move {
+                    model: 0,
+                    from: Residency::Unloaded,
+                    to: Residency::Full
+                }
+            }
+        );
+        // Charged while loading, before it is done.
+        assert_eq!(p.charged(), Footprint::new(0, 6 * GIB));
+        p.move_done(Move {
+            model: 0,
+            from: Residency::Unloaded,
+            to: Residency::Full,
+        });
+        // 4 GiB left: partial (4) fits, full (6) does not.
+        assert_eq!(
+            p.request(1, secs(1)),
+            Admission::Load {
+                mv: Move {
+                    model: 1,
+                    from: Residency::Unloaded,
+                    to: Residency::Partial
+                }
+            }
+        );
+        assert_within_budget(&p);
+    }
+
+    #[test]
+    fn a_request_for_a_loaded_or_loading_model_is_ready_at_once() {
+        let mut p = policy(10, vec![spec("a", 2, 6)]);
+        let Admission::Load { mv } = p.request(0, secs(0)) else {
+            panic!()
+        };
+        // Second request while the load runs: no second load.
+        assert_eq!(p.request(0, secs(0)), Admission::Ready);
+        p.move_done(mv);
+        assert_eq!(p.request(0, secs(1)), Admission::Ready);
+        assert_eq!(p.in_flight(0), 3);
+    }
+
+    #[test]
+    fn one_hot_one_cold_the_hot_one_ends_full_the_cold_one_streaming() {
+        // Room for one model fully and the other streaming.
+        let mut p = policy(8, vec![spec("hot", 2, 6), spec("cold", 2, 6)]);
+        admit(&mut p, 1, secs(0));
+        p.finish(1, secs(1));
+        assert_eq!(p.residency(1), Residency::Full);
+        admit(&mut p, 0, secs(2));
+        // The cold one holds the room: hot starts streaming at once.
+        assert_eq!(p.residency(0), Residency::Streaming);
+        p.finish(0, secs(2));
+        let mut t = 2;
+        for _ in 0..200 {
+            t += 1;
+            admit(&mut p, 0, secs(t));
+            p.finish(0, secs(t));
+            let moves = p.tick(secs(t));
+            apply(&mut p, &moves);
+        }
+        assert_eq!(p.residency(0), Residency::Full, "the hot model is promoted");
+        assert_eq!(
+            p.residency(1),
+            Residency::Streaming,
+            "the cold one is demoted"
+        );
+        // Past its keep-alive the cold one is unloaded.
+        let moves = p.tick(secs(t + 300));
+        apply(&mut p, &moves);
+        assert_eq!(p.residency(1), Residency::Unloaded);
+    }
+
+    #[test]
+    fn a_burst_on_a_demoted_model_starts_at_once_and_promotes_it() {
+        let mut p = policy(8, vec![spec("a", 2, 6), spec("b", 2, 6)]);
+        admit(&mut p, 0, secs(0));
+        admit(&mut p, 1, secs(0));
+        p.finish(0, secs(0));
+        p.finish(1, secs(0));
+        assert_eq!(p.residency(0), Residency::Full);
+        assert_eq!(p.residency(1), Residency::Streaming);
+        // "a" goes idle and is demoted.
+        let moves = p.tick(secs(200));
+        apply(&mut p, &moves);
+        assert_eq!(p.residency(0), Residency::Streaming);
+        // Burst on "a": every request admitted at once, no load.
+        for i in 0..20 {
+            assert_eq!(p.request(0, secs(200 + i)), Admission::Ready);
+        }
+        let moves = p.tick(secs(220));
+        apply(&mut p, &moves);
+        let moves = p.tick(secs(221));
+        apply(&mut p, &moves);
+        assert_eq!(p.residency(0), Residency::Full);
+        for i in 0..20 {
+            p.finish(0, secs(230 + i));
+        }
+    }
+
+    #[test]
+    fn a_busy_model_is_never_unloaded_and_a_pinned_one_never_below_its_pin() {
+        let mut p = policy(
+            8,
+            vec![
+                ModelSpec {
+                    pin: Residency::Full,
+                    keep_alive: Some(secs(1)),
+                    ..spec("pinned", 2, 4)
+                },
+                ModelSpec {
+                    keep_alive: Some(secs(1)),
+                    ..spec("busy", 2, 4)
+                },
+            ],
+        );
+        admit(&mut p, 0, secs(0));
+        admit(&mut p, 1, secs(0));
+        p.finish(0, secs(0));
+        // "busy" keeps its request in flight for an hour.
+        for t in (10..3600).step_by(10) {
+            let moves = p.tick(secs(t));
+            apply(&mut p, &moves);
+            assert_eq!(p.residency(0), Residency::Full);
+            assert!(p.residency(1) >= Residency::Streaming);
+        }
+        p.finish(1, secs(3600));
+        let moves = p.tick(secs(3700));
+        apply(&mut p, &moves);
+        assert_eq!(p.residency(1), Residency::Unloaded);
+        assert_eq!(p.residency(0), Residency::Full);
+    }
+
+    #[test]
+    fn when_nothing_can_be_demoted_a_request_waits_then_gets_in() {
+        // Each model alone takes the whole budget even when streaming.
+        let mut p = policy(4, vec![spec("a", 4, 4), spec("b", 4, 4)]);
+        admit(&mut p, 0, secs(0));
+        // "a" is busy: "b" must wait, nothing is demoted below streaming.
+        assert_eq!(p.request(1, secs(1)), Admission::Wait { moves: vec![] });
+        p.finish(0, secs(2));
+        // Idle but not past demote_after nor colder by the margin: wait.
+        assert_eq!(p.request(1, secs(3)), Admission::Wait { moves: vec![] });
+        // Once "a" has been idle long enough it makes way.
+        let Admission::Wait { moves } = p.request(1, secs(200)) else {
+            panic!()
+        };
+        assert_eq!(
+            moves,
+            vec![Move {
+                model: 0,
+                from: Residency::Full,
+                to: Residency::Unloaded
+            }]
+        );
+        apply(&mut p, &moves);
+        assert!(matches!(p.request(1, secs(200)), Admission::Load { .. }));
+    }
+
+    #[test]
+    fn three_models_alternating_all_keep_answering_within_the_budget() {
+        let mut p = policy(10, vec![spec("a", 2, 6), spec("b", 2, 6), spec("c", 2, 6)]);
+        for t in 0..600u64 {
+            let id = (t % 3) as usize;
+            admit(&mut p, id, secs(t));
+            assert!(p.residency(id) >= Residency::Streaming);
+            p.finish(id, secs(t));
+            let moves = p.tick(secs(t));
+            apply(&mut p, &moves);
+        }
+        // Equal heat: no thrashing between them (hysteresis), nobody unloaded.
+        for id in 0..3 {
+            assert!(p.residency(id) >= Residency::Streaming);
+        }
+    }
+
+    /// xorshift64*: deterministic traces without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Random traces of requests, finishes, ticks and moves completing in any
+    /// order: the budget holds after every step, busy models stay loaded,
+    /// pins hold, and every request is eventually admitted.
+    #[test]
+    fn the_budget_holds_after_every_step_of_random_traces() {
+        for seed in 1..=300u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let n = 2 + rng.below(4) as usize;
+            let budget = Footprint::new(rng.below(16) * GIB, (4 + rng.below(28)) * GIB);
+            let mut p = BudgetPolicy::new(budget, PolicyConfig::default());
+            let mut ids = Vec::new();
+            for i in 0..n {
+                let s = 1 + rng.below(4);
+                let f = s + rng.below(12);
+                let gpu = rng.below(2) * rng.below(8);
+                let pin = if rng.below(6) == 0 {
+                    Residency::Streaming
+                } else {
+                    Residency::Unloaded
+                };
+                let spec = ModelSpec {
+                    name: format!("m{i}"),
+                    streaming: Footprint::new(0, s * GIB),
+                    partial: Footprint::new(gpu * GIB / 2, (s + f) * GIB / 2),
+                    full: Footprint::new(gpu * GIB, f * GIB),
+                    pin,
+                    priority: rng.below(3) as i32,
+                    keep_alive: Some(secs(30 + rng.below(300))),
+                };
+                if let Ok(id) = p.add_model(spec) {
+                    ids.push(id);
+                }
+            }
+            let mut pending: Vec<Move> = Vec::new();
+            let mut running: Vec<ModelId> = Vec::new();
+            let mut waiting: Vec<ModelId> = Vec::new();
+            let mut t = 0u64;
+            for _ in 0..400 {
+                t += rng.below(20);
+                let now = secs(t);
+                match rng.below(5) {
+                    0 | 1 if !ids.is_empty() => {
+                        let id = ids[rng.below(ids.len() as u64) as usize];
+                        match p.request(id, now) {
+                            Admission::Ready => running.push(id),
+                            Admission::Load { mv } => {
+                                pending.push(mv);
+                                running.push(id);
+                            }
+                            Admission::Wait { moves } => {
+                                pending.extend(moves);
+                                waiting.push(id);
+                            }
+                            Admission::Reject(why) => panic!("seed {seed}: {why}"),
+                        }
+                    }
+                    2 if !running.is_empty() => {
+                        let i = rng.below(running.len() as u64) as usize;
+                        p.finish(running.swap_remove(i), now);
+                    }
+                    3 if !pending.is_empty() => {
+                        let i = rng.below(pending.len() as u64) as usize;
+                        p.move_done(pending.swap_remove(i));
+                    }
+                    _ => pending.extend(p.tick(now)),
+                }
+                assert_within_budget(&p);
+                for (i, a) in pending.iter().enumerate() {
+                    assert!(
+                        pending[i + 1..].iter().all(|b| b.model != a.model),
+                        "seed {seed}: two moves at once for model {}",
+                        a.model
+                    );
+                }
+                for &id in &running {
+                    assert!(
+                        p.residency(id) > Residency::Unloaded || p.moving_to(id).is_some(),
+                        "seed {seed}: a model with a request in flight was unloaded"
+                    );
+                    assert_ne!(p.moving_to(id), Some(Residency::Unloaded), "seed {seed}");
+                }
+                for &id in &ids {
+                    let pin = p.spec(id).pin;
+                    if p.residency(id) >= pin && p.residency(id) > Residency::Unloaded {
+                        assert!(
+                            p.moving_to(id).is_none_or(|to| to >= pin),
+                            "seed {seed}: pin broken"
+                        );
+                    }
+                }
+            }
+            // Drain: finish everything, let moves complete; every waiting
+            // request then gets in.
+            for id in running.drain(..) {
+                p.finish(id, secs(t));
+            }
+            for mv in pending.drain(..) {
+                p.move_done(mv);
+            }
+            for id in waiting {
+                // Others just served are hot: the waiter gets in once they idle.
+                t += 1000;
+                admit(&mut p, id, secs(t));
+                p.finish(id, secs(t));
+                assert_within_budget(&p);
+            }
+        }
+    }
+}

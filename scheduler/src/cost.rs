@@ -1,0 +1,328 @@
+//! The decode cost model: seconds per generated token from the bytes each
+//! tier touches per token and the rate at which that tier delivers them.
+//!
+//! Per token:
+//! - `gpu_seconds` = weight bytes read from GPU memory ÷ the GPU's Q4_K
+//!   matrix × vector rate;
+//! - `ram_seconds` = weight bytes the CPU reads (RAM-resident tensors and the
+//!   stream cache) ÷ `min(cpu.q4k_matvec_gbps, ram.read_gbps)`;
+//! - `nvme_seconds` = bytes read from the model file ÷ the disk rate ([`disk_gbps`])
+//!   + units read × [`MISS_SECONDS`];
+//! - `pcie_seconds` = hand-overs between GPU and CPU × ([`CROSSING_SECONDS`] +
+//!   activation bytes ÷ the pinned host→device rate);
+//! - `overhead_seconds` = [`TOKEN_OVERHEAD_SECONDS`] + layers × [`LAYER_OVERHEAD_SECONDS`]
+//!   (graph build, sampling, thread barriers: what a tiny model spends per token).
+//!
+//! llama.cpp runs GPU and CPU parts of a token one after the other, so
+//! `compute = gpu + ram + pcie + overhead`. Streaming reads overlap compute
+//! (prefetch) only in part: `seconds = max(compute, io) + f × min(compute, io)`
+//! with `f` = [`DENSE_NON_OVERLAP`] for dense-FFN streaming (the next layers
+//! are read ahead) and [`EXPERT_NON_OVERLAP`] for expert streaming (the
+//! experts are known only once the router ran, so most reads stall).
+//! The bottleneck is the largest of the gpu, ram, nvme and pcie terms.
+//!
+//! The constants were calibrated with `scripts/bench-plan.sh` on the GPU
+//! machine's CPU side (16 threads, quiet; see `docs/benchmarks.md`, "Planner
+//! predictions"): the overheads from 1–2 MiB models, whose time is nearly
+//! all overhead; the non-overlap fractions are estimates (the streamed runs
+//! there were I/O bound, where they matter little).
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::profile::{DiskProfile, HardwareProfile};
+
+/// Fixed cost of one decoded token outside the weight reads (graph build,
+/// sampling, the decode call), seconds.
+pub const TOKEN_OVERHEAD_SECONDS: f64 = 100e-6;
+/// Per-layer cost outside the weight reads (a dozen small ops, each with a
+/// thread barrier on the CPU backend), seconds.
+pub const LAYER_OVERHEAD_SECONDS: f64 = 20e-6;
+/// Fixed cost of one streamed unit read on demand (eval-callback sync,
+/// read threads, the first O_DIRECT request), seconds.
+pub const MISS_SECONDS: f64 = 1e-3;
+/// Smallest read the disk rate is taken from: the streamer reads whole
+/// expert slices or layers, megabytes at a time.
+pub const LARGE_READ_BYTES: u64 = 1 << 20;
+/// One GPU↔CPU hand-over (a synchronisation and a small copy), seconds. An
+/// estimate: not yet measured on the GPU machine.
+pub const CROSSING_SECONDS: f64 = 15e-6;
+/// Fraction of the shorter of compute and I/O that does not overlap the
+/// longer one, dense-FFN streaming (k layers read ahead).
+pub const DENSE_NON_OVERLAP: f64 = 0.5;
+/// The same for expert streaming: a layer's experts are known only after its
+/// router ran, and co-activation prediction starts cold.
+pub const EXPERT_NON_OVERLAP: f64 = 1.0;
+
+/// What bounds the decode speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bottleneck {
+    /// Weights read from GPU memory.
+    GpuMemory,
+    /// Weights read by the CPU from RAM (or its matrix kernels, whichever is slower).
+    Ram,
+    /// Streamed weights read from the model file.
+    Nvme,
+    /// Activations handed between GPU and CPU.
+    Pcie,
+    /// Per-token and per-layer fixed costs (tiny models).
+    Overhead,
+}
+
+impl Bottleneck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bottleneck::GpuMemory => "gpu-memory",
+            Bottleneck::Ram => "ram",
+            Bottleneck::Nvme => "nvme",
+            Bottleneck::Pcie => "pcie",
+            Bottleneck::Overhead => "overhead",
+        }
+    }
+
+    /// Words for a table.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Bottleneck::GpuMemory => "GPU memory bandwidth",
+            Bottleneck::Ram => "RAM bandwidth (CPU matrix kernels)",
+            Bottleneck::Nvme => "NVMe reads",
+            Bottleneck::Pcie => "PCIe hand-overs",
+            Bottleneck::Overhead => "per-token overhead",
+        }
+    }
+}
+
+impl fmt::Display for Bottleneck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How streaming reads relate to compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlap {
+    /// No streaming.
+    None,
+    /// Dense FFN layers read ahead by the prefetcher.
+    ReadAhead,
+    /// Experts read when the router picks them.
+    OnDemand,
+}
+
+/// Bytes moved per decoded token, by where they come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TokenTraffic {
+    pub gpu_bytes: f64,
+    /// Read by the CPU: RAM-resident weights and streamed weights once cached.
+    pub ram_bytes: f64,
+    /// Read from the model file (stream misses).
+    pub nvme_bytes: f64,
+    /// Streamed units read per token (each costs [`MISS_SECONDS`] besides its bytes).
+    pub misses: f64,
+    /// GPU↔CPU hand-overs of the hidden state.
+    pub crossings: u32,
+    /// Bytes of one hand-over (the hidden state, f32).
+    pub crossing_bytes: u64,
+    pub n_layer: u32,
+}
+
+/// The rates the cost model divides by, GB/s (10^9 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Rates {
+    pub gpu_gbps: f64,
+    /// `min(cpu.q4k_matvec_gbps, ram.read_gbps)`.
+    pub cpu_gbps: f64,
+    pub disk_gbps: f64,
+    pub pcie_gbps: f64,
+}
+
+impl Rates {
+    /// Rates of `profile`, with the disk rate for reads of `read_block_bytes`
+    /// about 4 at a time (the streamer's read threads).
+    pub fn from_profile(profile: &HardwareProfile, read_block_bytes: u64) -> Rates {
+        let gpu = profile.gpus.first();
+        let cpu = profile.cpu.q4k_matvec_gbps.min(profile.ram.read_gbps);
+        Rates {
+            gpu_gbps: gpu.map_or(0.0, |g| g.q4k_matvec_gbps),
+            cpu_gbps: cpu,
+            disk_gbps: disk_gbps(&profile.disk, read_block_bytes),
+            pcie_gbps: gpu.map_or(0.0, |g| g.host_to_device_pinned_gbps),
+        }
+    }
+}
+
+/// The disk rate for streaming: the median of the profile's points with
+/// large blocks (at least [`LARGE_READ_BYTES`], at most `read_block_bytes`
+/// when that is larger) and up to 4 reads in flight. The median, not the
+/// best: a throttled virtual disk bursts above its sustained rate in a short
+/// probe, and decoding streams for minutes. Falls back to the best point.
+pub fn disk_gbps(disk: &DiskProfile, read_block_bytes: u64) -> f64 {
+    let largest = read_block_bytes.max(LARGE_READ_BYTES);
+    let mut rates: Vec<f64> = disk
+        .reads
+        .iter()
+        .filter(|p| p.block_bytes >= LARGE_READ_BYTES && p.block_bytes <= largest)
+        .filter(|p| p.queue_depth <= 4)
+        .map(|p| p.gbps)
+        .collect();
+    if rates.is_empty() {
+        return disk.best_gbps();
+    }
+    rates.sort_by(f64::total_cmp);
+    let mid = rates.len() / 2;
+    if rates.len() % 2 == 1 {
+        rates[mid]
+    } else {
+        (rates[mid - 1] + rates[mid]) / 2.0
+    }
+}
+
+/// Predicted decode speed and where the time goes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Prediction {
+    pub tokens_per_second: f64,
+    pub seconds_per_token: f64,
+    pub bottleneck: Bottleneck,
+    pub gpu_seconds: f64,
+    pub ram_seconds: f64,
+    pub nvme_seconds: f64,
+    pub pcie_seconds: f64,
+    pub overhead_seconds: f64,
+}
+
+/// Seconds to move `bytes` at `gbps`; infinite when bytes must move at a zero rate.
+fn seconds(bytes: f64, gbps: f64) -> f64 {
+    if bytes <= 0.0 {
+        0.0
+    } else if gbps <= 0.0 {
+        f64::INFINITY
+    } else {
+        bytes / (gbps * 1e9)
+    }
+}
+
+/// Predicts one decoded token's time from its traffic.
+pub fn predict(traffic: &TokenTraffic, rates: &Rates, overlap: Overlap) -> Prediction {
+    let gpu_seconds = seconds(traffic.gpu_bytes, rates.gpu_gbps);
+    let ram_seconds = seconds(traffic.ram_bytes, rates.cpu_gbps);
+    let nvme_seconds = seconds(traffic.nvme_bytes, rates.disk_gbps) + traffic.misses * MISS_SECONDS;
+    let crossings = f64::from(traffic.crossings);
+    let pcie_seconds = crossings
+        * (CROSSING_SECONDS + seconds(traffic.crossing_bytes as f64, rates.pcie_gbps.max(1e-9)));
+    let overhead_seconds =
+        TOKEN_OVERHEAD_SECONDS + f64::from(traffic.n_layer) * LAYER_OVERHEAD_SECONDS;
+    let compute = gpu_seconds + ram_seconds + pcie_seconds + overhead_seconds;
+    let non_overlap = match overlap {
+        Overlap::None => 0.0,
+        Overlap::ReadAhead => DENSE_NON_OVERLAP,
+        Overlap::OnDemand => EXPERT_NON_OVERLAP,
+    };
+    let seconds_per_token = compute.max(nvme_seconds) + non_overlap * compute.min(nvme_seconds);
+    let terms = [
+        (Bottleneck::GpuMemory, gpu_seconds),
+        (Bottleneck::Ram, ram_seconds),
+        (Bottleneck::Nvme, nvme_seconds),
+        (Bottleneck::Pcie, pcie_seconds),
+        (Bottleneck::Overhead, overhead_seconds),
+    ];
+    let bottleneck = terms
+        .iter()
+        .fold(terms[0], |best, &t| if t.1 > best.1 { t } else { best })
+        .0;
+    Prediction {
+        tokens_per_second: if seconds_per_token > 0.0 {
+            1.0 / seconds_per_token
+        } else {
+            0.0
+        },
+        seconds_per_token,
+        bottleneck,
+        gpu_seconds,
+        ram_seconds,
+        nvme_seconds,
+        pcie_seconds,
+        overhead_seconds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates() -> Rates {
+        Rates {
+            gpu_gbps: 1000.0,
+            cpu_gbps: 50.0,
+            disk_gbps: 1.0,
+            pcie_gbps: 50.0,
+        }
+    }
+
+    #[test]
+    fn terms_are_bytes_over_rates() {
+        let t = TokenTraffic {
+            gpu_bytes: 1e9,
+            ram_bytes: 5e9,
+            n_layer: 0,
+            ..Default::default()
+        };
+        let p = predict(&t, &rates(), Overlap::None);
+        assert!((p.gpu_seconds - 1e-3).abs() < 1e-12);
+        assert!((p.ram_seconds - 0.1).abs() < 1e-12);
+        assert_eq!(p.bottleneck, Bottleneck::Ram);
+        let expected = 1e-3 + 0.1 + TOKEN_OVERHEAD_SECONDS;
+        assert!((p.seconds_per_token - expected).abs() < 1e-12);
+    }
+
+    #[test]
+    fn io_overlaps_compute_in_part() {
+        let t = TokenTraffic {
+            ram_bytes: 5e9,
+            nvme_bytes: 2e9,
+            ..Default::default()
+        };
+        let compute = 0.1 + TOKEN_OVERHEAD_SECONDS;
+        let dense = predict(&t, &rates(), Overlap::ReadAhead);
+        assert_eq!(dense.bottleneck, Bottleneck::Nvme);
+        assert!((dense.seconds_per_token - (2.0 + DENSE_NON_OVERLAP * compute)).abs() < 1e-9);
+        let experts = predict(&t, &rates(), Overlap::OnDemand);
+        assert!((experts.seconds_per_token - (2.0 + EXPERT_NON_OVERLAP * compute)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn disk_rate_is_the_median_of_large_reads() {
+        use crate::profile::DiskReadPoint;
+        let point = |block_bytes, queue_depth, gbps| DiskReadPoint {
+            block_bytes,
+            queue_depth,
+            gbps,
+        };
+        let disk = DiskProfile {
+            path: "/models".into(),
+            o_direct: true,
+            reads: vec![
+                point(64 << 10, 1, 9.0), // small blocks: ignored
+                point(1 << 20, 1, 1.1),
+                point(4 << 20, 4, 2.5), // a burst
+                point(16 << 20, 1, 1.3),
+                point(16 << 20, 32, 3.0), // deeper than the streamer goes
+            ],
+        };
+        assert_eq!(disk_gbps(&disk, 64 << 20), 1.3);
+        // Units of 4 MiB: only points with blocks up to 4 MiB.
+        assert_eq!(disk_gbps(&disk, 4 << 20), (1.1 + 2.5) / 2.0);
+    }
+
+    #[test]
+    fn bytes_without_a_device_take_forever() {
+        let t = TokenTraffic {
+            gpu_bytes: 1.0,
+            ..Default::default()
+        };
+        let no_gpu = Rates {
+            gpu_gbps: 0.0,
+            ..rates()
+        };
+        assert_eq!(predict(&t, &no_gpu, Overlap::None).tokens_per_second, 0.0);
+    }
+}

@@ -1,0 +1,1098 @@
+//! The placement planner: which tier every tensor lives on, the mode that
+//! follows, the stream cache size, and the decode speed to expect.
+//!
+//! Inputs: the tensors (name, role, layer, bytes), a few model facts (layers,
+//! experts, KV bytes per token), the budgets, the context size and the
+//! [`HardwareProfile`]. The KV cache counts against the budget of the tier
+//! that holds its layer's attention.
+//!
+//! Value per byte decides who gets the faster tier: tensors are ordered
+//! norms/routers, attention (with its KV cache) and the output head, dense FFN,
+//! then experts (whose value per byte is `n_expert_used / n_expert`), each
+//! class from the last layer down (see [`layer_key`]); the GPU takes a prefix
+//! of that order, RAM the rest.
+//! Token embeddings stay in RAM (llama.cpp keeps `token_embd` on the CPU).
+//! In a streaming mode the streamed role (experts, or dense FFN) is STREAM
+//! as a whole and what RAM has left is its cache: the engine's streamer keeps
+//! the most useful units there, so "the first N layers resident" and "N
+//! layers cached" cost the same.
+//!
+//! Every feasible (mode, GPU prefix) is priced with [`cost::predict`] and the
+//! fastest wins; so more budget never predicts a slower plan (a larger budget
+//! only adds candidates and enlarges caches).
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{self, Bottleneck, Overlap, Prediction, Rates, TokenTraffic};
+use crate::profile::HardwareProfile;
+use crate::roles::{classify, layer_index, TensorRole};
+use crate::size::format_bytes;
+
+/// Where a tensor's bytes live while the model serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Gpu,
+    Ram,
+    /// Left in the file; read on demand into the STREAM region.
+    Stream,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::Ram => "ram",
+            Tier::Stream => "stream",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a model's weights are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Every tensor resident; no I/O after load.
+    FullResident,
+    /// MoE: expert tensors streamed per selected expert through a RAM cache.
+    ExpertStreaming,
+    /// Dense: FFN weights streamed layer by layer through a pool of slots.
+    DenseFfnStreaming,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [
+        Mode::FullResident,
+        Mode::ExpertStreaming,
+        Mode::DenseFfnStreaming,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::FullResident => "full-resident",
+            Mode::ExpertStreaming => "expert-streaming",
+            Mode::DenseFfnStreaming => "dense-ffn-streaming",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "full-resident" => Ok(Mode::FullResident),
+            "expert-streaming" => Ok(Mode::ExpertStreaming),
+            "dense-ffn-streaming" => Ok(Mode::DenseFfnStreaming),
+            other => Err(format!(
+                "unknown mode '{other}': use full-resident, expert-streaming or dense-ffn-streaming"
+            )),
+        }
+    }
+}
+
+/// Whether `mode` streams tensor `name`: stacked expert tensors
+/// (`blk.N.ffn_{gate,up,down,gate_up}_exps.weight`) in expert-streaming,
+/// dense FFN matrices (`blk.N.ffn_{gate,up,down}.weight`) in dense-FFN streaming.
+/// The engine's `tensor_buft_overrides` patterns match exactly these names.
+pub fn is_streamed(mode: Mode, name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return false;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return false;
+    }
+    let Some(tensor) = rest[digits..]
+        .strip_prefix('.')
+        .and_then(|r| r.strip_suffix(".weight"))
+    else {
+        return false;
+    };
+    let role = classify(name);
+    match mode {
+        Mode::FullResident => false,
+        Mode::ExpertStreaming => {
+            role == TensorRole::Experts
+                && matches!(
+                    tensor,
+                    "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" | "ffn_gate_up_exps"
+                )
+        }
+        Mode::DenseFfnStreaming => {
+            role == TensorRole::Ffn && matches!(tensor, "ffn_gate" | "ffn_up" | "ffn_down")
+        }
+    }
+}
+
+/// One tensor as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanTensor {
+    pub name: String,
+    pub role: TensorRole,
+    pub layer: Option<u32>,
+    pub bytes: u64,
+}
+
+impl PlanTensor {
+    /// Role and layer judged from the name.
+    pub fn new(name: impl Into<String>, bytes: u64) -> PlanTensor {
+        let name = name.into();
+        PlanTensor {
+            role: classify(&name),
+            layer: layer_index(&name),
+            name,
+            bytes,
+        }
+    }
+}
+
+/// What the planner needs to know about a model beyond its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelFacts {
+    pub n_layer: u32,
+    /// 0 for a dense model.
+    pub n_expert: u32,
+    pub n_expert_used: u32,
+    /// Width of the hidden state (what crosses between GPU and CPU).
+    pub n_embd: u32,
+    pub n_vocab: u32,
+    /// KV cache bytes per token of context over all layers.
+    pub kv_bytes_per_token: u64,
+}
+
+impl ModelFacts {
+    /// KV bytes per token of context with f16 K and V: `n_layer × n_head_kv ×
+    /// (key_length + value_length) × 2`.
+    pub fn f16_kv_bytes_per_token(
+        n_layer: u32,
+        n_head_kv: u32,
+        key_length: u32,
+        value_length: u32,
+    ) -> u64 {
+        u64::from(n_layer) * u64::from(n_head_kv) * u64::from(key_length + value_length) * 2
+    }
+
+    /// KV cache bytes for a context of `n_ctx` tokens.
+    pub fn kv_bytes(&self, n_ctx: u32) -> u64 {
+        self.kv_bytes_per_token * u64::from(n_ctx)
+    }
+}
+
+/// Most bytes each tier may hold; `None` takes the profile's free capacity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budgets {
+    pub gpu_bytes: Option<u64>,
+    pub ram_bytes: Option<u64>,
+}
+
+/// GPU memory kept back for the CUDA context and compute buffers.
+pub const GPU_RESERVE_BYTES: u64 = 1 << 30;
+/// Share of the available RAM the default RAM budget takes (the rest is left
+/// to the system and the compute buffers).
+pub const DEFAULT_RAM_SHARE: f64 = 0.9;
+
+impl Budgets {
+    /// The budgets in force on `profile`: as given, capped by its capacity
+    /// (GPU: total less [`GPU_RESERVE_BYTES`]; RAM: total); absent ones take
+    /// what is free there.
+    pub fn effective(&self, profile: &HardwareProfile) -> (u64, u64) {
+        let gpu_capacity = profile.gpu_total_bytes().saturating_sub(GPU_RESERVE_BYTES);
+        let gpu_free: u64 = profile.gpus.iter().map(|g| g.free_bytes).sum();
+        let gpu = self
+            .gpu_bytes
+            .unwrap_or(gpu_free.saturating_sub(GPU_RESERVE_BYTES))
+            .min(gpu_capacity);
+        let ram_default = (profile.ram.available_bytes as f64 * DEFAULT_RAM_SHARE) as u64;
+        let ram = self
+            .ram_bytes
+            .unwrap_or(ram_default)
+            .min(profile.ram.total_bytes);
+        (gpu, ram)
+    }
+}
+
+/// Everything the planner takes.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanRequest<'a> {
+    pub tensors: &'a [PlanTensor],
+    pub facts: ModelFacts,
+    pub budgets: Budgets,
+    /// Context size in tokens (its KV cache counts against the budgets).
+    pub context_tokens: u32,
+    pub profile: &'a HardwareProfile,
+    /// Plan only this mode (`None`: the fastest that fits).
+    pub mode: Option<Mode>,
+}
+
+/// Bytes of weights per tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierBytes {
+    pub gpu: u64,
+    pub ram: u64,
+    pub stream: u64,
+}
+
+impl TierBytes {
+    pub fn total(&self) -> u64 {
+        self.gpu + self.ram + self.stream
+    }
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub mode: Mode,
+    pub tiers: BTreeMap<String, Tier>,
+    pub tier_bytes: TierBytes,
+    pub gpu_budget_bytes: u64,
+    pub ram_budget_bytes: u64,
+    pub context_tokens: u32,
+    /// KV cache bytes, and the part held in GPU memory.
+    pub kv_cache_bytes: u64,
+    pub kv_cache_gpu_bytes: u64,
+    /// RAM for streamed weights (the expert cache, or the dense FFN pool).
+    pub stream_cache_bytes: u64,
+    /// Units the cache holds: expert slices (expert-streaming) or layers (dense).
+    pub pool_slots: u64,
+    /// Layers read ahead (dense), or 1 (experts: the next layer's likely experts).
+    pub prefetch_depth_layers: u32,
+    /// Expected share of streamed-unit lookups already cached.
+    pub expected_hit_rate: f64,
+    /// Bytes read from the file per decoded token.
+    pub nvme_bytes_per_token: f64,
+    pub rates: Rates,
+    pub prediction: Prediction,
+}
+
+impl Plan {
+    pub fn predicted_tokens_per_second(&self) -> f64 {
+        self.prediction.tokens_per_second
+    }
+
+    pub fn bottleneck(&self) -> Bottleneck {
+        self.prediction.bottleneck
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("the model cannot run within the budget: {detail}")]
+    DoesNotFit {
+        /// Fewest bytes of GPU + RAM the model needs in its leanest mode.
+        minimum_bytes: u64,
+        budget_bytes: u64,
+        detail: String,
+    },
+    #[error("{0}")]
+    ModeNotApplicable(String),
+    #[error("the model has no tensors")]
+    Empty,
+}
+
+/// Tensors placed together: one tensor, or a layer's attention with its KV cache.
+struct Item {
+    tensors: Vec<usize>,
+    weight_bytes: u64,
+    kv_bytes: u64,
+    /// Weight bytes read per decoded token.
+    touched: f64,
+    layer: Option<u32>,
+    /// Part of a layer's FFN (dense or experts): decides where the layer's second half runs.
+    ffn: bool,
+}
+
+impl Item {
+    fn bytes(&self) -> u64 {
+        self.weight_bytes + self.kv_bytes
+    }
+}
+
+/// Order of the faster tiers: lower first.
+fn class(role: TensorRole) -> u8 {
+    match role {
+        TensorRole::Norm | TensorRole::Router | TensorRole::Other => 0,
+        TensorRole::Attention | TensorRole::Output | TensorRole::SharedExperts => 1,
+        TensorRole::Ffn => 2,
+        TensorRole::Experts => 3,
+        TensorRole::Embedding => 4,
+    }
+}
+
+fn touched_per_token(t: &PlanTensor, facts: &ModelFacts) -> f64 {
+    match t.role {
+        TensorRole::Experts if facts.n_expert > 0 => {
+            t.bytes as f64 * f64::from(facts.n_expert_used) / f64::from(facts.n_expert)
+        }
+        // One row per token.
+        TensorRole::Embedding => t.bytes as f64 / f64::from(facts.n_vocab.max(1)),
+        _ => t.bytes as f64,
+    }
+}
+
+/// Sort key of a layer within a class: global tensors first, then layers
+/// from the last. llama.cpp offloads the *last* `n_gpu_layers` layers and
+/// their KV cache, so a GPU prefix in this order is such a suffix and the KV
+/// cache lands where the planner counted it. (Without co-activation
+/// statistics no layer's experts are known to be hotter than another's.)
+fn layer_key(layer: Option<u32>) -> u32 {
+    layer.map_or(0, |l| u32::MAX - l)
+}
+
+/// Resident candidates in value-per-byte order (embeddings excluded), and the
+/// embeddings' indices.
+fn resident_items(req: &PlanRequest, mode: Mode, kv_per_layer: u64) -> (Vec<Item>, Vec<usize>) {
+    let mut attention: BTreeMap<u32, Item> = BTreeMap::new();
+    let mut singles: Vec<(u8, u32, usize)> = Vec::new();
+    let mut embeddings = Vec::new();
+    for (i, t) in req.tensors.iter().enumerate() {
+        if is_streamed(mode, &t.name) {
+            continue;
+        }
+        match (t.role, t.layer) {
+            (TensorRole::Embedding, _) => embeddings.push(i),
+            (TensorRole::Attention, Some(layer)) => {
+                let item = attention.entry(layer).or_insert_with(|| Item {
+                    tensors: Vec::new(),
+                    weight_bytes: 0,
+                    kv_bytes: kv_per_layer,
+                    touched: 0.0,
+                    layer: Some(layer),
+                    ffn: false,
+                });
+                item.tensors.push(i);
+                item.weight_bytes += t.bytes;
+                item.touched += touched_per_token(t, &req.facts);
+            }
+            (role, layer) => singles.push((class(role), layer_key(layer), i)),
+        }
+    }
+    let mut keyed: Vec<((u8, u32, usize), Item)> = attention
+        .into_values()
+        .map(|item| ((1, layer_key(item.layer), item.tensors[0]), item))
+        .collect();
+    for (c, layer_key, i) in singles {
+        let t = &req.tensors[i];
+        keyed.push((
+            (c, layer_key, i),
+            Item {
+                tensors: vec![i],
+                weight_bytes: t.bytes,
+                kv_bytes: 0,
+                touched: touched_per_token(t, &req.facts),
+                layer: t.layer,
+                ffn: matches!(t.role, TensorRole::Ffn | TensorRole::Experts),
+            },
+        ));
+    }
+    keyed.sort_by_key(|(k, _)| *k);
+    (
+        keyed.into_iter().map(|(_, item)| item).collect(),
+        embeddings,
+    )
+}
+
+/// The streamed part of a mode: bytes, per-layer bytes, unit size.
+struct Streamed {
+    bytes: u64,
+    /// Streamed bytes per layer.
+    per_layer: BTreeMap<u32, u64>,
+    /// Most bytes one layer streams (all its experts, or its FFN): the smallest cache.
+    layer_bytes: u64,
+    layers: u32,
+    /// Bytes of one unit (an expert of a layer, or a layer's FFN).
+    unit_bytes: u64,
+    /// Bytes touched per token (experts: the used share).
+    touched: f64,
+}
+
+fn streamed(req: &PlanRequest, mode: Mode) -> Streamed {
+    let mut per_layer: BTreeMap<u32, u64> = BTreeMap::new();
+    for t in req.tensors.iter().filter(|t| is_streamed(mode, &t.name)) {
+        *per_layer.entry(t.layer.unwrap_or(0)).or_insert(0) += t.bytes;
+    }
+    let bytes: u64 = per_layer.values().sum();
+    let layer_bytes = per_layer.values().copied().max().unwrap_or(0);
+    let layers = per_layer.len() as u32;
+    let (unit_bytes, touched) = if mode == Mode::ExpertStreaming && req.facts.n_expert > 0 {
+        let share = f64::from(req.facts.n_expert_used) / f64::from(req.facts.n_expert);
+        (
+            layer_bytes / u64::from(req.facts.n_expert),
+            bytes as f64 * share,
+        )
+    } else {
+        (layer_bytes, bytes as f64)
+    };
+    Streamed {
+        bytes,
+        per_layer,
+        layer_bytes,
+        layers,
+        unit_bytes,
+        touched,
+    }
+}
+
+/// The streamed traffic of a cache of `cache_bytes`: (hit rate, bytes read
+/// per token, slots, units read per token). Experts: uniform routing, a hit rate of the cached
+/// share (real routers are skewed, so this errs low). Dense: layers are used
+/// in a cycle and the streamer evicts the layer needed last, so `S` slots
+/// give `S − 1` hits per token.
+fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64, f64) {
+    if s.bytes == 0 {
+        return (1.0, 0.0, 0, 0.0);
+    }
+    let slots = cache_bytes / s.unit_bytes.max(1);
+    match mode {
+        Mode::ExpertStreaming => {
+            let hit = (cache_bytes as f64 / s.bytes as f64).min(1.0);
+            let read = s.touched * (1.0 - hit);
+            (hit, read, slots, read / s.unit_bytes.max(1) as f64)
+        }
+        _ => {
+            let layers = u64::from(s.layers);
+            let misses = if slots >= layers {
+                0
+            } else {
+                layers - slots.saturating_sub(1)
+            };
+            let hit = 1.0 - misses as f64 / layers as f64;
+            (hit, (misses * s.unit_bytes) as f64, slots, misses as f64)
+        }
+    }
+}
+
+/// GPU↔CPU hand-overs per token when `on_gpu[i]` items are on the GPU:
+/// the token walks embedding (CPU) → each layer's attention → its FFN → output.
+/// Streamed tensors run on the CPU.
+fn crossings(items: &[Item], on_gpu: usize, s: &Streamed, req: &PlanRequest) -> u32 {
+    if on_gpu == 0 {
+        return 0;
+    }
+    let n = req.facts.n_layer as usize;
+    // Per layer: (attention bytes on GPU, total), (FFN bytes on GPU, total).
+    let mut attn = vec![(0u64, 0u64); n];
+    let mut ffn = vec![(0u64, 0u64); n];
+    for (&l, &bytes) in &s.per_layer {
+        if let Some(slot) = ffn.get_mut(l as usize) {
+            slot.1 += bytes;
+        }
+    }
+    let mut output_on_gpu = false;
+    for (i, item) in items.iter().enumerate() {
+        let gpu = i < on_gpu;
+        match item.layer.map(|l| l as usize) {
+            Some(l) if l < n => {
+                let slot = if item.ffn { &mut ffn[l] } else { &mut attn[l] };
+                slot.1 += item.weight_bytes;
+                if gpu {
+                    slot.0 += item.weight_bytes;
+                }
+            }
+            _ => {
+                let t = &req.tensors[item.tensors[0]];
+                if t.role == TensorRole::Output {
+                    output_on_gpu = gpu;
+                }
+            }
+        }
+    }
+    let mut count = 0;
+    let mut here_gpu = false;
+    let mut visit = |gpu: bool| {
+        if gpu != here_gpu {
+            count += 1;
+            here_gpu = gpu;
+        }
+    };
+    for l in 0..n {
+        for (on, total) in [attn[l], ffn[l]] {
+            if total > 0 {
+                visit(2 * on > total);
+            }
+        }
+    }
+    visit(output_on_gpu);
+    visit(false); // sampling reads the logits on the CPU
+    count
+}
+
+/// Plans a model. See the module documentation.
+pub fn plan(req: &PlanRequest) -> Result<Plan, PlanError> {
+    if req.tensors.is_empty() {
+        return Err(PlanError::Empty);
+    }
+    let (gpu_budget, ram_budget) = req.budgets.effective(req.profile);
+    let modes: Vec<Mode> = match req.mode {
+        Some(mode) => {
+            check_applicable(req, mode)?;
+            vec![mode]
+        }
+        None => Mode::ALL
+            .into_iter()
+            .filter(|&m| check_applicable(req, m).is_ok())
+            .collect(),
+    };
+    let mut best: Option<Plan> = None;
+    for &mode in &modes {
+        if let Some(candidate) = best_of_mode(req, mode, gpu_budget, ram_budget) {
+            // Clearly faster only: equal plans keep the simpler mode (listed first).
+            let faster = best.as_ref().is_none_or(|b| {
+                candidate.prediction.seconds_per_token
+                    < b.prediction.seconds_per_token * (1.0 - 1e-9)
+            });
+            if faster {
+                best = Some(candidate);
+            }
+        }
+    }
+    best.ok_or_else(|| does_not_fit(req, &modes, gpu_budget, ram_budget))
+}
+
+fn check_applicable(req: &PlanRequest, mode: Mode) -> Result<(), PlanError> {
+    if mode == Mode::FullResident || req.tensors.iter().any(|t| is_streamed(mode, &t.name)) {
+        return Ok(());
+    }
+    Err(PlanError::ModeNotApplicable(match mode {
+        Mode::ExpertStreaming => {
+            "expert-streaming needs a mixture-of-experts model; this one has no expert tensors"
+                .into()
+        }
+        _ => format!("{mode} found no dense FFN tensors in this model"),
+    }))
+}
+
+/// The fastest feasible GPU prefix of `mode`, or `None` if nothing fits.
+fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64) -> Option<Plan> {
+    let n_layer = req.facts.n_layer.max(1);
+    let kv_total = req.facts.kv_bytes(req.context_tokens);
+    let kv_per_layer = kv_total / u64::from(n_layer);
+    let (items, embeddings) = resident_items(req, mode, kv_per_layer);
+    let s = streamed(req, mode);
+    let embedding_bytes: u64 = embeddings.iter().map(|&i| req.tensors[i].bytes).sum();
+    let embedding_touched: f64 = embeddings
+        .iter()
+        .map(|&i| touched_per_token(&req.tensors[i], &req.facts))
+        .sum();
+    // KV of layers without attention tensors (unusual) stays in RAM.
+    let kv_unplaced =
+        kv_total - kv_per_layer * items.iter().filter(|i| i.kv_bytes > 0).count() as u64;
+    let all_bytes: u64 = items.iter().map(Item::bytes).sum();
+    let all_touched: f64 = items.iter().map(|i| i.touched).sum();
+    let min_cache = s.layer_bytes;
+    let rates = Rates::from_profile(req.profile, s.unit_bytes);
+    let overlap = match mode {
+        Mode::FullResident => Overlap::None,
+        Mode::ExpertStreaming => Overlap::OnDemand,
+        Mode::DenseFfnStreaming => Overlap::ReadAhead,
+    };
+
+    let mut best: Option<(usize, u64, Prediction, f64, f64, u64, u64)> = None;
+    let (mut gpu_bytes, mut gpu_touched) = (0u64, 0f64);
+    for k in 0..=items.len() {
+        if k > 0 {
+            gpu_bytes += items[k - 1].bytes();
+            gpu_touched += items[k - 1].touched;
+        }
+        if gpu_bytes > gpu_budget {
+            break;
+        }
+        let ram_resident = all_bytes - gpu_bytes + embedding_bytes + kv_unplaced;
+        let Some(cache) = ram_budget.checked_sub(ram_resident) else {
+            continue;
+        };
+        if mode != Mode::FullResident && cache < min_cache {
+            continue;
+        }
+        let cache = cache.min(s.bytes);
+        let (hit, nvme, slots, misses) = stream_traffic(&s, mode, cache);
+        let traffic = TokenTraffic {
+            gpu_bytes: gpu_touched,
+            ram_bytes: all_touched - gpu_touched + embedding_touched + s.touched,
+            nvme_bytes: nvme,
+            misses,
+            crossings: crossings(&items, k, &s, req),
+            crossing_bytes: u64::from(req.facts.n_embd) * 4,
+            n_layer: req.facts.n_layer,
+        };
+        let p = cost::predict(&traffic, &rates, overlap);
+        // Ties go to more GPU (later k): it leaves RAM for the system.
+        if best
+            .as_ref()
+            .is_none_or(|b| p.seconds_per_token <= b.2.seconds_per_token)
+        {
+            best = Some((k, cache, p, hit, nvme, slots, gpu_bytes));
+        }
+    }
+    let (k, cache, prediction, hit, nvme, slots, _) = best?;
+
+    let mut tiers = BTreeMap::new();
+    let mut tier_bytes = TierBytes::default();
+    for (i, item) in items.iter().enumerate() {
+        let tier = if i < k { Tier::Gpu } else { Tier::Ram };
+        for &t in &item.tensors {
+            tiers.insert(req.tensors[t].name.clone(), tier);
+        }
+        *tier_slot(&mut tier_bytes, tier) += item.weight_bytes;
+    }
+    for &i in &embeddings {
+        tiers.insert(req.tensors[i].name.clone(), Tier::Ram);
+        tier_bytes.ram += req.tensors[i].bytes;
+    }
+    for t in req.tensors.iter().filter(|t| is_streamed(mode, &t.name)) {
+        tiers.insert(t.name.clone(), Tier::Stream);
+        tier_bytes.stream += t.bytes;
+    }
+    let kv_cache_gpu_bytes = items[..k].iter().map(|i| i.kv_bytes).sum();
+    Some(Plan {
+        mode,
+        tiers,
+        tier_bytes,
+        gpu_budget_bytes: gpu_budget,
+        ram_budget_bytes: ram_budget,
+        context_tokens: req.context_tokens,
+        kv_cache_bytes: kv_total,
+        kv_cache_gpu_bytes,
+        stream_cache_bytes: if mode == Mode::FullResident { 0 } else { cache },
+        pool_slots: slots,
+        prefetch_depth_layers: prefetch_depth(mode, &s, slots, &prediction, &rates),
+        expected_hit_rate: hit,
+        nvme_bytes_per_token: nvme,
+        rates,
+        prediction,
+    })
+}
+
+fn tier_slot(bytes: &mut TierBytes, tier: Tier) -> &mut u64 {
+    match tier {
+        Tier::Gpu => &mut bytes.gpu,
+        Tier::Ram => &mut bytes.ram,
+        Tier::Stream => &mut bytes.stream,
+    }
+}
+
+/// Dense: enough layers ahead that reading one layer's FFN overlaps the
+/// compute of the layers before it, within the free slots. Experts: 1.
+fn prefetch_depth(mode: Mode, s: &Streamed, slots: u64, p: &Prediction, rates: &Rates) -> u32 {
+    match mode {
+        Mode::FullResident => 0,
+        Mode::ExpertStreaming => 1,
+        Mode::DenseFfnStreaming => {
+            let compute_per_layer =
+                (p.gpu_seconds + p.ram_seconds + p.overhead_seconds) / f64::from(s.layers.max(1));
+            let read_per_layer = s.unit_bytes as f64 / (rates.disk_gbps.max(1e-9) * 1e9);
+            let k = (read_per_layer / compute_per_layer.max(1e-9)).ceil() as u64;
+            let most = slots
+                .saturating_sub(1)
+                .max(1)
+                .min(u64::from(s.layers.max(2) - 1));
+            k.clamp(1, most) as u32
+        }
+    }
+}
+
+/// The error for a model that fits no mode: the leanest mode's minimum.
+fn does_not_fit(req: &PlanRequest, modes: &[Mode], gpu_budget: u64, ram_budget: u64) -> PlanError {
+    let kv = req.facts.kv_bytes(req.context_tokens);
+    let budget = gpu_budget + ram_budget;
+    let leanest = modes
+        .iter()
+        .map(|&mode| {
+            let s = streamed(req, mode);
+            let total: u64 = req.tensors.iter().map(|t| t.bytes).sum();
+            let resident = total - s.bytes;
+            (resident + kv + s.layer_bytes, mode, resident, s.layer_bytes)
+        })
+        .min_by_key(|m| m.0);
+    let Some((minimum, mode, resident, cache)) = leanest else {
+        return PlanError::Empty;
+    };
+    let mut detail = format!(
+        "{mode} needs at least {} of GPU + RAM ({} of resident weights + {} of KV cache for {} tokens",
+        format_bytes(minimum),
+        format_bytes(resident),
+        format_bytes(kv),
+        req.context_tokens
+    );
+    if cache > 0 {
+        detail.push_str(&format!(
+            " + {} of stream cache for one layer",
+            format_bytes(cache)
+        ));
+    }
+    detail.push_str(&format!(
+        "), but the budgets allow {} (GPU {} + RAM {})",
+        format_bytes(budget),
+        format_bytes(gpu_budget),
+        format_bytes(ram_budget)
+    ));
+    if minimum <= budget {
+        detail.push_str(
+            "; RAM is too small for what must stay on the CPU (token embeddings, the stream cache)",
+        );
+    }
+    detail.push_str("; raise --ram-budget or --gpu-budget, or lower --context");
+    PlanError::DoesNotFit {
+        minimum_bytes: minimum,
+        budget_bytes: budget,
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{CpuProfile, DiskProfile, DiskReadPoint, GpuProfile, RamProfile};
+
+    const GIB: u64 = 1 << 30;
+
+    fn profile(gpu_bytes: Option<u64>) -> HardwareProfile {
+        HardwareProfile {
+            version: crate::profile::PROFILE_VERSION,
+            measured_at: "2025-01-01T00:00:00Z".into(),
+            host: "fixture".into(),
+            cpu: CpuProfile {
+                model: "fixture".into(),
+                threads: 16,
+                q4k_matvec_gbps: 61.0,
+            },
+            ram: RamProfile {
+                total_bytes: 125 * GIB,
+                available_bytes: 120 * GIB,
+                read_gbps: 100.0,
+            },
+            gpus: gpu_bytes
+                .map(|b| GpuProfile {
+                    name: "CUDA0".into(),
+                    description: "fixture".into(),
+                    total_bytes: b,
+                    free_bytes: b,
+                    q4k_matvec_gbps: 1240.0,
+                    host_to_device_pinned_gbps: 55.0,
+                    host_to_device_pageable_gbps: 15.0,
+                })
+                .into_iter()
+                .collect(),
+            disk: DiskProfile {
+                path: "/models".into(),
+                o_direct: true,
+                reads: vec![DiskReadPoint {
+                    block_bytes: 16 << 20,
+                    queue_depth: 4,
+                    gbps: 1.25,
+                }],
+            },
+        }
+    }
+
+    /// Tensors in the shape of a Q4_K model (4.5 bits per weight).
+    fn model(n_layer: u32, n_embd: u64, n_ff: u64, n_kv: u64, experts: u32) -> Vec<PlanTensor> {
+        let q4k = |n: u64| n * 9 / 16;
+        let mut t = vec![
+            PlanTensor::new("token_embd.weight", q4k(n_embd * 32_000)),
+            PlanTensor::new("output_norm.weight", n_embd * 4),
+            PlanTensor::new("output.weight", q4k(n_embd * 32_000)),
+        ];
+        for l in 0..n_layer {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            t.push(PlanTensor::new(n("attn_norm"), n_embd * 4));
+            t.push(PlanTensor::new(n("attn_q"), q4k(n_embd * n_embd)));
+            t.push(PlanTensor::new(n("attn_k"), q4k(n_embd * n_kv)));
+            t.push(PlanTensor::new(n("attn_v"), q4k(n_embd * n_kv)));
+            t.push(PlanTensor::new(n("attn_output"), q4k(n_embd * n_embd)));
+            t.push(PlanTensor::new(n("ffn_norm"), n_embd * 4));
+            if experts == 0 {
+                for m in ["ffn_gate", "ffn_up", "ffn_down"] {
+                    t.push(PlanTensor::new(n(m), q4k(n_embd * n_ff)));
+                }
+            } else {
+                let e = u64::from(experts);
+                t.push(PlanTensor::new(n("ffn_gate_inp"), n_embd * e * 4));
+                for m in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+                    t.push(PlanTensor::new(n(m), q4k(n_embd * n_ff * e)));
+                }
+            }
+        }
+        t
+    }
+
+    fn facts(n_layer: u32, experts: u32) -> ModelFacts {
+        ModelFacts {
+            n_layer,
+            n_expert: experts,
+            n_expert_used: if experts > 0 { 2 } else { 0 },
+            n_embd: 4096,
+            n_vocab: 32_000,
+            kv_bytes_per_token: ModelFacts::f16_kv_bytes_per_token(n_layer, 8, 128, 128),
+        }
+    }
+
+    fn request<'a>(
+        tensors: &'a [PlanTensor],
+        facts: ModelFacts,
+        profile: &'a HardwareProfile,
+        gpu: u64,
+        ram: u64,
+    ) -> PlanRequest<'a> {
+        PlanRequest {
+            tensors,
+            facts,
+            budgets: Budgets {
+                gpu_bytes: Some(gpu),
+                ram_bytes: Some(ram),
+            },
+            context_tokens: 4096,
+            profile,
+            mode: None,
+        }
+    }
+
+    #[test]
+    fn kv_bytes_follow_the_formula() {
+        // Mixtral: 32 layers × 8 KV heads × (128 + 128) × 2 bytes = 128 KiB per token.
+        let f = facts(32, 8);
+        assert_eq!(f.kv_bytes_per_token, 32 * 8 * 256 * 2);
+        assert_eq!(f.kv_bytes(4096), 512 << 20);
+    }
+
+    #[test]
+    fn value_per_byte_order_fills_the_gpu() {
+        let tensors = model(4, 4096, 14336, 1024, 8);
+        let p = profile(Some(80 * GIB));
+        let attention_and_small: u64 = tensors
+            .iter()
+            .filter(|t| !matches!(t.role, TensorRole::Experts | TensorRole::Embedding))
+            .map(|t| t.bytes)
+            .sum();
+        let kv = facts(4, 8).kv_bytes(4096);
+        // Room for the attention, norms, routers, output and KV, plus one expert tensor.
+        let one_expert_tensor = tensors
+            .iter()
+            .find(|t| t.role == TensorRole::Experts)
+            .unwrap()
+            .bytes;
+        let gpu = attention_and_small + kv + one_expert_tensor + 1000;
+        let plan = plan(&request(&tensors, facts(4, 8), &p, gpu, 64 * GIB)).unwrap();
+        assert_eq!(plan.mode, Mode::FullResident);
+        for t in &tensors {
+            let expected = match (t.role, t.name.as_str()) {
+                (TensorRole::Embedding, _) => Tier::Ram,
+                (TensorRole::Experts, "blk.3.ffn_gate_exps.weight") => Tier::Gpu,
+                (TensorRole::Experts, _) => Tier::Ram,
+                _ => Tier::Gpu,
+            };
+            assert_eq!(plan.tiers[&t.name], expected, "{}", t.name);
+        }
+        assert_eq!(plan.kv_cache_gpu_bytes, kv);
+    }
+
+    #[test]
+    fn dense_ffn_goes_to_the_gpu_before_experts() {
+        let mut tensors = model(2, 1024, 4096, 256, 4);
+        // Layer 1 has a dense FFN instead of experts (as some MoE models' first layers do).
+        tensors.retain(|t| !t.name.starts_with("blk.1.ffn_"));
+        for m in ["ffn_gate", "ffn_up", "ffn_down"] {
+            tensors.push(PlanTensor::new(
+                format!("blk.1.{m}.weight"),
+                1024 * 4096 * 9 / 16,
+            ));
+        }
+        let p = profile(Some(80 * GIB));
+        let resident: u64 = tensors
+            .iter()
+            .filter(|t| !matches!(t.role, TensorRole::Experts | TensorRole::Embedding))
+            .map(|t| t.bytes)
+            .sum();
+        let f = ModelFacts {
+            n_embd: 1024,
+            ..facts(2, 4)
+        };
+        let gpu = resident + f.kv_bytes(4096);
+        let mut req = request(&tensors, f, &p, gpu, 64 * GIB);
+        req.mode = Some(Mode::FullResident);
+        let full = plan(&req).unwrap().prediction;
+        req.mode = Some(Mode::ExpertStreaming);
+        // Streamed experts run on the CPU too: the same hand-overs, the same time.
+        assert_eq!(
+            plan(&req).unwrap().prediction.pcie_seconds,
+            full.pcie_seconds
+        );
+        let plan = plan(&request(&tensors, f, &p, gpu, 64 * GIB)).unwrap();
+        assert_eq!(plan.tiers["blk.1.ffn_down.weight"], Tier::Gpu);
+        assert_eq!(plan.tiers["blk.0.ffn_gate_exps.weight"], Tier::Ram);
+    }
+
+    #[test]
+    fn kv_cache_counts_against_the_budget() {
+        let tensors = model(4, 4096, 14336, 1024, 0);
+        let p = profile(None);
+        let weights: u64 = tensors.iter().map(|t| t.bytes).sum();
+        let f = facts(4, 0);
+        let kv = f.kv_bytes(4096);
+        let fits = plan(&request(&tensors, f, &p, 0, weights + kv)).unwrap();
+        assert_eq!(fits.mode, Mode::FullResident);
+        assert_eq!(fits.kv_cache_bytes, kv);
+        // One byte less and the FFN must stream.
+        let short = plan(&request(&tensors, f, &p, 0, weights + kv - 1)).unwrap();
+        assert_eq!(short.mode, Mode::DenseFfnStreaming);
+    }
+
+    #[test]
+    fn budgets_are_capped_by_the_profile() {
+        let p = profile(Some(20 * GIB));
+        let b = Budgets {
+            gpu_bytes: Some(64 * GIB),
+            ram_bytes: Some(1 << 50),
+        };
+        assert_eq!(b.effective(&p), (19 * GIB, 125 * GIB));
+        let defaults = Budgets::default().effective(&p);
+        assert_eq!(defaults.0, 19 * GIB);
+        assert_eq!(defaults.1, (120.0 * GIB as f64 * DEFAULT_RAM_SHARE) as u64);
+        assert_eq!(
+            Budgets {
+                gpu_bytes: Some(8 * GIB),
+                ram_bytes: None
+            }
+            .effective(&profile(None))
+            .0,
+            0
+        );
+    }
+
+    #[test]
+    fn tier_bytes_sum_to_the_tensors() {
+        let tensors = model(8, 4096, 14336, 1024, 8);
+        let total: u64 = tensors.iter().map(|t| t.bytes).sum();
+        let p = profile(Some(80 * GIB));
+        for (gpu, ram) in [(0, 4 * GIB), (2 * GIB, 3 * GIB), (8 * GIB, 8 * GIB)] {
+            let plan = plan(&request(&tensors, facts(8, 8), &p, gpu, ram)).unwrap();
+            assert_eq!(plan.tier_bytes.total(), total);
+            assert_eq!(plan.tiers.len(), tensors.len());
+            assert!(plan.tier_bytes.gpu + plan.kv_cache_gpu_bytes <= plan.gpu_budget_bytes);
+        }
+    }
+
+    #[test]
+    fn more_budget_never_predicts_slower() {
+        let p = profile(Some(141_000_000_000));
+        for (tensors, f) in [
+            (model(32, 4096, 14336, 1024, 8), facts(32, 8)),
+            (model(16, 8192, 28672, 1024, 0), facts(16, 0)),
+        ] {
+            let mut last_by_ram: Vec<f64> = Vec::new();
+            for g in 0..=8u64 {
+                let mut last = 0.0f64;
+                for r in 1..=10u64 {
+                    let req = request(&tensors, f, &p, g * 2 * GIB, r * 2 * GIB);
+                    let tps = plan(&req).map_or(0.0, |p| p.predicted_tokens_per_second());
+                    assert!(tps >= last, "gpu {g}×2GiB ram {r}×2GiB: {tps} < {last}");
+                    if let Some(&before) = last_by_ram.get(r as usize - 1) {
+                        assert!(tps >= before, "gpu {g}×2GiB ram {r}×2GiB: {tps} < {before}");
+                    }
+                    if last_by_ram.len() < r as usize {
+                        last_by_ram.push(tps);
+                    } else {
+                        last_by_ram[r as usize - 1] = tps;
+                    }
+                    last = tps;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn streaming_modes_follow_the_budget() {
+        let moe = model(8, 4096, 14336, 1024, 8);
+        let p = profile(None);
+        let plan_moe = plan(&request(&moe, facts(8, 8), &p, 0, 4 * GIB)).unwrap();
+        assert_eq!(plan_moe.mode, Mode::ExpertStreaming);
+        assert_eq!(plan_moe.prediction.bottleneck, Bottleneck::Nvme);
+        assert!(plan_moe.expected_hit_rate > 0.0 && plan_moe.expected_hit_rate < 1.0);
+        let experts: u64 = moe
+            .iter()
+            .filter(|t| t.role == TensorRole::Experts)
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(plan_moe.tier_bytes.stream, experts);
+        assert_eq!(
+            plan_moe.stream_cache_bytes,
+            4 * GIB - plan_moe.tier_bytes.ram - plan_moe.kv_cache_bytes
+        );
+    }
+
+    #[test]
+    fn a_model_too_big_names_its_minimum() {
+        let tensors = model(4, 4096, 14336, 1024, 0);
+        let p = profile(None);
+        let err = plan(&request(&tensors, facts(4, 0), &p, 0, 100 << 20)).unwrap_err();
+        let PlanError::DoesNotFit {
+            minimum_bytes,
+            detail,
+            ..
+        } = &err
+        else {
+            panic!("{err}");
+        };
+        let non_ffn: u64 = tensors
+            .iter()
+            .filter(|t| t.role != TensorRole::Ffn)
+            .map(|t| t.bytes)
+            .sum();
+        let one_layer_ffn = 3 * (4096 * 14336 * 9 / 16);
+        assert_eq!(
+            *minimum_bytes,
+            non_ffn + facts(4, 0).kv_bytes(4096) + one_layer_ffn
+        );
+        assert!(
+            detail.contains("dense-ffn-streaming needs at least"),
+            "{detail}"
+        );
+        assert!(detail.contains(&format_bytes(*minimum_bytes)), "{detail}");
+    }
+
+    #[test]
+    fn a_forced_mode_must_apply() {
+        let tensors = model(2, 1024, 4096, 256, 0);
+        let p = profile(None);
+        let mut req = request(&tensors, facts(2, 0), &p, 0, 64 * GIB);
+        req.mode = Some(Mode::ExpertStreaming);
+        assert!(matches!(plan(&req), Err(PlanError::ModeNotApplicable(_))));
+        req.mode = Some(Mode::DenseFfnStreaming);
+        assert_eq!(plan(&req).unwrap().mode, Mode::DenseFfnStreaming);
+    }
+
+    #[test]
+    fn names_streamed_per_mode() {
+        assert!(is_streamed(
+            Mode::ExpertStreaming,
+            "blk.3.ffn_up_exps.weight"
+        ));
+        assert!(!is_streamed(
+            Mode::ExpertStreaming,
+            "blk.3.ffn_gate_inp.weight"
+        ));
+        assert!(is_streamed(
+            Mode::DenseFfnStreaming,
+            "blk.0.ffn_down.weight"
+        ));
+        assert!(!is_streamed(
+            Mode::DenseFfnStreaming,
+            "blk.0.ffn_norm.weight"
+        ));
+        assert!(!is_streamed(Mode::FullResident, "blk.0.ffn_down.weight"));
+    }
+}

@@ -1,0 +1,136 @@
+//! The hardware profile: what `hypura profile` measures once and caches, and
+//! what the planner's cost model reads. Plain data; measuring lives in the
+//! engine (`llama_tiered::hwprobe`), which needs FFI and the file system.
+use serde::{Deserialize, Serialize};
+
+/// Bump when a field changes meaning: older cached profiles are re-measured.
+pub const PROFILE_VERSION: u32 = 1;
+
+/// One machine, measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HardwareProfile {
+    pub version: u32,
+    /// RFC 3339, UTC.
+    pub measured_at: String,
+    pub host: String,
+    pub cpu: CpuProfile,
+    pub ram: RamProfile,
+    /// Empty on a machine without a GPU backend.
+    pub gpus: Vec<GpuProfile>,
+    pub disk: DiskProfile,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuProfile {
+    /// e.g. `"Intel(R) Xeon(R) Platinum 8480+"`.
+    pub model: String,
+    /// Logical CPUs this process may run on.
+    pub threads: u32,
+    /// Rate at which the CPU backend consumes quantized (Q4_K) weights in a
+    /// matrix × vector product with all `threads`, GB/s: a decode step's
+    /// ceiling for weights held in RAM (often below `RamProfile::read_gbps`).
+    pub q4k_matvec_gbps: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RamProfile {
+    pub total_bytes: u64,
+    pub available_bytes: u64,
+    /// Multi-threaded sequential read bandwidth, GB/s (10^9 bytes).
+    pub read_gbps: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProfile {
+    /// ggml device name, e.g. `"CUDA0"`.
+    pub name: String,
+    /// Device description, e.g. `"NVIDIA H200"`.
+    pub description: String,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Rate at which this device consumes Q4_K weights in a matrix × vector
+    /// product, GB/s (its effective memory bandwidth for decode).
+    pub q4k_matvec_gbps: f64,
+    /// Host → device copy from pinned host memory, GB/s.
+    pub host_to_device_pinned_gbps: f64,
+    /// Host → device copy from ordinary (pageable) host memory, GB/s.
+    pub host_to_device_pageable_gbps: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskProfile {
+    /// The directory whose volume was measured (where the models live).
+    pub path: String,
+    /// False when the file system refused O_DIRECT and buffered reads were measured.
+    pub o_direct: bool,
+    /// One point per (block size, queue depth) measured.
+    pub reads: Vec<DiskReadPoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskReadPoint {
+    pub block_bytes: u64,
+    pub queue_depth: u32,
+    pub gbps: f64,
+}
+
+impl DiskProfile {
+    /// Best measured read bandwidth, GB/s (0 when nothing was measured).
+    pub fn best_gbps(&self) -> f64 {
+        self.reads.iter().map(|p| p.gbps).fold(0.0, f64::max)
+    }
+
+    /// Bandwidth for reads of about `block_bytes` at up to `queue_depth`
+    /// in flight: the best point with a block no larger and a depth no
+    /// deeper (falls back to the best overall when none is).
+    pub fn gbps_for(&self, block_bytes: u64, queue_depth: u32) -> f64 {
+        let fitting = self
+            .reads
+            .iter()
+            .filter(|p| p.block_bytes <= block_bytes.max(1) && p.queue_depth <= queue_depth.max(1))
+            .map(|p| p.gbps)
+            .fold(0.0, f64::max);
+        if fitting > 0.0 {
+            fitting
+        } else {
+            self.best_gbps()
+        }
+    }
+}
+
+impl HardwareProfile {
+    /// Total GPU memory over all GPUs.
+    pub fn gpu_total_bytes(&self) -> u64 {
+        self.gpus.iter().map(|g| g.total_bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disk() -> DiskProfile {
+        DiskProfile {
+            path: "/models".into(),
+            o_direct: true,
+            reads: vec![
+                DiskReadPoint { block_bytes: 64 << 10, queue_depth: 1, gbps: 0.3 },
+                DiskReadPoint { block_bytes: 64 << 10, queue_depth: 32, gbps: 1.0 },
+                DiskReadPoint { block_bytes: 16 << 20, queue_depth: 1, gbps: 1.2 },
+                DiskReadPoint { block_bytes: 16 << 20, queue_depth: 32, gbps: 1.3 },
+            ],
+        }
+    }
+
+    #[test]
+    fn disk_bandwidth_is_looked_up_by_block_and_depth() {
+        let d = disk();
+        assert_eq!(d.best_gbps(), 1.3);
+        assert_eq!(d.gbps_for(64 << 10, 1), 0.3);
+        assert_eq!(d.gbps_for(1 << 20, 8), 0.3);
+        assert_eq!(d.gbps_for(1 << 20, 32), 1.0);
+        assert_eq!(d.gbps_for(32 << 20, 4), 1.2);
+        // Smaller than anything measured: the best there is.
+        assert_eq!(d.gbps_for(4096, 1), 1.3);
+    }
+}

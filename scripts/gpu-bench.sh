@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
+#
+#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe profile plan summary)
+#
+# hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
+# libraries). Here the same vendored llama.cpp source is built with CUDA as
+# shared libraries, and the binary runs over them (same source, same ABI).
+# The baseline is scripts/bench/llama_decode_bench.c (a plain llama.cpp greedy
+# loop) built against the same libraries: llama-bench's sources are not
+# vendored by llama-cpp-sys-2.
+#
+# Inputs (copied into the ignored .devcarry/ and carried; docs/benchmarks.md
+# says how): .devcarry/llama.cpp.tar.gz, .devcarry/hypura, .devcarry/hypura-synth.
+# Outputs under $OUT (at most 8 files): results.jsonl (one line per run),
+# log.txt, summary.txt, h200-measured.json (hypura profile), plans.jsonl,
+# bench.jsonl (hypura bench: the planner's prediction beside the measurement).
+# Runs are skipped once the call has run DEADLINE seconds (default 560), so a
+# call under the device's 600 s limit still returns its results; a later call
+# with the remaining steps reuses the build and models while the machine is warm.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-bench-out}
+W=${GPU_WORK:-/tmp/hypura-gpu}
+T=${THREADS:-$(nproc)}
+N=${N_TOKENS:-64}
+R=${RUNS:-3}
+PROMPT="The history of the city of Paris begins"
+SRC=$W/llama.cpp
+B=$W/build/bin
+H=$PWD/.devcarry/hypura
+S=$PWD/.devcarry/hypura-synth
+LB=$W/llama-decode-bench
+DENSE=$W/llama-8b-q4k.gguf
+MOE=$W/mixtral-8l-q4k.gguf
+export LD_LIBRARY_PATH=$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+mkdir -p "$OUT" "$W"
+DEADLINE=${DEADLINE:-560}
+log() { echo "== $(date +%T) [${SECONDS}s] $*" | tee -a "$OUT/log.txt"; }
+late() { [ "$SECONDS" -ge "$DEADLINE" ] && { log "skipped (deadline): $*"; return 0; }; return 1; }
+
+build() {
+  if [ -f "$B/libllama.so" ] && [ -x "$LB" ]; then log "build: already there"; return; fi
+  log "build: llama.cpp (vendored by llama-cpp-sys-2 0.1.161) with CUDA, shared"
+  rm -rf "$SRC" && tar xzf .devcarry/llama.cpp.tar.gz -C "$W" || return 1
+  # The options llama-cpp-sys-2's build.rs passes for our release build
+  # (dynamic-link, openmp, common, target-cpu=x86-64-v3), plus CUDA for sm_90.
+  local flags="-march=x86-64-v3 -ffunction-sections -fdata-sections -fPIC -m64 -w"
+  cmake -S "$SRC" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" \
+    -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+    -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_SSE42=ON -DGGML_OPENMP=ON \
+    -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 >"$W/cmake.log" 2>&1 \
+    || { tail -30 "$W/cmake.log" | tee -a "$OUT/log.txt"; return 1; }
+  local t0=$SECONDS
+  cmake --build "$W/build" -j"$(nproc)" --target llama llama-common ggml >"$W/build.log" 2>&1 \
+    || { tail -40 "$W/build.log" | tee -a "$OUT/log.txt"; return 1; }
+  log "build: $((SECONDS - t0)) s on $(nproc) cores"
+  cc -O2 -o "$LB" scripts/bench/llama_decode_bench.c -I"$SRC/include" -I"$SRC/ggml/include" \
+    -L"$B" -lllama -lggml -lggml-base -Wl,-rpath,"$B" || return 1
+  ls -la "$B" | tee -a "$OUT/log.txt"
+}
+
+models() {
+  [ -f "$DENSE" ] || { log "models: $DENSE"; "$S" dense --preset llama-8b -o "$DENSE" | tee -a "$OUT/log.txt"; }
+  [ -f "$MOE" ] || { log "models: $MOE"; "$S" moe --preset mixtral-8x7b --layers 8 -o "$MOE" | tee -a "$OUT/log.txt"; }
+  ls -la "$W"/*.gguf | tee -a "$OUT/log.txt"
+}
+
+# hypura CASE MODEL [hypura flags...]: one JSON line per run in results.jsonl.
+hyp() {
+  local case=$1 model=$2; shift 2
+  late "hypura $case" && return 0
+  for i in $(seq "$R"); do
+    local j
+    j=$("$H" run "$model" --raw -p "$PROMPT" --temperature 0 --max-tokens "$N" --threads "$T" --json "$@" 2>"$W/err.txt") \
+      || { log "FAILED: hypura $case $*"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
+    python3 - "$case" "$*" "$j" >>"$OUT/results.jsonl" <<'EOF'
+import json, sys
+case, flags, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+print(json.dumps({"case": case, "engine": "hypura", "flags": flags, "tokens": j["tokens"], **j["stats"]}))
+EOF
+  done
+  tail -1 "$OUT/results.jsonl" | cut -c1-400 | tee -a "$OUT/log.txt"
+}
+
+# llamacpp CASE MODEL NGL [CPU_REGEX]: the plain llama.cpp loop.
+llamacpp() {
+  local case=$1 model=$2 ngl=$3; shift 3
+  late "llama.cpp $case" && return 0
+  for i in $(seq "$R"); do
+    local j
+    j=$("$LB" "$model" "$PROMPT" "$N" "$T" "$ngl" read "$@" 2>"$W/err.txt") \
+      || { log "FAILED: llama.cpp $case"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
+    python3 - "$case" "ngl=$ngl $*" "$j" >>"$OUT/results.jsonl" <<'EOF'
+import json, sys
+case, flags, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+print(json.dumps({"case": case, "engine": "llama.cpp", "flags": flags, **j}))
+EOF
+  done
+  tail -1 "$OUT/results.jsonl" | cut -c1-400 | tee -a "$OUT/log.txt"
+}
+
+smoke() {
+  log "smoke: devices and placement (llama.cpp's log)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
+  ldd "$H" | grep -E 'llama|ggml' | tee -a "$OUT/log.txt"
+  # What llama.cpp did with each placement: devices, offloaded layers, buffers.
+  for flags in "$DENSE --gpu-layers 99" "$DENSE --gpu-layers 16" "$DENSE --mode full-resident --gpu-budget 1140MiB" \
+      "$MOE --mode expert-streaming --gpu-layers 99" "$MOE --mode full-resident --gpu-budget 400MiB"; do
+    log "placement: $flags"
+    # shellcheck disable=SC2086
+    RUST_LOG=llama.cpp=trace "$H" run $flags --raw -p "$PROMPT" --temperature 0 --max-tokens 4 2>&1 \
+      | grep -E 'using device|offload|model buffer size|KV buffer size|overridden|error|Error|panick' \
+      | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*llama\.cpp: //; s/tensor blk\.[0-9]+\./tensor blk.N./; s/\([0-9]+ MiB/(/' \
+      | sort | uniq -c | sort -rn | head -16 | tee -a "$OUT/log.txt"
+  done
+}
+
+dense() {
+  log "dense: Llama-8B-shaped Q4_K, $N tokens, $R runs, $T threads"
+  for ngl in 99 16 0; do
+    llamacpp "dense-ngl$ngl" "$DENSE" "$ngl"
+    if [ "$ngl" = 0 ]; then hyp "dense-ngl$ngl" "$DENSE"; else hyp "dense-ngl$ngl" "$DENSE" --gpu-layers "$ngl"; fi
+  done
+  # Attention, norms and output on the GPU (1132 MiB; one FFN tensor is
+  # 31.5 MiB more than the budget leaves), FFN in RAM; llama.cpp the same way.
+  llamacpp dense-attn-gpu-ffn-ram "$DENSE" 99 '\.ffn_(up|down|gate)\.'
+  hyp dense-attn-gpu-ffn-ram "$DENSE" --mode full-resident --gpu-budget 1140MiB
+  # The same GPU tensors, FFN streamed from the file (cache unbounded).
+  R=1 hyp dense-attn-gpu-ffn-stream "$DENSE" --mode dense-ffn-streaming --gpu-layers 99
+}
+
+moe() {
+  log "moe: Mixtral-shaped (8 layers) Q4_K, $N tokens, $R runs, $T threads"
+  llamacpp moe-ngl99 "$MOE" 99
+  hyp moe-ngl99 "$MOE" --gpu-layers 99
+  # llama.cpp's --n-cpu-moe: every layer on the GPU but the experts in RAM.
+  llamacpp moe-experts-ram "$MOE" 99 '\.ffn_(up|down|gate)_exps'
+  # hypura: the same with a GPU budget that holds everything but the experts
+  # (attention, norms, routers, output: 284 MiB; one expert tensor is 252 MiB).
+  hyp moe-experts-ram "$MOE" --mode full-resident --gpu-budget 400MiB
+  # Expert streaming + GPU: the same tensors on the GPU, experts STREAM (cache
+  # unbounded: after the first tokens every used expert is cached).
+  hyp moe-experts-stream "$MOE" --mode expert-streaming --gpu-layers 99
+  # Under a RAM budget (about half the experts): real NVMe reads every token.
+  R=1 N=32 hyp moe-experts-stream-2g "$MOE" --mode expert-streaming --gpu-layers 99 --ram-budget 2GiB
+  llamacpp moe-ngl0 "$MOE" 0
+  hyp moe-ngl0 "$MOE"
+  R=1 hyp moe-cpu-stream "$MOE" --mode expert-streaming
+}
+
+profile() {
+  late profile && return 0
+  log "profile (disk measured under $W, where the models are)"
+  "$H" profile --json --refresh --path "$W" >"$OUT/h200-measured.json" 2>>"$W/stderr.txt" || log "profile failed"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["disk"]["reads"]=len(d["disk"].get("reads",[])); print(json.dumps(d))' \
+    "$OUT/h200-measured.json" | tee -a "$OUT/log.txt"
+}
+
+# The planner's cases: its own choice (budgets from the profile), a GPU
+# budget holding part of the dense model, and the MoE under GPU and RAM budgets.
+PLAN_CASES=(
+  "dense-auto|$DENSE|"
+  "dense-gpu2.5g|$DENSE|--gpu-budget 2.5GiB"
+  "moe-auto|$MOE|"
+  "moe-gpu1g-ram3g|$MOE|--gpu-budget 1GiB --ram-budget 3GiB"
+)
+
+plan() {
+  for c in "${PLAN_CASES[@]}"; do
+    IFS='|' read -r case model flags <<<"$c"
+    # shellcheck disable=SC2086
+    "$H" inspect "$model" --plan --json $flags 2>>"$W/stderr.txt" \
+      | python3 -c 'import json,sys; print(json.dumps({"case": sys.argv[1], "plan": json.load(sys.stdin)}))' "$case" \
+      >>"$OUT/plans.jsonl" || log "plan failed: $case"
+  done
+  log "plans: $(wc -c <"$OUT/plans.jsonl") bytes"
+}
+
+bench() {
+  for c in "${PLAN_CASES[@]}"; do
+    IFS='|' read -r case model flags <<<"$c"
+    late "bench $case" && continue
+    # shellcheck disable=SC2086
+    "$H" bench "$model" --json --threads "$T" $flags 2>"$W/err.txt" \
+      | python3 -c 'import json,sys; print(json.dumps({"case": sys.argv[1], **json.load(sys.stdin)}))' "$case" \
+      >>"$OUT/bench.jsonl" || { log "bench failed: $case"; tail -3 "$W/err.txt" | tee -a "$OUT/log.txt"; }
+    tail -1 "$OUT/bench.jsonl" | cut -c1-600 | tee -a "$OUT/log.txt"
+  done
+}
+
+summary() {
+  python3 - "$OUT/results.jsonl" <<'EOF' | tee "$OUT/summary.txt"
+import json, sys, statistics
+from collections import OrderedDict
+runs = [json.loads(l) for l in open(sys.argv[1])]
+by = OrderedDict()
+for r in runs:
+    by.setdefault((r["case"], r["engine"]), []).append(r)
+tok = {}
+print(f"{'case':28} {'engine':10} {'decode tok/s':>12} {'prompt tok/s':>12}  runs  flags")
+for (case, engine), rs in by.items():
+    d = statistics.median(r["tokens_per_second"] for r in rs)
+    p = statistics.median(r["prompt_tokens_per_second"] for r in rs)
+    tok[(case, engine)] = (d, rs[0]["tokens"], {r.get("nvme_bytes_read") for r in rs})
+    extra = ""
+    if "expert_hits" in rs[0]:
+        extra = f" hits={rs[-1].get('expert_hits')} misses={rs[-1].get('expert_misses')} nvme_bytes={rs[-1].get('nvme_bytes_read')}"
+    same = all(r["tokens"] == rs[0]["tokens"] for r in rs)
+    print(f"{case:28} {engine:10} {d:12.2f} {p:12.2f}  {len(rs)}{'' if same else ' (tokens differ between runs)'}  {rs[0]['flags']}{extra}")
+print()
+for case in dict.fromkeys(c for c, _ in by):
+    if (case, "hypura") in tok and (case, "llama.cpp") in tok:
+        h, l = tok[(case, "hypura")], tok[(case, "llama.cpp")]
+        print(f"ratio hypura/llama.cpp {case:28} {h[0] / l[0]:.3f}  same tokens: {h[1] == l[1]}")
+print()
+def cmp(a, b):
+    if a in tok and b in tok:
+        x, y = tok[a][1], tok[b][1]
+        n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        print(f"tokens {a} vs {b}: " + ("identical" if x == y else f"differ from token {n} of {len(x)}"))
+for a, b in [
+    (("dense-ngl99", "hypura"), ("dense-ngl0", "hypura")),
+    (("dense-ngl16", "hypura"), ("dense-ngl0", "hypura")),
+    (("dense-attn-gpu-ffn-stream", "hypura"), ("dense-ngl0", "hypura")),
+    (("dense-attn-gpu-ffn-stream", "hypura"), ("dense-attn-gpu-ffn-ram", "hypura")),
+    (("dense-attn-gpu-ffn-ram", "hypura"), ("dense-ngl0", "hypura")),
+    (("moe-experts-stream", "hypura"), ("moe-experts-ram", "hypura")),
+    (("moe-experts-stream-2g", "hypura"), ("moe-experts-ram", "hypura")),
+    (("moe-experts-ram", "hypura"), ("moe-ngl0", "hypura")),
+    (("moe-ngl99", "hypura"), ("moe-ngl0", "hypura")),
+    (("moe-cpu-stream", "hypura"), ("moe-ngl0", "hypura")),
+]:
+    cmp(a, b)
+EOF
+}
+
+for step in "$@"; do
+  if [ "$step" = build ]; then build || { log "build failed"; exit 1; }; else "$step" || log "step $step: last command failed"; fi
+done
+log "done"
