@@ -119,11 +119,16 @@ smoke() {
   done
 }
 
+# CPU=0 leaves out the CPU-only cases (e.g. when re-measuring GPU cases).
+CPU=${CPU:-1}
+
 dense() {
   log "dense: Llama-8B-shaped Q4_K, $N tokens, $R runs, $T threads"
+  # --gpu-layers 0 also keeps the planner (which uses the GPU) out of it.
   for ngl in 99 16 0; do
+    [ "$ngl" = 0 ] && [ "$CPU" = 0 ] && continue
     llamacpp "dense-ngl$ngl" "$DENSE" "$ngl"
-    if [ "$ngl" = 0 ]; then hyp "dense-ngl$ngl" "$DENSE"; else hyp "dense-ngl$ngl" "$DENSE" --gpu-layers "$ngl"; fi
+    hyp "dense-ngl$ngl" "$DENSE" --gpu-layers "$ngl"
   done
   # Attention, norms and output on the GPU (1132 MiB; one FFN tensor is
   # 31.5 MiB more than the budget leaves), FFN in RAM; llama.cpp the same way.
@@ -145,11 +150,13 @@ moe() {
   # Expert streaming + GPU: the same tensors on the GPU, experts STREAM (cache
   # unbounded: after the first tokens every used expert is cached).
   hyp moe-experts-stream "$MOE" --mode expert-streaming --gpu-layers 99
-  # Under a RAM budget (about half the experts): real NVMe reads every token.
+  if [ "$CPU" = 1 ]; then
+    llamacpp moe-ngl0 "$MOE" 0
+    R=1 hyp moe-cpu-stream "$MOE" --mode expert-streaming
+  fi
+  R=1 hyp moe-ngl0 "$MOE" --gpu-layers 0
+  # Under a RAM budget (a third of the experts): NVMe reads every token.
   R=1 N=32 hyp moe-experts-stream-2g "$MOE" --mode expert-streaming --gpu-layers 99 --ram-budget 2GiB
-  llamacpp moe-ngl0 "$MOE" 0
-  hyp moe-ngl0 "$MOE"
-  R=1 hyp moe-cpu-stream "$MOE" --mode expert-streaming
 }
 
 profile() {
@@ -221,7 +228,8 @@ def cmp(a, b):
     if a in tok and b in tok:
         x, y = tok[a][1], tok[b][1]
         n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
-        print(f"tokens {a} vs {b}: " + ("identical" if x == y else f"differ from token {n} of {len(x)}"))
+        m = min(len(x), len(y))
+        print(f"tokens {a} vs {b}: " + (f"identical ({m} tokens)" if n is None else f"differ from token {n} of {m}"))
 for a, b in [
     (("dense-ngl99", "hypura"), ("dense-ngl0", "hypura")),
     (("dense-ngl16", "hypura"), ("dense-ngl0", "hypura")),
@@ -233,6 +241,8 @@ for a, b in [
     (("moe-experts-ram", "hypura"), ("moe-ngl0", "hypura")),
     (("moe-ngl99", "hypura"), ("moe-ngl0", "hypura")),
     (("moe-cpu-stream", "hypura"), ("moe-ngl0", "hypura")),
+    (("moe-ngl0", "hypura"), ("moe-ngl0", "llama.cpp")),
+    (("dense-ngl0", "hypura"), ("dense-ngl0", "llama.cpp")),
 ]:
     cmp(a, b)
 EOF

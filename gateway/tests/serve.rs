@@ -547,11 +547,11 @@ fn errors_have_the_right_status_and_body() {
     let e = ollama_error(
         s.post(
             "/api/generate",
-            json!({"model": MODEL, "prompt": "x", "format": "json"}),
+            json!({"model": MODEL, "prompt": "x", "format": "yaml"}),
         ),
         400,
     );
-    assert!(e.contains("not supported yet"), "{e}");
+    assert!(e.contains("use \"json\" or a JSON Schema object"), "{e}");
     let e = ollama_error(
         s.post(
             "/api/chat",

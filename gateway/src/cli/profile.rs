@@ -1,5 +1,6 @@
 //! `hypura profile`: measures this machine (or reads the cached measurement)
 //! and prints it as a table or as one JSON object (`HardwareProfile`).
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -64,11 +65,17 @@ pub fn profile(args: ProfileArgs) -> anyhow::Result<()> {
             profile
         }
     };
-    if args.json {
+    let text = if args.json {
         let json = serde_json::to_string_pretty(&profile).context("serializing the profile")?;
-        println!("{json}");
+        format!("{json}\n")
     } else {
-        print!("{}", ProfileTable(&profile));
+        ProfileTable(&profile).to_string()
+    };
+    // A reader that stops early (`| head`) is not an error.
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing the profile to stdout")
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }

@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// Do not read ahead the weights the next layers will likely need.
     #[arg(long)]
     no_prefetch: bool,
+    /// Reads in flight when streaming weights (default: from `hypura profile`'s
+    /// disk measurements, else 4).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    read_queue_depth: Option<u32>,
     /// Let llama.cpp repack resident weights for faster CPU kernels (Q4_0,
     /// Q4_K, IQ4_NL, Q8_0 on x86). Off by default: streamed weights cannot be
     /// repacked, and hypura keeps every mode bit-for-bit identical.
@@ -195,6 +199,7 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
             (None, None) => GpuShare::None,
         },
         plan: None,
+        read_queue_depth: args.read_queue_depth,
     };
     if args.mode.is_some() || args.gpu_layers.is_some() {
         return Ok(params);

@@ -32,7 +32,7 @@ use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{Streamer, TieredModel, TieredParams};
 
 use super::error::ApiError;
-use super::residency::GlobalBudget;
+use super::residency::{GlobalBudget, Terms};
 use super::validation::{KeepAlive, ModelName};
 
 /// How every model is run (from the command line).
@@ -141,6 +141,9 @@ impl ModelInfo {
             .is_some_and(|t| t.contains("enable_thinking") || t.contains("<think>"))
         {
             capabilities.push("thinking");
+        }
+        if chat_template.as_deref().is_some_and(|t| t.contains("tools")) {
+            capabilities.push("tools");
         }
         let mut hasher = Sha256::new();
         hasher.update(path.as_os_str().as_encoded_bytes());
@@ -430,14 +433,17 @@ impl Registry {
             Pin::Partial => Residency::Partial,
             Pin::Full => Residency::Full,
         };
+        let terms = Terms {
+            name: named.name.clone(),
+            pin,
+            priority: named.policy.priority,
+            keep_alive,
+        };
         budget.add(
-            &named.name,
             &named.path,
             footprint,
             footprint.kv_bytes_per_token * kv_tokens,
-            pin,
-            named.policy.priority,
-            keep_alive,
+            terms,
         )
     }
 

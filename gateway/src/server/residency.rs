@@ -56,6 +56,17 @@ impl BudgetedModel {
     }
 }
 
+/// A model's terms under the budget (from the configuration).
+#[derive(Debug, Clone)]
+pub struct Terms {
+    pub name: String,
+    /// Never demoted below this.
+    pub pin: Residency,
+    pub priority: i32,
+    /// Unloaded this long after its last request; `None` = never.
+    pub keep_alive: Option<Duration>,
+}
+
 /// The policy and the files it manages.
 pub struct GlobalBudget {
     policy: Mutex<BudgetPolicy>,
@@ -96,13 +107,10 @@ impl GlobalBudget {
     /// Fails, naming the minimum, when it cannot stream within the budget.
     pub fn add(
         &self,
-        name: &str,
         path: &Arc<PathBuf>,
         footprint: StreamFootprint,
         kv_bytes: u64,
-        pin: Residency,
-        priority: i32,
-        keep_alive: Option<Duration>,
+        terms: Terms,
     ) -> Result<(), String> {
         let mut models = self.models();
         if models.contains_key(path) {
@@ -114,13 +122,13 @@ impl GlobalBudget {
             kv_bytes,
         };
         let spec = ModelSpec {
-            name: name.to_string(),
+            name: terms.name,
             streaming: Footprint::new(0, model.ram_bytes(Residency::Streaming)),
             partial: Footprint::new(0, model.ram_bytes(Residency::Partial)),
             full: Footprint::new(0, model.ram_bytes(Residency::Full)),
-            pin,
-            priority,
-            keep_alive,
+            pin: terms.pin,
+            priority: terms.priority,
+            keep_alive: terms.keep_alive,
         };
         model.id = self.policy().add_model(spec)?;
         models.insert(Arc::clone(path), model);
@@ -209,17 +217,13 @@ mod tests {
     fn a_model_too_big_to_stream_is_refused_with_its_minimum() {
         let budget = GlobalBudget::new(0, 150);
         let path = Arc::new(PathBuf::from("/m/a.gguf"));
-        let err = budget
-            .add(
-                "a:latest",
-                &path,
-                footprint(),
-                50,
-                Residency::Unloaded,
-                0,
-                None,
-            )
-            .unwrap_err();
+        let terms = Terms {
+            name: "a:latest".into(),
+            pin: Residency::Unloaded,
+            priority: 0,
+            keep_alive: None,
+        };
+        let err = budget.add(&path, footprint(), 50, terms).unwrap_err();
         assert!(err.contains("a:latest needs at least"), "{err}");
         assert!(budget.model(&path).is_none());
     }

@@ -181,6 +181,13 @@ impl Context {
         }
         // SAFETY: the batch's arrays hold `n_tokens` valid entries; the context is alive.
         let rc = unsafe { sys::llama_decode(self.raw.as_ptr(), batch.raw) };
+        if rc == 0 {
+            // With GPU layers llama_decode returns before the GPU is done:
+            // wait here, so the decode's time is its own (not the next
+            // logits read's) and the hook hears of the end of the compute.
+            // SAFETY: the context is alive.
+            unsafe { sys::llama_synchronize(self.raw.as_ptr()) };
+        }
         if let Some(hook) = &self.abort.hook {
             hook.decode_done();
         }

@@ -76,7 +76,7 @@ mod tests {
 
     #[test]
     fn smollm2_streams_its_ffn_and_keeps_the_rest() {
-        let file = GgufFile::open(&test_models::smollm2()).unwrap();
+        let file = GgufFile::open(test_models::smollm2()).unwrap();
         let f = StreamFootprint::of(&file);
         assert_eq!(f.mode, Mode::DenseFfnStreaming);
         assert_eq!(f.resident_bytes + f.stream_bytes, file.tensor_bytes());

@@ -59,6 +59,9 @@ pub struct TieredParams {
     /// The planner's decisions (tier per tensor, cache size); `None` places
     /// by `mode` and `gpu`.
     pub plan: Option<PlannedLoad>,
+    /// Reads in flight when streaming a unit (1 MiB chunks); `None`: from the
+    /// disk's measured profile ([`crate::hwprobe::default_read_queue_depth`]).
+    pub read_queue_depth: Option<u32>,
 }
 
 /// What the planner (`hypura_scheduler::plan`) decided for a load.
@@ -232,7 +235,11 @@ impl TieredModel {
         )
         .map_err(EngineError::InvalidArgument)?;
         // Reads in flight per unit: as the cached `hypura profile` suggests.
-        streamer.set_read_queue_depth(crate::hwprobe::default_read_queue_depth());
+        streamer.set_read_queue_depth(
+            params
+                .read_queue_depth
+                .unwrap_or_else(crate::hwprobe::default_read_queue_depth),
+        );
         if mode == Mode::ExpertStreaming {
             match coact::stats_path(path, gguf.data_offset(), params.cache_dir.as_deref()) {
                 Ok(stats) => streamer.persist_coactivation(stats),
