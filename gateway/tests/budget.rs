@@ -64,9 +64,8 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
     let (hot, cold) = (footprint(&hot_path), footprint(&cold_path));
 
     // Room for the hot one in full beside the cold one streaming, not for both in full.
-    let budget = charged(&hot, hot.stream_bytes)
-        + charged(&cold, cold.minimum_cache_bytes)
-        + (1 << 20);
+    let budget =
+        charged(&hot, hot.stream_bytes) + charged(&cold, cold.minimum_cache_bytes) + (1 << 20);
     assert!(charged(&cold, cold.stream_bytes) + charged(&hot, hot.minimum_cache_bytes) > budget);
     let server = Server::start_with(&[
         "serve".into(),
@@ -89,18 +88,34 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
     assert!(hot_text.starts_with(" Paris"), "{hot_text:?}");
 
     // Traffic on the hot one only, until the policy has moved both.
-    wait_until(Duration::from_secs(120), "the hot model fully resident", || {
-        assert_eq!(generate(&server, hot_name), hot_text, "same tokens at any residency");
-        residency(&server, hot_name).as_deref() == Some("full")
-            && residency(&server, cold_name).as_deref() == Some("streaming")
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "the hot model fully resident",
+        || {
+            assert_eq!(
+                generate(&server, hot_name),
+                hot_text,
+                "same tokens at any residency"
+            );
+            residency(&server, hot_name).as_deref() == Some("full")
+                && residency(&server, cold_name).as_deref() == Some("streaming")
+        },
+    );
     // The cold one still answers, streaming, with the same tokens as before.
     assert_eq!(generate(&server, cold_name), cold_text);
     for model in ps(&server) {
         let tiers = &model["tier_bytes"];
         let total = tiers["ram"].as_u64().unwrap() + tiers["stream"].as_u64().unwrap();
-        let expected = if model["name"] == hot_name { &hot } else { &cold };
-        assert_eq!(total, expected.resident_bytes + expected.stream_bytes, "{model}");
+        let expected = if model["name"] == hot_name {
+            &hot
+        } else {
+            &cold
+        };
+        assert_eq!(
+            total,
+            expected.resident_bytes + expected.stream_bytes,
+            "{model}"
+        );
         if model["name"] == hot_name {
             assert_eq!(tiers["stream"], 0, "nothing left on disk: {model}");
         }

@@ -11,8 +11,8 @@
 //! - [`budget`]: one memory budget across models: admission, promotion, demotion.
 
 pub mod budget;
-pub mod profile;
-pub mod plan;
 pub mod cost;
+pub mod plan;
+pub mod profile;
 pub mod roles;
 pub mod size;

@@ -114,10 +114,26 @@ mod tests {
             path: "/models".into(),
             o_direct: true,
             reads: vec![
-                DiskReadPoint { block_bytes: 64 << 10, queue_depth: 1, gbps: 0.3 },
-                DiskReadPoint { block_bytes: 64 << 10, queue_depth: 32, gbps: 1.0 },
-                DiskReadPoint { block_bytes: 16 << 20, queue_depth: 1, gbps: 1.2 },
-                DiskReadPoint { block_bytes: 16 << 20, queue_depth: 32, gbps: 1.3 },
+                DiskReadPoint {
+                    block_bytes: 64 << 10,
+                    queue_depth: 1,
+                    gbps: 0.3,
+                },
+                DiskReadPoint {
+                    block_bytes: 64 << 10,
+                    queue_depth: 32,
+                    gbps: 1.0,
+                },
+                DiskReadPoint {
+                    block_bytes: 16 << 20,
+                    queue_depth: 1,
+                    gbps: 1.2,
+                },
+                DiskReadPoint {
+                    block_bytes: 16 << 20,
+                    queue_depth: 32,
+                    gbps: 1.3,
+                },
             ],
         }
     }

@@ -142,7 +142,10 @@ impl ModelInfo {
         {
             capabilities.push("thinking");
         }
-        if chat_template.as_deref().is_some_and(|t| t.contains("tools")) {
+        if chat_template
+            .as_deref()
+            .is_some_and(|t| t.contains("tools"))
+        {
             capabilities.push("tools");
         }
         let mut hasher = Sha256::new();

@@ -4,17 +4,17 @@
 //! `// SAFETY:` line; the types it exports are safe to use from anywhere.
 mod backend;
 mod context;
-mod grammar;
 pub mod gguf_write;
+mod grammar;
 mod model;
 pub mod probe;
 mod sampler;
 mod stream;
 
 pub use backend::init as init_backend;
-pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
-pub use context::{default_threads, Batch, Context, ContextParams, PerfTimings};
 pub use backend::{gpu_devices, GpuDevice};
+pub use context::{default_threads, Batch, Context, ContextParams, PerfTimings};
+pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
 pub use model::{GpuOffload, LoadMode, Model, ModelParams};
 pub use sampler::{Sampler, SamplingParams};
 pub use stream::{EvalHook, LoadReport, Node, StreamBufferType, StreamRegion, PAGE};
