@@ -11,7 +11,8 @@
 //! - `pcie_seconds` = hand-overs between GPU and CPU × ([`CROSSING_SECONDS`] +
 //!   activation bytes ÷ the pinned host→device rate);
 //! - `overhead_seconds` = [`TOKEN_OVERHEAD_SECONDS`] + layers × [`LAYER_OVERHEAD_SECONDS`]
-//!   (graph build, sampling, thread barriers: what a tiny model spends per token).
+//!   + GPU layers × [`GPU_LAYER_OVERHEAD_SECONDS`] (graph build, sampling,
+//!   thread barriers, kernel launches: what a tiny model spends per token).
 //!
 //! llama.cpp runs GPU and CPU parts of a token one after the other, so
 //! `compute = gpu + ram + pcie + overhead`. Streaming reads overlap compute
@@ -37,6 +38,11 @@ pub const TOKEN_OVERHEAD_SECONDS: f64 = 100e-6;
 /// Per-layer cost outside the weight reads (a dozen small ops, each with a
 /// thread barrier on the CPU backend), seconds.
 pub const LAYER_OVERHEAD_SECONDS: f64 = 20e-6;
+/// Per-layer cost of a layer computed on the GPU beyond its weight reads
+/// (a dozen kernel launches and small ops), seconds. Fitted on the H200
+/// (`scripts/gpu-bench.sh`: Llama-8B-shaped all on GPU left 31 µs per layer
+/// unexplained by the matvec rate, Mixtral-shaped 49 µs).
+pub const GPU_LAYER_OVERHEAD_SECONDS: f64 = 35e-6;
 /// Fixed cost of one streamed unit read on demand (eval-callback sync,
 /// read threads, the first O_DIRECT request), seconds.
 pub const MISS_SECONDS: f64 = 1e-3;
@@ -124,6 +130,8 @@ pub struct TokenTraffic {
     /// Bytes of one hand-over (the hidden state, f32).
     pub crossing_bytes: u64,
     pub n_layer: u32,
+    /// Layers with tensors computed on the GPU.
+    pub gpu_layers: u32,
 }
 
 /// The rates the cost model divides by, GB/s (10^9 bytes).
@@ -209,8 +217,9 @@ pub fn predict(traffic: &TokenTraffic, rates: &Rates, overlap: Overlap) -> Predi
     let crossings = f64::from(traffic.crossings);
     let pcie_seconds = crossings
         * (CROSSING_SECONDS + seconds(traffic.crossing_bytes as f64, rates.pcie_gbps.max(1e-9)));
-    let overhead_seconds =
-        TOKEN_OVERHEAD_SECONDS + f64::from(traffic.n_layer) * LAYER_OVERHEAD_SECONDS;
+    let overhead_seconds = TOKEN_OVERHEAD_SECONDS
+        + f64::from(traffic.n_layer) * LAYER_OVERHEAD_SECONDS
+        + f64::from(traffic.gpu_layers) * GPU_LAYER_OVERHEAD_SECONDS;
     let compute = gpu_seconds + ram_seconds + pcie_seconds + overhead_seconds;
     let non_overlap = match overlap {
         Overlap::None => 0.0,

@@ -603,10 +603,12 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
 
     let mut best: Option<(usize, u64, Prediction, f64, f64, u64, u64)> = None;
     let (mut gpu_bytes, mut gpu_touched) = (0u64, 0f64);
+    let mut gpu_layers = std::collections::BTreeSet::new();
     for k in 0..=items.len() {
         if k > 0 {
             gpu_bytes += items[k - 1].bytes();
             gpu_touched += items[k - 1].touched;
+            gpu_layers.extend(items[k - 1].layer);
         }
         if gpu_bytes > gpu_budget {
             break;
@@ -628,6 +630,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
             crossings: crossings(&items, k, &s, req),
             crossing_bytes: u64::from(req.facts.n_embd) * 4,
             n_layer: req.facts.n_layer,
+            gpu_layers: gpu_layers.len() as u32,
         };
         let p = cost::predict(&traffic, &rates, overlap);
         // Ties go to more GPU (later k): it leaves RAM for the system.

@@ -57,9 +57,13 @@ fn non_ffn_bytes(file: &GgufFile) -> u64 {
 
 #[test]
 fn whole_layers_need_no_override() {
-    let (file, placement) = placed(tiny_llama(), Mode::FullResident, GpuShare::Layers(2));
+    // As llama.cpp's `-ngl 3`: the output layer and the last two layers.
+    let (file, placement) = placed(tiny_llama(), Mode::FullResident, GpuShare::Layers(3));
     for t in file.tensors() {
-        let expected = if t.name.starts_with("blk.2.") || t.name.starts_with("blk.3.") {
+        let expected = if t.name.starts_with("blk.2.")
+            || t.name.starts_with("blk.3.")
+            || t.name.starts_with("output")
+        {
             Tier::Gpu
         } else {
             Tier::Ram
@@ -67,7 +71,7 @@ fn whole_layers_need_no_override() {
         assert_eq!(placement.tier(&t.name), Some(expected), "{}", t.name);
     }
     let offload = gpu::offload(&placement, &file).expect("GPU tensors");
-    assert_eq!(offload.n_gpu_layers, 2);
+    assert_eq!(offload.n_gpu_layers, 3);
     assert!(offload.gpu_patterns.is_empty() && offload.ram_patterns.is_empty());
     let gpu_bytes: u64 = file
         .tensors()
@@ -141,19 +145,31 @@ fn a_budget_short_of_a_layer_stops_at_whole_units() {
     );
     let offload = gpu::offload(&placement, &file).unwrap();
     assert_eq!(offload.gpu_weight_bytes, output + last);
+    // llama.cpp's `-ngl 2`: the output layer and the last layer.
     assert_eq!(
-        offload.n_gpu_layers, 1,
+        offload.n_gpu_layers, 2,
         "only the last layer's KV on the GPU"
     );
-    // llama.cpp keeps the output layer on the CPU for `-ngl 1`: named.
-    assert_eq!(
-        offload.gpu_patterns,
-        vec![r"^(output\.weight|output_norm\.weight)$".to_string()]
-    );
+    assert!(offload.gpu_patterns.is_empty());
     // Its FFN stays in RAM against llama.cpp's default for a GPU layer.
     assert_eq!(
         offload.ram_patterns,
         vec![r"^blk\.(3)\.(ffn_down\.weight|ffn_gate\.weight|ffn_up\.weight)$".to_string()]
+    );
+}
+
+#[test]
+fn an_output_layer_in_ram_beside_gpu_layers_is_named() {
+    let (file, mut placement) = placed(tiny_llama(), Mode::FullResident, GpuShare::Layers(3));
+    for name in ["output.weight", "output_norm.weight"] {
+        placement.tiers.insert(name.to_string(), Tier::Ram);
+    }
+    let offload = gpu::offload(&placement, &file).unwrap();
+    assert_eq!(offload.n_gpu_layers, 3);
+    assert!(offload.gpu_patterns.is_empty());
+    assert_eq!(
+        offload.ram_patterns,
+        vec![r"^(output\.weight|output_norm\.weight)$".to_string()]
     );
 }
 

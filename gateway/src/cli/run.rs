@@ -86,9 +86,9 @@ pub struct RunArgs {
     /// repacked, and hypura keeps every mode bit-for-bit identical.
     #[arg(long)]
     repack: bool,
-    /// Put the last N layers' resident weights on the GPU (llama.cpp's -ngl;
-    /// more than the layer count also takes the output layer). Needs a CUDA
-    /// build of llama.cpp.
+    /// Put N layers' resident weights on the GPU as llama.cpp's -ngl N counts
+    /// them: the output layer, then the last N-1 layers (99: all; 0: none,
+    /// without planning). Needs a CUDA build of llama.cpp.
     #[arg(long, conflicts_with = "gpu_budget")]
     gpu_layers: Option<u32>,
     /// Most GPU memory for weights, e.g. 20GiB: attention, norms and output

@@ -2,10 +2,10 @@
 //! the scheduler's planner decides it per tensor), and how any placement's
 //! GPU tensors become llama.cpp's `n_gpu_layers` plus buffer-type overrides.
 //!
-//! llama.cpp offloads the *last* `n_gpu_layers` layers: their weights, KV
-//! cache and compute go to the GPU, the output layer too when
-//! `n_gpu_layers` exceeds the layer count, and `token_embd` always stays on
-//! the CPU. A placement whose GPU layers form such a suffix needs no override
+//! llama.cpp offloads the *last* `n_gpu_layers` layers, counting the output
+//! layer as the last one (`-ngl 16` on a 32-layer model: the output layer
+//! and layers 17–31): their weights, KV cache and compute go to the GPU;
+//! `token_embd` always stays on the CPU. A placement whose GPU layers form such a suffix needs no override
 //! (like `-ngl N`); tensors placed against that rule get anchored overrides
 //! (like `-ngl 99 -ot exps=CPU`). An op runs where its weight lives, so
 //! "attention on the GPU, experts in RAM or streamed" computes the experts on
@@ -26,8 +26,8 @@ pub enum GpuShare {
     /// No GPU.
     #[default]
     None,
-    /// The resident tensors of the last `n` layers, as llama.cpp's `-ngl n`:
-    /// more than the layer count also takes the output layer.
+    /// The resident tensors of the last `n` layers as llama.cpp's `-ngl n`
+    /// counts them: the output layer first, then the last `n - 1` layers.
     Layers(u32),
     /// Resident tensors in order of use per byte (the output layer, then the
     /// attention, norms and routers of each layer from the last, then FFN and
@@ -42,12 +42,13 @@ pub fn assign(placement: &mut Placement, file: &GgufFile, share: GpuShare) {
     let n_layer = layer_count(file);
     match share {
         GpuShare::None => {}
+        GpuShare::Layers(0) => {}
         GpuShare::Layers(n) => {
-            let first_gpu_layer = n_layer.saturating_sub(n);
+            let first_gpu_layer = (n_layer + 1).saturating_sub(n);
             for t in file.tensors() {
                 let on_gpu = match layer_index(&t.name) {
                     Some(il) => il >= first_gpu_layer,
-                    None => n > n_layer && !is_input(&t.name),
+                    None => !is_input(&t.name),
                 };
                 if on_gpu {
                     to_gpu(placement, &t.name);
@@ -118,7 +119,8 @@ pub fn offload(placement: &Placement, file: &GgufFile) -> Option<GpuOffload> {
     }
     let n_layer = layer_count(file);
     let n_gpu_layers = gpu_layer_suffix(placement, file, n_layer);
-    let first_gpu_layer = n_layer.saturating_sub(n_gpu_layers);
+    // llama.cpp's first GPU layer: the output layer is counted first.
+    let first_gpu_layer = (n_layer + 1).saturating_sub(n_gpu_layers);
     let mut gpu = Overrides::default();
     let mut ram = Overrides::default();
     for t in file.tensors() {
@@ -135,7 +137,7 @@ pub fn offload(placement: &Placement, file: &GgufFile) -> Option<GpuOffload> {
             // Global tensors whose llama.cpp layer is not known for sure
             // are named whatever their tier.
             None => {
-                let default_gpu = global_default_gpu(&t.name, n_gpu_layers, n_layer);
+                let default_gpu = global_default_gpu(&t.name, n_gpu_layers);
                 match tier {
                     Some(Tier::Gpu) if default_gpu != Some(true) => gpu.add(&t.name),
                     Some(Tier::Ram) if default_gpu != Some(false) => ram.add(&t.name),
@@ -155,8 +157,9 @@ pub fn offload(placement: &Placement, file: &GgufFile) -> Option<GpuOffload> {
 
 /// llama.cpp's `n_gpu_layers` for `placement`: the longest run of last
 /// layers whose resident non-FFN tensors (attention, norms, router) are all
-/// on the GPU, plus the output layer when every layer is and its resident
-/// tensors are on the GPU too.
+/// on the GPU, plus one for the output layer, which llama.cpp then places
+/// on the GPU too (an override keeps it in RAM where the placement says so).
+/// Zero when no layer qualifies and the output layer is not on the GPU.
 fn gpu_layer_suffix(placement: &Placement, file: &GgufFile, n_layer: u32) -> u32 {
     let mut layer_on_gpu = vec![true; n_layer as usize];
     let mut layer_seen = vec![false; n_layer as usize];
@@ -187,21 +190,21 @@ fn gpu_layer_suffix(placement: &Placement, file: &GgufFile, n_layer: u32) -> u32
         .rev()
         .take_while(|(&gpu, &seen)| gpu && seen)
         .count() as u32;
-    if suffix == n_layer && output_seen && output_on_gpu {
-        n_layer + 1
+    if suffix > 0 || (output_seen && output_on_gpu) {
+        suffix + 1
     } else {
-        suffix
+        0
     }
 }
 
 /// Whether llama.cpp puts global tensor `name` on the GPU by default with
-/// `n_gpu_layers`: never the input layer, the output layer once
-/// `n_gpu_layers` exceeds the layer count; `None` for other names.
-fn global_default_gpu(name: &str, n_gpu_layers: u32, n_layer: u32) -> Option<bool> {
+/// `n_gpu_layers`: never the input layer, the output layer from
+/// `n_gpu_layers = 1` on; `None` for other names.
+fn global_default_gpu(name: &str, n_gpu_layers: u32) -> Option<bool> {
     match name {
         "token_embd.weight" => Some(false),
         "output.weight" | "output.bias" | "output_norm.weight" | "output_norm.bias" => {
-            Some(n_gpu_layers > n_layer)
+            Some(n_gpu_layers >= 1)
         }
         _ => None,
     }
