@@ -518,3 +518,24 @@ fn per_token_statistics_add_up_to_the_cumulative_ones() {
         assert_eq!(s.expert_hits + s.expert_misses, 2 * 30, "{s:?}");
     }
 }
+
+#[test]
+fn statistics_report_resident_bytes_per_tier() {
+    let path = test_models::smollm2();
+    let tensor_bytes = GgufFile::open(&path).unwrap().tensor_bytes();
+    let full = load(&path, Mode::FullResident, None);
+    let stats = full.stats();
+    assert_eq!(
+        (stats.resident_gpu_bytes, stats.resident_ram_bytes),
+        (0, tensor_bytes)
+    );
+    let streamed = load(&path, Mode::DenseFfnStreaming, None);
+    greedy_trace(&streamed, 2, &mut |_| {});
+    let stats = streamed.stats();
+    assert!(stats.cache_bytes > 0);
+    assert_eq!(stats.resident_gpu_bytes, 0);
+    assert_eq!(
+        stats.resident_ram_bytes,
+        streamed.resident_bytes + stats.cache_bytes
+    );
+}

@@ -38,6 +38,9 @@ pub struct TieredModel {
     pub load_report: LoadReport,
     /// Bytes of resident (GPU + RAM) weights.
     pub resident_bytes: u64,
+    /// Weight bytes placed on the GPU tier and the RAM tier (stream cache not included).
+    pub gpu_bytes: u64,
+    pub ram_bytes: u64,
 }
 
 /// Options of [`TieredModel::load`].
@@ -187,6 +190,8 @@ impl TieredModel {
                 streamer: None,
                 load_report,
                 resident_bytes,
+                gpu_bytes: resident_bytes - ram_bytes,
+                ram_bytes,
             });
         }
 
@@ -256,6 +261,8 @@ impl TieredModel {
             streamer: Some(streamer),
             load_report,
             resident_bytes,
+            gpu_bytes: resident_bytes - ram_bytes,
+            ram_bytes,
         })
     }
 
@@ -279,12 +286,15 @@ impl TieredModel {
 
     /// Streaming statistics (all zero for full-resident).
     pub fn stats(&self) -> StreamStats {
-        match &self.streamer {
+        let mut stats = match &self.streamer {
             Some(s) => s.stats(),
             None => StreamStats {
                 mode: self.mode().to_string(),
                 ..Default::default()
             },
-        }
+        };
+        stats.resident_gpu_bytes = self.gpu_bytes;
+        stats.resident_ram_bytes = self.ram_bytes + stats.cache_bytes;
+        stats
     }
 }

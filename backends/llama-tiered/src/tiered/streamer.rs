@@ -57,6 +57,10 @@ pub struct StreamStats {
     pub cache_peak_bytes: u64,
     pub cache_budget_bytes: u64,
     pub evictions: u64,
+    /// Weights resident per tier now (set by [`super::TieredModel::stats`]):
+    /// GPU, and RAM including the stream cache.
+    pub resident_gpu_bytes: u64,
+    pub resident_ram_bytes: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -95,6 +99,8 @@ impl StreamStats {
             cache_peak_bytes: self.cache_peak_bytes,
             cache_budget_bytes: self.cache_budget_bytes,
             evictions: self.evictions.saturating_sub(earlier.evictions),
+            resident_gpu_bytes: self.resident_gpu_bytes,
+            resident_ram_bytes: self.resident_ram_bytes,
         }
     }
 }
