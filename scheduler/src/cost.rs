@@ -11,7 +11,7 @@
 //! - `pcie_seconds` = hand-overs between GPU and CPU × ([`CROSSING_SECONDS`] +
 //!   activation bytes ÷ the pinned host→device rate);
 //! - `overhead_seconds` = [`TOKEN_OVERHEAD_SECONDS`] + layers × [`LAYER_OVERHEAD_SECONDS`]
-//!   + GPU layers × [`GPU_LAYER_OVERHEAD_SECONDS`] (graph build, sampling,
+//!   plus GPU layers × [`GPU_LAYER_OVERHEAD_SECONDS`] (graph build, sampling,
 //!   thread barriers, kernel launches: what a tiny model spends per token).
 //!
 //! llama.cpp runs GPU and CPU parts of a token one after the other, so
