@@ -13,6 +13,7 @@ use llama_tiered::batch::{BatchEngine, GenerateRequest, GenerationEvent, Request
 use llama_tiered::chat::{ChatMessage, ChatTemplate, RenderOptions};
 use llama_tiered::generate::{Completion, FinishReason, GenerateParams};
 use llama_tiered::prompt;
+use llama_tiered::tools::{ParsedReply, ToolStream};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
@@ -123,6 +124,14 @@ pub fn start(
     })
 }
 
+/// What [`Generation::next_filtered`] yields: text to send, then `Done`
+/// with the held-back reply (when there was a filter), or `Error`.
+pub enum Filtered {
+    Text(String),
+    Done(Completion, Option<ParsedReply>),
+    Error(ApiError),
+}
+
 /// What a [`Generation`] yields, in order: text pieces, then one `Done` or `Error`.
 pub enum Step {
     Text(String),
@@ -146,6 +155,31 @@ impl Generation {
         };
         self.guard.finished = true;
         Some(step)
+    }
+
+    /// [`Generation::next`] through the tool-call filter of a request with
+    /// tools: text the filter holds back (a call may be starting) is not
+    /// yielded, empty pieces are skipped, and `Done` carries what it held,
+    /// parsed into content and calls.
+    pub async fn next_filtered(&mut self, filter: &mut Option<ToolStream>) -> Option<Filtered> {
+        loop {
+            return Some(match self.next().await? {
+                Step::Text(text) => {
+                    let text = match filter.as_mut() {
+                        Some(filter) => filter.push(&text),
+                        None => text,
+                    };
+                    if text.is_empty() {
+                        continue;
+                    }
+                    Filtered::Text(text)
+                }
+                Step::Done(completion) => {
+                    Filtered::Done(completion, filter.take().map(ToolStream::finish))
+                }
+                Step::Error(e) => Filtered::Error(e),
+            });
+        }
     }
 
     /// Runs to the end: the whole completion (its `text` holds all the text).

@@ -24,7 +24,7 @@ use utoipa::ToSchema;
 
 use super::body_bytes;
 use super::error::{ApiError, OllamaError};
-use super::infer::{self, finish_reason, nanos, Generation, Step};
+use super::infer::{self, finish_reason, nanos, Filtered, Generation};
 use super::registry::{LoadedModel, ModelInfo, NamedModel};
 use super::structured::{self, ToolChoice};
 use super::validation::{parse_json, CheckedParams, KeepAlive, ModelName, OllamaOptions};
@@ -577,39 +577,27 @@ fn stream(generation: Generation, route: Route) -> Response {
     let start = Some((generation, route, filter));
     let chunks = futures_util::stream::unfold(start, |state| async move {
         let (mut generation, route, mut filter) = state?;
-        loop {
-            match generation.next().await? {
-                Step::Text(text) => {
-                    let text = match filter.as_mut() {
-                        Some(filter) => filter.push(&text),
-                        None => text,
-                    };
-                    if text.is_empty() {
-                        continue;
-                    }
-                    let chunk = route.text_chunk(text);
-                    return Some((chunk, Some((generation, route, filter))));
-                }
-                Step::Done(completion) => {
-                    let mut out = Vec::new();
-                    if let Some(reply) = filter.map(ToolStream::finish) {
-                        if !reply.content.is_empty() {
-                            out.extend_from_slice(&route.text_chunk(reply.content));
-                        }
-                        if !reply.tool_calls.is_empty() {
-                            let calls = structured::ollama_tool_calls(&reply.tool_calls);
-                            out.extend_from_slice(&route.tool_calls_chunk(calls));
-                        }
-                    }
-                    let last =
-                        route.final_chunk(String::new(), Vec::new(), &completion, &generation);
-                    out.extend_from_slice(&last);
-                    return Some((Bytes::from(out), None));
-                }
-                Step::Error(e) => {
-                    return Some((ndjson_line(&json!({"error": e.to_string()})), None))
-                }
+        match generation.next_filtered(&mut filter).await? {
+            Filtered::Text(text) => {
+                let chunk = route.text_chunk(text);
+                Some((chunk, Some((generation, route, filter))))
             }
+            Filtered::Done(completion, held) => {
+                let mut out = Vec::new();
+                if let Some(reply) = held {
+                    if !reply.content.is_empty() {
+                        out.extend_from_slice(&route.text_chunk(reply.content));
+                    }
+                    if !reply.tool_calls.is_empty() {
+                        let calls = structured::ollama_tool_calls(&reply.tool_calls);
+                        out.extend_from_slice(&route.tool_calls_chunk(calls));
+                    }
+                }
+                let last = route.final_chunk(String::new(), Vec::new(), &completion, &generation);
+                out.extend_from_slice(&last);
+                Some((Bytes::from(out), None))
+            }
+            Filtered::Error(e) => Some((ndjson_line(&json!({"error": e.to_string()})), None)),
         }
     });
     ndjson_response(Body::from_stream(chunks.map(Ok::<_, Infallible>)))

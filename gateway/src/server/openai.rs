@@ -27,7 +27,7 @@ use utoipa::ToSchema;
 
 use super::body_bytes;
 use super::error::{ApiError, OpenAiError};
-use super::infer::{self, finish_reason, Generation, Step};
+use super::infer::{self, finish_reason, Filtered, Generation};
 use super::ollama::{embed_texts, shorten, EmbedInput};
 use super::registry::LoadedModel;
 use super::structured::{self, ToolChoice};
@@ -426,23 +426,12 @@ impl StreamIds {
 
     fn chunk(&self, role: Option<&str>, content: Option<String>, finish: Option<&str>) -> Bytes {
         if self.chat {
-            sse_event(&ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: self.created,
-                model: self.model.clone(),
-                system_fingerprint: SYSTEM_FINGERPRINT.into(),
-                choices: vec![ChunkChoice {
-                    index: 0,
-                    delta: Delta {
-                        role: role.map(str::to_string),
-                        content,
-                        tool_calls: None,
-                    },
-                    finish_reason: finish.map(str::to_string),
-                }],
-                usage: None,
-            })
+            let delta = Delta {
+                role: role.map(str::to_string),
+                content,
+                tool_calls: None,
+            };
+            self.chat_chunk(delta, finish)
         } else {
             sse_event(&TextCompletion {
                 id: self.id.clone(),
@@ -463,6 +452,15 @@ impl StreamIds {
 
     /// A chat delta carrying the reply's tool calls.
     fn tool_calls_chunk(&self, tool_calls: Vec<Value>) -> Bytes {
+        let delta = Delta {
+            role: None,
+            content: None,
+            tool_calls: Some(tool_calls),
+        };
+        self.chat_chunk(delta, None)
+    }
+
+    fn chat_chunk(&self, delta: Delta, finish: Option<&str>) -> Bytes {
         sse_event(&ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
@@ -471,12 +469,8 @@ impl StreamIds {
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
             choices: vec![ChunkChoice {
                 index: 0,
-                delta: Delta {
-                    role: None,
-                    content: None,
-                    tool_calls: Some(tool_calls),
-                },
-                finish_reason: None,
+                delta,
+                finish_reason: finish.map(str::to_string),
             }],
             usage: None,
         })
@@ -522,40 +516,31 @@ fn stream(generation: Generation, ids: StreamIds, filter: Option<ToolStream>) ->
     let start = Some((generation, ids, filter));
     let events = futures_util::stream::unfold(start, |state| async move {
         let (mut generation, ids, mut filter) = state?;
-        loop {
-            match generation.next().await? {
-                Step::Text(text) => {
-                    let text = match filter.as_mut() {
-                        Some(filter) => filter.push(&text),
-                        None => text,
-                    };
-                    if text.is_empty() {
-                        continue;
+        match generation.next_filtered(&mut filter).await? {
+            Filtered::Text(text) => {
+                let event = ids.chunk(None, Some(text), None);
+                Some((event, Some((generation, ids, filter))))
+            }
+            Filtered::Done(completion, held) => {
+                let mut out = Vec::new();
+                let mut called_tools = false;
+                if let Some(reply) = held {
+                    if !reply.content.is_empty() {
+                        out.extend_from_slice(&ids.chunk(None, Some(reply.content), None));
                     }
-                    let event = ids.chunk(None, Some(text), None);
-                    return Some((event, Some((generation, ids, filter))));
-                }
-                Step::Done(completion) => {
-                    let mut out = Vec::new();
-                    let mut called_tools = false;
-                    if let Some(reply) = filter.map(ToolStream::finish) {
-                        if !reply.content.is_empty() {
-                            out.extend_from_slice(&ids.chunk(None, Some(reply.content), None));
-                        }
-                        if !reply.tool_calls.is_empty() {
-                            called_tools = true;
-                            let calls = structured::openai_tool_calls(&reply.tool_calls, true);
-                            out.extend_from_slice(&ids.tool_calls_chunk(calls));
-                        }
+                    if !reply.tool_calls.is_empty() {
+                        called_tools = true;
+                        let calls = structured::openai_tool_calls(&reply.tool_calls, true);
+                        out.extend_from_slice(&ids.tool_calls_chunk(calls));
                     }
-                    out.extend_from_slice(&ids.tail(&completion, &generation, called_tools));
-                    return Some((Bytes::from(out), None));
                 }
-                Step::Error(e) => {
-                    let mut out = sse_event(&e.openai_body()).to_vec();
-                    out.extend_from_slice(b"data: [DONE]\n\n");
-                    return Some((Bytes::from(out), None));
-                }
+                out.extend_from_slice(&ids.tail(&completion, &generation, called_tools));
+                Some((Bytes::from(out), None))
+            }
+            Filtered::Error(e) => {
+                let mut out = sse_event(&e.openai_body()).to_vec();
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                Some((Bytes::from(out), None))
             }
         }
     });
