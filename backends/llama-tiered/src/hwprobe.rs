@@ -20,6 +20,7 @@ use hypura_scheduler::size::format_bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::llama::probe::{self, Device, DeviceProbeError, MatvecSpec};
+use crate::synth::Rng;
 
 /// Name of the cached profile inside the cache directory.
 pub const CACHE_FILE_NAME: &str = "profile.json";
@@ -582,7 +583,7 @@ fn write_scratch(path: &Path, len: u64) -> io::Result<()> {
     const CHUNK: usize = 4 << 20;
     let mut storage = Vec::new();
     let buf = aligned(&mut storage, CHUNK);
-    let mut rng = SplitMix64(0x243f_6a88_85a3_08d3);
+    let mut rng = Rng::new(0x243f_6a88_85a3_08d3);
     for w in buf.chunks_exact_mut(8) {
         w.copy_from_slice(&rng.next_u64().to_le_bytes());
     }
@@ -659,7 +660,7 @@ impl ReadPoint {
             let handles: Vec<_> = (0..depth)
                 .map(|t| {
                     let (claimed, done_bytes, ready) = (&claimed, &done_bytes, &ready);
-                    let mut rng = SplitMix64(seed.wrapping_mul(1000).wrapping_add(t as u64));
+                    let mut rng = Rng::new(seed.wrapping_mul(1000).wrapping_add(t as u64));
                     s.spawn(move || -> io::Result<()> {
                         let mut storage = Vec::new();
                         let buf = aligned(&mut storage, self.block_bytes as usize);
@@ -687,19 +688,6 @@ impl ReadPoint {
             r.map_err(|_| io::Error::other("a disk reader thread panicked"))??;
         }
         Ok(done_bytes.load(Ordering::Relaxed) as f64 / secs / 1e9)
-    }
-}
-
-/// Small, fast, deterministic generator (SplitMix64) for offsets and data.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
     }
 }
 

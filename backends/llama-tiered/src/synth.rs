@@ -436,16 +436,22 @@ impl WriteReport {
     }
 }
 
-/// Writes the synthetic model `spec` to `path` (replacing it).
-pub fn write(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
+/// The header of `spec` (metadata and tensor table) and its tensors' plan.
+fn header(spec: &SynthSpec) -> Result<(GgufBuilder, Vec<Planned>), SynthError> {
     spec.validate()?;
-    let start = Instant::now();
     let plan = spec.plan();
     let mut b = GgufBuilder::new();
     spec.set_kvs(&mut b)?;
     for t in &plan {
         b.add_tensor(&t.name, t.ty, &t.dims)?;
     }
+    Ok((b, plan))
+}
+
+/// Writes the synthetic model `spec` to `path` (replacing it).
+pub fn write(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
+    let start = Instant::now();
+    let (b, plan) = header(spec)?;
     let mut w = b.create(path)?;
     let pools = Pools::new(spec.seed, &[spec.weight_type, spec.output_type])?;
     let mut buf = Vec::with_capacity(WRITE_CHUNK_BYTES);
@@ -487,14 +493,8 @@ pub fn write(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
 /// in milliseconds and taking no disk space: for planning and inspecting
 /// model-sized files (not for running them: zero scales give zero outputs).
 pub fn write_sparse(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
-    spec.validate()?;
     let start = Instant::now();
-    let plan = spec.plan();
-    let mut b = GgufBuilder::new();
-    spec.set_kvs(&mut b)?;
-    for t in &plan {
-        b.add_tensor(&t.name, t.ty, &t.dims)?;
-    }
+    let (b, plan) = header(spec)?;
     let meta = b.meta_bytes();
     let alignment = b.alignment() as u64;
     let data_bytes = b
@@ -602,14 +602,16 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 /// SplitMix64: tiny, fast, and the same on every platform and version.
-struct Rng(u64);
+/// Also the crate's generator for benchmark data and offsets (`hwprobe`,
+/// `llama::probe`).
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed)
     }
 
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -620,6 +622,11 @@ impl Rng {
     /// Uniform in [0, 1).
     fn unit(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in [-1, 1).
+    pub(crate) fn signed_unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
     /// Uniform in [0, n), n > 0.

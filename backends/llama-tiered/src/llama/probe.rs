@@ -15,6 +15,7 @@ use std::time::Instant;
 use hypura_llama_sys as sys;
 
 use super::gguf_write::{quantize_rows, GgmlType};
+use crate::synth::Rng;
 
 /// What ggml says a device is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,9 +361,9 @@ impl MatvecGraph {
 
     /// Writes valid Q4_K rows (a quantized random tile, repeated) and random inputs.
     fn fill(&self, dev: &Device) -> Result<(), DeviceProbeError> {
-        let mut rng = SplitMix64(0x9e37_79b9_7f4a_7c15);
+        let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
         let tile_f32: Vec<f32> = (0..MATVEC_TILE_ROWS * MATVEC_COLS)
-            .map(|_| rng.unit_f32())
+            .map(|_| rng.signed_unit())
             .collect();
         let tile = quantize_rows(GgmlType::Q4_K, &tile_f32, MATVEC_COLS as usize)
             .map_err(|e| dev.failed(format!("quantizing the Q4_K tile: {e}")))?;
@@ -376,7 +377,7 @@ impl MatvecGraph {
             };
         }
         for x in &self.inputs {
-            let v: Vec<f32> = (0..MATVEC_COLS).map(|_| rng.unit_f32()).collect();
+            let v: Vec<f32> = (0..MATVEC_COLS).map(|_| rng.signed_unit()).collect();
             // SAFETY: `x` is allocated with exactly `MATVEC_COLS` f32 values.
             unsafe { sys::ggml_backend_tensor_set(x.as_ptr(), v.as_ptr().cast(), 0, v.len() * 4) };
         }
@@ -486,24 +487,6 @@ pub fn evict_from_page_cache(file: &File) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(rc))
-    }
-}
-
-/// Small, fast, deterministic generator (SplitMix64) for benchmark data.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn unit_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
 
