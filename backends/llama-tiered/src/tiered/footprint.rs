@@ -2,7 +2,7 @@
 //! alone: the numbers the multi-model budget charges for each residency.
 use hypura_scheduler::roles::layer_index;
 
-use super::placement::{is_streamed, Mode};
+use super::placement::{is_streamed, plan_inputs, Mode};
 use crate::gguf::GgufFile;
 
 /// Memory of one model under its streaming mode.
@@ -48,25 +48,10 @@ impl StreamFootprint {
             resident_bytes,
             stream_bytes,
             minimum_cache_bytes: per_layer.values().copied().max().unwrap_or(0),
-            kv_bytes_per_token: kv_bytes_per_token(file),
+            // The planner's reading of the attention shape (0 without one).
+            kv_bytes_per_token: plan_inputs(file).map_or(0, |(_, facts)| facts.kv_bytes_per_token),
         }
     }
-}
-
-/// f16 K and V of every layer for one token: `n_layer × (n_embd_k_gqa +
-/// n_embd_v_gqa) × 2` bytes, from the header's attention shape.
-pub fn kv_bytes_per_token(file: &GgufFile) -> u64 {
-    let n_layer = file.arch_u64("block_count").unwrap_or(0);
-    let n_embd = file.arch_u64("embedding_length").unwrap_or(0);
-    let n_head = file.arch_u64("attention.head_count").unwrap_or(1).max(1);
-    let n_head_kv = file.arch_u64("attention.head_count_kv").unwrap_or(n_head);
-    let head_k = file
-        .arch_u64("attention.key_length")
-        .unwrap_or(n_embd / n_head);
-    let head_v = file
-        .arch_u64("attention.value_length")
-        .unwrap_or(n_embd / n_head);
-    n_layer * n_head_kv * (head_k + head_v) * 2
 }
 
 #[cfg(test)]
