@@ -19,9 +19,16 @@
 //! sequence, so prompts of different lengths read in one step take several
 //! micro-batches.
 //!
-//! Lock order: the request state (`Shared::state`) and the embedding context
-//! (`Inner::embedder`) are never held together; the worker holds no lock
-//! while it decodes or calls a sink.
+//! [`BatchEngine::switch_model`] moves the engine onto another load of the
+//! same file (another placement: layers moved to or from the GPU, weights no
+//! longer streamed) between two decode steps: the worker copies every
+//! sequence's KV cache into a context of the new model, rebinds the samplers
+//! and goes on; requests in flight never notice, and the old model is free
+//! once its caller drops it.
+//!
+//! Lock order: the request state (`Shared::state`), the embedding context
+//! (`Inner::embedder`) and the current model (`Inner::current`) are never
+//! held together; the worker holds no lock while it decodes or calls a sink.
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -177,18 +184,33 @@ pub struct BatchEngine {
 }
 
 struct Inner {
-    model: Arc<Model>,
+    /// The model decoded now and the hook streaming its weights (if they
+    /// are streamed); replaced by [`BatchEngine::switch_model`].
+    current: Mutex<Current>,
     config: BatchConfig,
+    /// Parameters of the generation context (a switch makes another).
+    ctx_params: ContextParams,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
     worker_thread: ThreadId,
     /// Created on the first [`BatchEngine::embed`].
     embedder: Mutex<Option<Embedder>>,
-    /// Streams the weights of every context of this engine, if they are streamed.
-    hook: Option<Arc<dyn EvalHook>>,
     #[cfg(test)]
     abort: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Clone)]
+struct Current {
+    model: Arc<Model>,
+    /// Streams the weights of every context of this engine, if they are streamed.
+    hook: Option<Arc<dyn EvalHook>>,
+}
+
+/// A context of the new model, handed to the worker to switch to.
+struct Switch {
+    ctx: Context,
+    done: std::sync::mpsc::SyncSender<Result<(), EngineError>>,
 }
 
 /// What the submitting threads and the worker share.
@@ -207,6 +229,8 @@ struct State {
     cancelled: HashSet<RequestId>,
     /// False once shutdown began or the worker stopped.
     accepting: bool,
+    /// A switch of model for the worker to make before its next step.
+    switch: Option<Switch>,
 }
 
 #[derive(Default)]
@@ -228,6 +252,8 @@ impl Counters {
 /// A validated request waiting for a slot.
 struct Queued {
     id: RequestId,
+    /// The model its sequence was made with (rebound on admission after a switch).
+    model: Arc<Model>,
     prompt: Vec<i32>,
     sequence: Sequence,
     sink: EventSink,
@@ -272,6 +298,7 @@ impl BatchEngine {
                 active: HashSet::new(),
                 cancelled: HashSet::new(),
                 accepting: true,
+                switch: None,
             }),
             wake: Condvar::new(),
             counters: Counters::default(),
@@ -283,14 +310,14 @@ impl BatchEngine {
             .map_err(|e| EngineError::Context(format!("could not start the batch worker: {e}")))?;
         Ok(BatchEngine {
             inner: Arc::new(Inner {
-                model,
+                current: Mutex::new(Current { model, hook }),
                 config,
+                ctx_params,
                 shared,
                 next_id: AtomicU64::new(0),
                 worker_thread: handle.thread().id(),
                 worker: Mutex::new(Some(handle)),
                 embedder: Mutex::new(None),
-                hook,
                 #[cfg(test)]
                 abort,
             }),
@@ -309,7 +336,8 @@ impl BatchEngine {
     ) -> Result<RequestId, EngineError> {
         let config = &self.inner.config;
         check_prompt(&request.prompt, config.n_ctx_per_seq)?;
-        let n_vocab = self.inner.model.n_vocab();
+        let model = self.model();
+        let n_vocab = model.n_vocab();
         if let Some(&bad) = request
             .prompt
             .iter()
@@ -322,7 +350,7 @@ impl BatchEngine {
         let sequence = Sequence::new(
             &request.params,
             &request.prompt,
-            &self.inner.model,
+            &model,
             config.n_ctx_per_seq,
         )?;
         let mut state = self.inner.shared.lock();
@@ -336,6 +364,7 @@ impl BatchEngine {
         let id = RequestId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
         state.queue.push_back(Queued {
             id,
+            model,
             prompt: request.prompt,
             sequence,
             sink,
@@ -390,8 +419,69 @@ impl BatchEngine {
         }
     }
 
-    pub fn model(&self) -> &Arc<Model> {
-        &self.inner.model
+    /// The model decoded now (another after [`BatchEngine::switch_model`]).
+    pub fn model(&self) -> Arc<Model> {
+        Arc::clone(&self.inner.current().model)
+    }
+
+    /// Moves every request onto `model`, another load of the same file
+    /// (another placement), between two decode steps, and returns once the
+    /// worker decodes with it: each active sequence's KV cache is copied
+    /// into a new context of `model` (whose weights `hook` streams, if they
+    /// are streamed), samplers are rebound, and the old context is freed.
+    /// The old model is free once the caller drops its last handle.
+    ///
+    /// Fails, with the engine still on the old model, when `model` is not
+    /// the same shape, the new context cannot be made, a KV copy fails, or
+    /// the engine is shutting down.
+    pub fn switch_model(
+        &self,
+        model: Arc<Model>,
+        hook: Option<Arc<dyn EvalHook>>,
+    ) -> Result<(), EngineError> {
+        let old = self.model();
+        let same_file = model.path() == old.path()
+            && model.n_vocab() == old.n_vocab()
+            && model.n_embd() == old.n_embd()
+            && model.n_layer() == old.n_layer();
+        if !same_file {
+            return Err(EngineError::InvalidArgument(format!(
+                "a switch needs another load of {}, not of {}",
+                old.path().display(),
+                model.path().display()
+            )));
+        }
+        let ctx = Context::with_hook(Arc::clone(&model), &self.inner.ctx_params, hook.clone())?;
+        let (done, switched) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut state = self.inner.shared.lock();
+            if !state.accepting {
+                return Err(EngineError::ShuttingDown);
+            }
+            if state.switch.is_some() {
+                return Err(EngineError::InvalidArgument(
+                    "another switch of model is under way".into(),
+                ));
+            }
+            state.switch = Some(Switch { ctx, done });
+        }
+        self.inner.shared.wake.notify_all();
+        // The sender is dropped unanswered only if the worker exits first.
+        switched.recv().unwrap_or(Err(EngineError::ShuttingDown))?;
+        *self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Current { model, hook };
+        // The embedding context is made again, on the new model, when next needed.
+        let embedder = self
+            .inner
+            .embedder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(embedder);
+        Ok(())
     }
 
     pub fn config(&self) -> &BatchConfig {
@@ -416,7 +506,8 @@ impl BatchEngine {
     /// first use and kept behind a mutex: concurrent calls take turns, and
     /// generation on the worker goes on meanwhile (sharing the cores).
     pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let model = &self.inner.model;
+        let Current { model, hook } = self.inner.current();
+        let model = &model;
         let n_ctx = EMBED_N_CTX.min(model.n_ctx_train().max(1));
         let tokenized = texts
             .iter()
@@ -448,7 +539,7 @@ impl BatchEngine {
                 model,
                 n_ctx,
                 self.inner.config.n_threads,
-                self.inner.hook.clone(),
+                hook,
             )?),
         };
         tokenized.iter().map(|t| embedder.embed(t)).collect()
@@ -456,6 +547,13 @@ impl BatchEngine {
 }
 
 impl Inner {
+    fn current(&self) -> Current {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     fn shutdown(&self) {
         self.shared.lock().accepting = false;
         self.shared.wake.notify_all();
@@ -502,12 +600,12 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(q: Queued) -> Slot {
+    fn new(id: RequestId, prompt: Vec<i32>, sequence: Sequence, sink: EventSink) -> Slot {
         Slot {
-            id: q.id,
-            sink: q.sink,
-            sequence: q.sequence,
-            prompt: q.prompt,
+            id,
+            sink,
+            sequence,
+            prompt,
             n_prompt_decoded: 0,
             next_token: None,
             step_prompt_tokens: 0,
@@ -537,11 +635,12 @@ struct ExitGuard(Arc<Shared>);
 
 impl Drop for ExitGuard {
     fn drop(&mut self) {
-        let queued: Vec<Queued> = {
+        let (queued, switch): (Vec<Queued>, _) = {
             let mut state = self.0.lock();
             state.accepting = false;
-            state.queue.drain(..).collect()
+            (state.queue.drain(..).collect(), state.switch.take())
         };
+        drop(switch);
         for mut q in queued {
             Counters::add(&self.0.counters.failed, 1);
             send(
@@ -578,9 +677,9 @@ impl Worker {
     fn wait_for_work(&mut self) -> bool {
         let mut admitted = Vec::new();
         let mut dropped = Vec::new();
-        let keep_running = {
+        let (keep_running, switch) = {
             let mut state = self.shared.lock();
-            loop {
+            let keep_running = loop {
                 for (seq, slot) in self.slots.iter_mut().enumerate() {
                     if slot
                         .as_ref()
@@ -605,7 +704,7 @@ impl Worker {
                 }
                 let busy = !admitted.is_empty() || self.slots.iter().any(Option::is_some);
                 // Dropped slots still need their KV cleared (outside the lock).
-                if busy || !dropped.is_empty() {
+                if busy || !dropped.is_empty() || state.switch.is_some() {
                     break true;
                 }
                 if !state.accepting && state.queue.is_empty() {
@@ -616,18 +715,62 @@ impl Worker {
                     .wake
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner);
-            }
+            };
+            (keep_running, state.switch.take())
         };
         for (seq, slot) in dropped {
             self.ctx.clear_seq(seq as i32, -1);
             Counters::add(&self.shared.counters.cancelled, 1);
             drop(slot);
         }
-        for (seq, q) in admitted {
+        if let Some(Switch { ctx, done }) = switch {
+            let _ = done.send(self.switch(ctx));
+        }
+        for (seq, mut q) in admitted {
             self.ctx.clear_seq(seq as i32, -1);
-            self.slots[seq] = Some(Slot::new(q));
+            if !Arc::ptr_eq(&q.model, self.ctx.model()) {
+                // Queued before a switch: its sampler knows the old model.
+                if let Err(e) = q.sequence.rebind(self.ctx.model()) {
+                    self.shared.lock().active.remove(&q.id);
+                    Counters::add(&self.shared.counters.failed, 1);
+                    send(&mut q.sink, GenerationEvent::Error(e));
+                    continue;
+                }
+            }
+            let Queued {
+                id,
+                prompt,
+                sequence,
+                sink,
+                ..
+            } = q;
+            self.slots[seq] = Some(Slot::new(id, prompt, sequence, sink));
         }
         keep_running
+    }
+
+    /// Moves every slot's KV cache into `ctx` (a context of another load of
+    /// the same file) and decodes with it from now on. On a failed copy the
+    /// worker stays on its context and nothing changed.
+    fn switch(&mut self, mut ctx: Context) -> Result<(), EngineError> {
+        for seq in 0..self.slots.len() {
+            if self.slots[seq].is_some() {
+                let state = self.ctx.seq_state(seq as i32)?;
+                ctx.set_seq_state(seq as i32, &state)?;
+            }
+        }
+        let old = std::mem::replace(&mut self.ctx, ctx);
+        for seq in 0..self.slots.len() {
+            let rebound = match self.slots[seq].as_mut() {
+                Some(slot) => slot.sequence.rebind(self.ctx.model()),
+                None => continue,
+            };
+            if let Err(e) = rebound {
+                self.fail(seq, e);
+            }
+        }
+        drop(old);
+        Ok(())
     }
 
     /// One decode step over every active sequence.

@@ -209,6 +209,12 @@ impl Sequence {
         Next::Decode(token)
     }
 
+    /// Moves the sequence's sampler onto `model`, another load of the same
+    /// file (a switch of placement between decode steps).
+    pub(crate) fn rebind(&mut self, model: &Model) -> Result<(), EngineError> {
+        self.sampler.rebind(model)
+    }
+
     /// Position of the last sampled token (where [`Next::Decode`] puts it).
     pub(crate) fn next_pos(&self) -> i32 {
         (self.n_prompt + self.tokens.len()).saturating_sub(1) as i32

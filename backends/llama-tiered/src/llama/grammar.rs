@@ -52,6 +52,11 @@ pub fn json_schema_to_grammar(schema_json: &str) -> Result<String, EngineError> 
 /// One sequence's grammar state: which tokens may come next.
 pub(crate) struct GrammarSampler {
     raw: NonNull<sys::llama_sampler>,
+    /// The grammar, its root and the tokens accepted so far: what
+    /// [`GrammarSampler::rebind`] rebuilds the state from.
+    grammar: String,
+    root: String,
+    accepted: Vec<i32>,
 }
 
 // SAFETY: the sampler owns its state; used by one thread at a time (`&mut self`).
@@ -61,6 +66,7 @@ impl GrammarSampler {
     /// Parses `grammar` (GBNF, starting at `root`) for `model`'s vocabulary.
     pub(crate) fn new(model: &Model, grammar: &str, root: &str) -> Result<Self, EngineError> {
         let bad = |what: &str| EngineError::InvalidArgument(format!("the grammar {what}"));
+        let (grammar_text, root_text) = (grammar.to_string(), root.to_string());
         let text = CString::new(grammar).map_err(|_| bad("contains a NUL byte"))?;
         let root = CString::new(root).map_err(|_| bad("root contains a NUL byte"))?;
         // SAFETY: the vocab lives with the model; both strings are
@@ -70,7 +76,12 @@ impl GrammarSampler {
             sys::llama_rs_sampler_init_grammar(model.vocab(), text.as_ptr(), root.as_ptr())
         };
         NonNull::new(raw)
-            .map(|raw| GrammarSampler { raw })
+            .map(|raw| GrammarSampler {
+                raw,
+                grammar: grammar_text,
+                root: root_text,
+                accepted: Vec::new(),
+            })
             .ok_or_else(|| {
                 bad("does not parse (llama.cpp logs where): check its GBNF syntax and rule names")
             })
@@ -106,12 +117,28 @@ impl GrammarSampler {
         // SAFETY: the sampler is alive; the wrapper catches C++ exceptions.
         let status = unsafe { sys::llama_rs_sampler_accept(self.raw.as_ptr(), token) };
         if status == sys::LLAMA_RS_STATUS_OK {
+            self.accepted.push(token);
             Ok(())
         } else {
             Err(EngineError::InvalidArgument(format!(
                 "token {token} does not fit the grammar"
             )))
         }
+    }
+}
+
+impl GrammarSampler {
+    /// The same grammar state on `model`'s vocabulary: llama.cpp's sampler
+    /// points at the vocabulary of the model it was made for, so a sequence
+    /// moving to another load of the same file rebuilds it there and replays
+    /// the tokens accepted so far.
+    pub(crate) fn rebind(&mut self, model: &Model) -> Result<(), EngineError> {
+        let mut fresh = GrammarSampler::new(model, &self.grammar, &self.root)?;
+        for &token in &self.accepted {
+            fresh.accept(token)?;
+        }
+        *self = fresh;
+        Ok(())
     }
 }
 

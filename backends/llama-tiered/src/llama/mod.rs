@@ -9,11 +9,12 @@ mod grammar;
 mod model;
 pub mod probe;
 mod sampler;
+mod state;
 mod stream;
 
 pub use backend::init as init_backend;
 pub use backend::{gpu_devices, GpuDevice};
-pub use context::{default_threads, Batch, Context, ContextParams, PerfTimings};
+pub use context::{default_threads, Batch, Context, ContextMemory, ContextParams, PerfTimings};
 pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
 pub use model::{GpuOffload, LoadMode, Model, ModelParams};
 pub use sampler::{Sampler, SamplingParams};

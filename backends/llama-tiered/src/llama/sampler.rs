@@ -270,6 +270,16 @@ impl Sampler {
         Ok(chosen.id)
     }
 
+    /// Points the sampler at `model`, another load of the same file (see
+    /// [`GrammarSampler::rebind`]); the rest of the chain does not depend on
+    /// the model.
+    pub fn rebind(&mut self, model: &Model) -> Result<(), EngineError> {
+        match self.grammar.as_mut() {
+            Some(grammar) => grammar.rebind(model),
+            None => Ok(()),
+        }
+    }
+
     /// Records a token the sampler did not pick (e.g. the prompt, for
     /// penalties); the grammar only sees sampled tokens.
     pub fn accept(&mut self, token: i32) {
