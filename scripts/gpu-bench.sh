@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
 #
-#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe profile plan summary)
+#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve profile plan bench summary)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -157,6 +157,16 @@ moe() {
   R=1 hyp moe-ngl0 "$MOE" --gpu-layers 0
   # Under a RAM budget (a third of the experts): NVMe reads every token.
   R=1 N=32 hyp moe-experts-stream-2g "$MOE" --mode expert-streaming --gpu-layers 99 --ram-budget 2GiB
+}
+
+# Moves into and out of GPU memory inside `hypura serve` (scripts/bench/gpu_serve.py):
+# the dense model hot, the MoE cold; one GPU budget holds one of them in full.
+serve() {
+  late serve && return 0
+  log "serve: GPU moves under one budget (hot $DENSE, cold $MOE)"
+  python3 scripts/bench/gpu_serve.py "$H" "$DENSE" "$MOE" "$OUT" --threads "$T" \
+    --gpu-budget "${SERVE_GPU_BUDGET:-8GiB}" --ram-budget "${SERVE_RAM_BUDGET:-6GiB}" \
+    --seconds "${SERVE_SECONDS:-150}" 2>&1 | tail -40 | cut -c1-400 | tee -a "$OUT/log.txt"
 }
 
 profile() {

@@ -1,28 +1,59 @@
 //! One memory budget across two real models in one server: both keep
 //! answering, with the same tokens whatever their residency, and the hot one
-//! ends fully resident while the cold one streams.
+//! ends fully resident (switched to its full placement with requests in
+//! flight) while the cold one streams.
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{client, wait_until, Server};
+use llama_tiered::batch::BatchConfig;
 use llama_tiered::gguf::GgufFile;
 use llama_tiered::synth;
 use llama_tiered::tiered::footprint::StreamFootprint;
+use llama_tiered::tiered::{context_memory, Mode, TieredParams};
 use serde_json::{json, Value};
 
-const CONTEXT: u64 = 512;
-const EMBED_CONTEXT: u64 = 512;
-
-/// RAM the server charges a model (`--parallel 1`): resident weights + KV +
-/// stream cache (`cache` = the cache bytes of the residency).
-fn charged(f: &StreamFootprint, cache: u64) -> u64 {
-    f.resident_bytes + f.kv_bytes_per_token * (CONTEXT + EMBED_CONTEXT) + cache
-}
+const CONTEXT: u32 = 512;
+const BATCH: u32 = 64;
 
 fn footprint(path: &Path) -> StreamFootprint {
     StreamFootprint::of(&GgufFile::open(path).unwrap())
+}
+
+/// What the server (`--parallel 1 --context 512 --batch 64`) charges for
+/// a model's contexts (KV cache, compute buffers) in `mode`'s placement.
+fn contexts(path: &Path, mode: Mode) -> u64 {
+    let file = GgufFile::open(path).unwrap();
+    let n_ctx_train = file.arch_u64("context_length").unwrap() as u32;
+    let config = BatchConfig {
+        n_parallel: 1,
+        n_ctx_per_seq: CONTEXT,
+        n_batch: BATCH,
+        n_threads: 0,
+        queue_limit: 1,
+    };
+    let params = TieredParams {
+        mode: Some(mode),
+        no_repack: true,
+        ..Default::default()
+    };
+    context_memory(path, &params, &config.contexts(n_ctx_train))
+        .unwrap()
+        .ram_bytes
+}
+
+/// RAM charged in the streaming placement with `cache` bytes of stream cache.
+fn streaming(path: &Path, cache: u64) -> u64 {
+    let f = footprint(path);
+    f.resident_bytes + cache + contexts(path, f.mode)
+}
+
+/// RAM charged in the full placement (no GPU here).
+fn full(path: &Path) -> u64 {
+    let f = footprint(path);
+    f.resident_bytes + f.stream_bytes + contexts(path, Mode::FullResident)
 }
 
 fn generate(server: &Server, model: &str) -> String {
@@ -60,26 +91,39 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
     let dir = std::env::temp_dir().join(format!("hypura-budget-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cold_path: PathBuf = dir.join("smollm2-moe.gguf");
-    synth::derive_moe_from_dense(&hot_path, &cold_path, 4, 2, 0.01, 7).unwrap();
+    synth::derive_moe_from_dense(&hot_path, &cold_path, 16, 2, 0.01, 7).unwrap();
     let (hot, cold) = (footprint(&hot_path), footprint(&cold_path));
 
-    // Room for the hot one in full beside the cold one streaming, not for both in full.
-    let budget =
-        charged(&hot, hot.stream_bytes) + charged(&cold, cold.minimum_cache_bytes) + (1 << 20);
-    assert!(charged(&cold, cold.stream_bytes) + charged(&hot, hot.minimum_cache_bytes) > budget);
-    let server = Server::start_with(&[
-        "serve".into(),
-        hot_path.to_string_lossy().into_owned(),
-        cold_path.to_string_lossy().into_owned(),
-        "--port".into(),
-        "0".into(),
-        "--parallel".into(),
-        "1".into(),
-        "--context".into(),
-        CONTEXT.to_string(),
-        "--ram-budget".into(),
-        budget.to_string(),
-    ]);
+    // The cold one loads first, half cached (partial), and leaves the hot
+    // one room to stream only; once the cold one is demoted, there is room
+    // for the hot one's full placement loaded beside its streaming one
+    // (while it switches). Never room for the cold one in full.
+    let hot_streaming = streaming(&hot_path, hot.minimum_cache_bytes);
+    let cold_partial = streaming(&cold_path, cold.stream_bytes / 2);
+    let cold_streaming = streaming(&cold_path, cold.minimum_cache_bytes);
+    let budget = cold_partial + hot_streaming + (1 << 20);
+    assert!(full(&hot_path) + cold_partial > budget);
+    assert!(full(&hot_path) + hot_streaming + cold_streaming < budget);
+    assert!(full(&cold_path) > budget);
+    // Info logs show the switch of placement.
+    let server = Server::start_logging(
+        &[
+            "serve".into(),
+            hot_path.to_string_lossy().into_owned(),
+            cold_path.to_string_lossy().into_owned(),
+            "--port".into(),
+            "0".into(),
+            "--parallel".into(),
+            "1".into(),
+            "--context".into(),
+            CONTEXT.to_string(),
+            "--batch".into(),
+            BATCH.to_string(),
+            "--ram-budget".into(),
+            budget.to_string(),
+        ],
+        "info,llama.cpp=error",
+    );
     let (hot_name, cold_name) = (common::MODEL, "smollm2-moe:latest");
 
     // The cold model first: it takes what fits.
@@ -120,7 +164,9 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
             assert_eq!(tiers["stream"], 0, "nothing left on disk: {model}");
         }
     }
-    assert!(!server.log().contains("ERROR"), "{}", server.log());
+    let log = server.log();
+    assert!(!log.contains("ERROR"), "{log}");
+    assert!(log.contains("now in its full placement"), "switched: {log}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -14,8 +14,11 @@
 //!
 //! Every change is a [`Move`] the caller carries out (in the background) and
 //! reports with [`BudgetPolicy::move_done`]. While a move runs, the model is
-//! charged the larger of its old and new footprint, so the budget holds at
-//! every instant whatever order moves finish in:
+//! charged what both ends need at once ([`ModelSpec::during_move`]): the
+//! larger of its old and new footprint when the move resizes one placement in
+//! place (a stream cache filled or dropped), both when the new placement is
+//! loaded beside the old ([`ModelSpec::full_is_separate`]). So the budget
+//! holds at every instant whatever order moves finish in:
 //! `Σ charged(model) ≤ budget`, on GPU and RAM separately ([`BudgetPolicy::charged`]).
 //!
 //! A model with requests in flight is never unloaded (a demotion to streaming
@@ -145,13 +148,21 @@ impl std::str::FromStr for Residency {
 pub struct ModelSpec {
     pub name: String,
     /// Memory at [`Residency::Streaming`], [`Residency::Partial`] and
-    /// [`Residency::Full`], KV cache included; each no smaller than the one
-    /// before. A model that cannot stream has all three equal.
+    /// [`Residency::Full`], KV cache and compute buffers included; each no
+    /// smaller than the one before, except a separate full placement
+    /// ([`ModelSpec::full_is_separate`]), which may hold less RAM by holding
+    /// GPU memory. A model that cannot stream has all three equal.
     pub streaming: Footprint,
     pub partial: Footprint,
     pub full: Footprint,
     /// Never demoted below this (unless [`Residency::Unloaded`]: no pin).
     pub pin: Residency,
+    /// Whether [`Residency::Full`] is a placement of its own (layers on the
+    /// GPU, nothing streamed) rather than the streaming placement with a full
+    /// cache: moving between it and another loaded residency then loads the
+    /// new placement beside the old and frees the old once switched, and is
+    /// charged both footprints until done.
+    pub full_is_separate: bool,
     /// Higher wins ties in heat and is demoted last.
     pub priority: i32,
     /// Unloaded this long after its last request; `None` = never.
@@ -165,6 +176,20 @@ impl ModelSpec {
             Residency::Streaming => self.streaming,
             Residency::Partial => self.partial,
             Residency::Full => self.full,
+        }
+    }
+
+    /// What a move from `from` to `to` holds while it runs: both footprints
+    /// when it loads a separate placement beside a loaded one, else the
+    /// larger (a cache resized in place, a first load, an unload).
+    pub fn during_move(&self, from: Residency, to: Residency) -> Footprint {
+        let (a, b) = (self.footprint(from), self.footprint(to));
+        let loaded = from != Residency::Unloaded && to != Residency::Unloaded;
+        let reload = (from == Residency::Full) != (to == Residency::Full);
+        if self.full_is_separate && loaded && reload {
+            a.add(b)
+        } else {
+            a.max(b)
         }
     }
 }
@@ -236,11 +261,17 @@ impl ModelState {
     /// What the model holds against the budget: while moving, the larger of
     /// both ends.
     fn charged(&self) -> Footprint {
-        let now = self.spec.footprint(self.level);
         match self.moving_to {
-            Some(to) => now.max(self.spec.footprint(to)),
-            None => now,
+            Some(to) => self.spec.during_move(self.level, to),
+            None => self.spec.footprint(self.level),
         }
+    }
+
+    /// What moving (idle) to `to` would hold beyond what it holds now.
+    fn extra_to(&self, to: Residency) -> Footprint {
+        self.spec
+            .during_move(self.level, to)
+            .saturating_sub(self.charged())
     }
 
     fn heat_at(&self, now: Duration, half_life: Duration) -> f64 {
@@ -283,7 +314,9 @@ impl BudgetPolicy {
     /// Adds a model, unloaded. Fails when even streaming it would not fit the
     /// whole budget, or when its footprints are not ordered.
     pub fn add_model(&mut self, spec: ModelSpec) -> Result<ModelId, String> {
-        if !(spec.streaming.fits_in(spec.partial) && spec.partial.fits_in(spec.full)) {
+        let ordered = spec.streaming.fits_in(spec.partial)
+            && (spec.full_is_separate || spec.partial.fits_in(spec.full));
+        if !ordered {
             return Err(format!(
                 "{}: footprints must grow from streaming to partial to full",
                 spec.name
@@ -390,15 +423,16 @@ impl BudgetPolicy {
         }
         let room = self.room();
         for level in [Residency::Full, Residency::Partial, Residency::Streaming] {
-            if self.spec(id).footprint(level).fits_in(room) {
+            if self.spec(id).footprint(level).fits_in(room) && self.may_hold(id, level) {
                 self.count_request(id, now);
                 return Admission::Load {
                     mv: self.start_move(id, level),
                 };
             }
         }
-        let want = self.spec(id).streaming;
-        let moves = self.make_room(id, want, now, true).unwrap_or_default();
+        let moves = self
+            .make_room(id, Residency::Streaming, now, true)
+            .unwrap_or_default();
         Admission::Wait { moves }
     }
 
@@ -450,8 +484,13 @@ impl BudgetPolicy {
                 .spec
                 .keep_alive
                 .is_some_and(|k| now.saturating_sub(m.last_used) >= k);
-            if m.moving_to.is_none() && m.in_flight == 0 && m.level > m.spec.pin && expired {
-                let to = m.spec.pin.min(m.level);
+            let to = m.spec.pin.min(m.level);
+            if m.moving_to.is_none()
+                && m.in_flight == 0
+                && m.level > m.spec.pin
+                && expired
+                && m.extra_to(to).fits_in(self.room())
+            {
                 moves.push(self.start_move(id, to));
             }
         }
@@ -460,7 +499,12 @@ impl BudgetPolicy {
             let m = &self.models[id];
             let idle = now.saturating_sub(m.last_used) >= self.config.demote_after;
             let to = Residency::Streaming.max(m.spec.pin);
-            if m.moving_to.is_none() && m.in_flight == 0 && idle && m.level > to {
+            if m.moving_to.is_none()
+                && m.in_flight == 0
+                && idle
+                && m.level > to
+                && m.extra_to(to).fits_in(self.room())
+            {
                 moves.push(self.start_move(id, to));
             }
         }
@@ -485,8 +529,10 @@ impl BudgetPolicy {
                 if level <= current {
                     break;
                 }
-                let want = self.spec(id).footprint(level);
-                if let Some(mut made) = self.make_room(id, want, now, false) {
+                if !self.may_hold(id, level) {
+                    continue;
+                }
+                if let Some(mut made) = self.make_room(id, level, now, false) {
                     if made.is_empty() {
                         moves.push(self.start_move(id, level));
                     } else {
@@ -501,6 +547,35 @@ impl BudgetPolicy {
         moves
     }
 
+    /// Whether `id` may go to `level`: a pinned model whose full residency
+    /// is a separate placement goes full only if it can always come back
+    /// down to its pin, its pin placement loaded beside the full one, once
+    /// every model that can give room back has (else it could hold room no
+    /// one can ever get back). Unpinned models can be unloaded, pinned ones
+    /// shrink to their pin, except pinned separate ones already full, which
+    /// keep what they hold.
+    fn may_hold(&self, id: ModelId, level: Residency) -> bool {
+        let spec = &self.models[id].spec;
+        if level != Residency::Full || !spec.full_is_separate || spec.pin == Residency::Unloaded {
+            return true;
+        }
+        let others = (0..self.models.len())
+            .filter(|&o| o != id)
+            .map(|o| {
+                let m = &self.models[o];
+                let full = m.level == Residency::Full || m.moving_to == Some(Residency::Full);
+                if m.spec.full_is_separate && m.spec.pin != Residency::Unloaded && full {
+                    m.charged()
+                } else {
+                    m.spec.footprint(m.spec.pin)
+                }
+            })
+            .fold(Footprint::ZERO, Footprint::add);
+        others
+            .add(spec.during_move(Residency::Full, spec.pin))
+            .fits_in(self.budget)
+    }
+
     /// Heat plus a tie-breaking nudge by priority and queue.
     fn rank(&self, id: ModelId, now: Duration) -> f64 {
         let m = &self.models[id];
@@ -509,9 +584,80 @@ impl BudgetPolicy {
             + m.spec.priority as f64 * 1e-3
     }
 
-    /// Demotions of other models that leave room for `id` to hold `want`
-    /// (instead of what it holds now): empty when there is room already,
-    /// `None` when they would not suffice; the moves are started.
+    /// Demotions of other models that leave room for `id` to move to `to`
+    /// (what the move holds beyond what `id` holds now): empty when there is
+    /// room already, `None` when they would not suffice or none can start
+    /// now; the moves are started.
+    ///
+    /// A victim's move may itself need room while it runs (a separate
+    /// placement loaded beside its full one). The plan first keeps to moves
+    /// that all fit the room there is now; if that does not suffice, it
+    /// starts what fits of the plan that would, and leaves the rest for a
+    /// later call, once the others have freed theirs.
+    fn make_room(
+        &mut self,
+        id: ModelId,
+        to: Residency,
+        now: Duration,
+        for_request: bool,
+    ) -> Option<Vec<Move>> {
+        let need = self.models[id].extra_to(to);
+        if need.fits_in(self.room()) {
+            return Some(Vec::new());
+        }
+        let want = Want {
+            id,
+            need,
+            now,
+            for_request,
+        };
+        let room = Some(self.room());
+        if let Some(plan) = self.plan_room(&want, room, &[], false) {
+            return Some(self.start_moves(plan));
+        }
+        let plan = self.plan_room(&want, None, &[], false)?;
+        let mut spare = self.room();
+        let (now_fits, later): (Vec<_>, Vec<_>) = plan.into_iter().partition(|&(v, to)| {
+            let extra = self.models[v].extra_to(to);
+            let fits = extra.fits_in(spare);
+            if fits {
+                spare = spare.saturating_sub(extra);
+            }
+            fits
+        });
+        if !now_fits.is_empty() {
+            return Some(self.start_moves(now_fits));
+        }
+        // Each move needs room while it runs: free what can be freed now
+        // toward the cheapest one that something can make room for (the
+        // rest follows on later calls).
+        let mut blocked: Vec<(ModelId, Footprint)> = later
+            .iter()
+            .map(|&(v, to)| (v, self.models[v].extra_to(to)))
+            .collect();
+        blocked.sort_by_key(|&(_, e)| (e.ram_bytes, e.gpu_bytes));
+        let first = blocked.into_iter().find_map(|(v, extra)| {
+            let toward = Want {
+                need: extra,
+                ..want
+            };
+            self.plan_room(&toward, room, &[v], true)
+                .filter(|plan| !plan.is_empty())
+        })?;
+        Some(self.start_moves(first))
+    }
+
+    fn start_moves(&mut self, plan: Vec<(ModelId, Residency)>) -> Vec<Move> {
+        plan.into_iter()
+            .map(|(v, to)| self.start_move(v, to))
+            .collect()
+    }
+
+    /// The demotions [`BudgetPolicy::make_room`] would start to free `need`
+    /// for `id`, or `None` when they would not suffice. With `spare`, only
+    /// moves whose own running cost fits in it, all together. Models in
+    /// `keep` are left alone. With `best_effort`, what there is even when
+    /// it does not suffice.
     ///
     /// For a request (`for_request`), any model may be demoted to streaming
     /// (it keeps answering), and a model colder by the promote margin or
@@ -519,30 +665,28 @@ impl BudgetPolicy {
     /// a promotion, only such cold models are demoted, never unloaded. Each
     /// victim goes down only as far as needed; lowest priority, then lowest
     /// rank, first.
-    fn make_room(
-        &mut self,
-        id: ModelId,
-        want: Footprint,
-        now: Duration,
-        for_request: bool,
-    ) -> Option<Vec<Move>> {
-        let own = self.models[id].charged();
-        let need = want.saturating_sub(own);
+    fn plan_room(
+        &self,
+        want: &Want,
+        spare: Option<Footprint>,
+        keep: &[ModelId],
+        best_effort: bool,
+    ) -> Option<Vec<(ModelId, Residency)>> {
+        let (id, need, now, for_request) = (want.id, want.need, want.now, want.for_request);
+        let mut spare = spare;
         let mut freed = self.room();
-        if need.fits_in(freed) {
-            return Some(Vec::new());
-        }
         let my_rank = self.rank(id, now).max(1.0);
         let my_priority = self.models[id].spec.priority;
-        let cold = |p: &BudgetPolicy, v: ModelId| {
-            let m = &p.models[v];
-            let colder = p.rank(v, now) * p.config.promote_margin <= my_rank
+        let cold = |v: ModelId| {
+            let m = &self.models[v];
+            let colder = self.rank(v, now) * self.config.promote_margin <= my_rank
                 && m.spec.priority <= my_priority;
-            let idle = m.in_flight == 0 && now.saturating_sub(m.last_used) >= p.config.demote_after;
+            let idle =
+                m.in_flight == 0 && now.saturating_sub(m.last_used) >= self.config.demote_after;
             colder || idle
         };
         let mut victims: Vec<ModelId> = (0..self.models.len())
-            .filter(|&v| v != id && self.models[v].moving_to.is_none())
+            .filter(|&v| v != id && !keep.contains(&v) && self.models[v].moving_to.is_none())
             .collect();
         victims.sort_by(|&a, &b| {
             let (ma, mb) = (&self.models[a], &self.models[b]);
@@ -551,66 +695,71 @@ impl BudgetPolicy {
                 .cmp(&mb.spec.priority)
                 .then(self.rank(a, now).total_cmp(&self.rank(b, now)))
         });
-        // Plan first (demotions to streaming, then unloads); start nothing
-        // unless the plan suffices.
+        // Demotions to streaming first, then unloads; a victim planned in
+        // the first pass may be taken further down in the second.
         let mut plan: Vec<(ModelId, Residency)> = Vec::new();
         for unload in [false, true] {
             for &v in &victims {
                 if need.fits_in(freed) {
                     break;
                 }
-                if plan.iter().any(|&(p, _)| p == v) && !unload {
+                let planned = plan.iter().position(|&(p, _)| p == v);
+                if planned.is_some() && !unload {
                     continue;
                 }
                 let m = &self.models[v];
-                let is_cold = cold(self, v);
                 let lowest = if unload {
-                    if !(for_request && is_cold) {
+                    if !(for_request && cold(v)) {
                         continue;
                     }
                     m.floor()
                 } else {
-                    if !(for_request || is_cold) {
+                    if !(for_request || cold(v)) {
                         continue;
                     }
                     Residency::Streaming.max(m.floor())
                 };
-                let from = plan
-                    .iter()
-                    .find(|&&(p, _)| p == v)
-                    .map_or(m.level, |&(_, to)| to);
+                let from = planned.map_or(m.level, |i| plan[i].1);
                 if from <= lowest {
                     continue;
                 }
-                // As far down as needed, no further.
-                let to = Residency::ALL
+                // What a move to `l` holds while it runs, beyond what the
+                // plan already holds for this victim.
+                let held_before = planned.map_or(Footprint::ZERO, |i| m.extra_to(plan[i].1));
+                let startable =
+                    |l: Residency| spare.is_none_or(|s| m.extra_to(l).fits_in(s.add(held_before)));
+                // As far down as needed, no further; a separate full
+                // placement straight to the lowest, which is the least to
+                // load beside it.
+                let separate = m.spec.full_is_separate && from == Residency::Full;
+                let Some(to) = Residency::ALL
                     .into_iter()
-                    .filter(|&l| l >= lowest && l < from)
+                    .filter(|&l| l >= lowest && l < from && startable(l))
+                    .filter(|&l| !separate || l == lowest)
                     .rev()
                     .find(|&l| {
                         let gain = m.spec.footprint(from).saturating_sub(m.spec.footprint(l));
                         need.fits_in(freed.add(gain))
                     })
-                    .unwrap_or(lowest);
+                    .or_else(|| startable(lowest).then_some(lowest))
+                else {
+                    continue;
+                };
                 let gain = m.spec.footprint(from).saturating_sub(m.spec.footprint(to));
                 if gain == Footprint::ZERO {
                     continue;
                 }
                 freed = freed.add(gain);
-                plan.retain(|&(p, _)| p != v);
-                plan.push((v, to));
+                if let Some(s) = spare.as_mut() {
+                    *s = s.add(held_before).saturating_sub(m.extra_to(to));
+                }
+                match planned {
+                    Some(i) => plan[i].1 = to,
+                    None => plan.push((v, to)),
+                }
             }
         }
-        if !need.fits_in(freed) {
-            return None;
-        }
-        // Demotions are charged at their old size until done, so the room
-        // they make is only taken after they finish.
-        Some(
-            plan.into_iter()
-                .map(|(v, to)| self.start_move(v, to))
-                .collect(),
-        )
+        (best_effort || need.fits_in(freed)).then_some(plan)
     }
 
     fn start_move(&mut self, id: ModelId, to: Residency) -> Move {
@@ -623,6 +772,16 @@ impl BudgetPolicy {
             to,
         }
     }
+}
+
+/// Room [`BudgetPolicy::plan_room`] looks for: `need` more for model `id`,
+/// at `now`, for a request or a promotion.
+#[derive(Debug, Clone, Copy)]
+struct Want {
+    id: ModelId,
+    need: Footprint,
+    now: Duration,
+    for_request: bool,
 }
 
 fn too_big(spec: &ModelSpec, budget: Footprint) -> String {
@@ -649,6 +808,7 @@ mod tests {
             streaming: Footprint::new(0, streaming * GIB),
             partial: Footprint::new(0, (streaming + full) * GIB / 2),
             full: Footprint::new(0, full * GIB),
+            full_is_separate: false,
             pin: Residency::Unloaded,
             priority: 0,
             keep_alive: Some(secs(300)),
@@ -682,7 +842,7 @@ mod tests {
 
     /// Requests until admitted, completing moves at once, as the registry does.
     fn admit(p: &mut BudgetPolicy, id: ModelId, now: Duration) {
-        for _ in 0..16 {
+        for _ in 0..64 {
             match p.request(id, now) {
                 Admission::Ready => return,
                 Admission::Load { mv } => return apply(p, &[mv]),
@@ -804,6 +964,95 @@ mod tests {
         let moves = p.tick(secs(t + 300));
         apply(&mut p, &moves);
         assert_eq!(p.residency(1), Residency::Unloaded);
+    }
+
+    /// `spec` whose full residency is a placement of its own.
+    fn separate(name: &str, streaming: u64, full: u64) -> ModelSpec {
+        ModelSpec {
+            full_is_separate: true,
+            ..spec(name, streaming, full)
+        }
+    }
+
+    #[test]
+    fn a_separate_full_placement_is_charged_beside_the_old_while_it_loads() {
+        let s = separate("a", 2, 6);
+        let (streaming, partial, full) = (s.streaming, s.partial, s.full);
+        assert_eq!(
+            s.during_move(Residency::Streaming, Residency::Full),
+            streaming.add(full)
+        );
+        assert_eq!(
+            s.during_move(Residency::Full, Residency::Partial),
+            full.add(partial)
+        );
+        // In place, or with nothing loaded before or after: the larger end.
+        assert_eq!(
+            s.during_move(Residency::Streaming, Residency::Partial),
+            partial
+        );
+        assert_eq!(s.during_move(Residency::Unloaded, Residency::Full), full);
+        assert_eq!(s.during_move(Residency::Full, Residency::Unloaded), full);
+        let in_place = spec("b", 2, 6);
+        assert_eq!(
+            in_place.during_move(Residency::Streaming, Residency::Full),
+            full
+        );
+
+        // Hot at streaming beside a cold full model: the promotion waits
+        // until both of its placements fit at once, then holds both.
+        let mut p = policy(11, vec![separate("hot", 2, 6), spec("cold", 1, 6)]);
+        admit(&mut p, 1, secs(0));
+        p.finish(1, secs(0));
+        assert_eq!(p.residency(1), Residency::Full);
+        admit(&mut p, 0, secs(1));
+        assert_eq!(p.residency(0), Residency::Partial, "4 of the 6 left fit");
+        let mut t = 1;
+        let mut seen_loading_beside = false;
+        for _ in 0..100 {
+            t += 1;
+            admit(&mut p, 0, secs(t));
+            p.finish(0, secs(t));
+            for mv in p.tick(secs(t)) {
+                if mv.model == 0 && mv.to == Residency::Full {
+                    assert_eq!(p.charged_to(0), partial.add(full), "both placements");
+                    seen_loading_beside = true;
+                }
+                p.move_done(mv);
+                assert_within_budget(&p);
+            }
+        }
+        assert!(seen_loading_beside);
+        assert_eq!(p.residency(0), Residency::Full);
+        assert!(p.residency(1) < Residency::Full, "demoted to make room");
+    }
+
+    #[test]
+    fn an_idle_separate_full_model_is_demoted_only_when_its_streaming_placement_fits_beside() {
+        // "a" full (6) and "b" (1) leave 1 of 8: no room to load a's
+        // streaming placement (2) beside its full one.
+        let a = ModelSpec {
+            keep_alive: None,
+            ..separate("a", 2, 6)
+        };
+        let mut p = policy(8, vec![a, spec("b", 1, 1)]);
+        admit(&mut p, 0, secs(0));
+        p.finish(0, secs(0));
+        admit(&mut p, 1, secs(0));
+        p.finish(1, secs(200));
+        assert_eq!(p.residency(0), Residency::Full);
+        let moves = p.tick(secs(150));
+        assert!(moves.iter().all(|m| m.model != 0), "{moves:?}");
+        assert_within_budget(&p);
+        // Once b is unloaded (keep-alive), a goes down to streaming.
+        let moves = p.tick(secs(200 + 300));
+        apply(&mut p, &moves);
+        assert_eq!(p.residency(1), Residency::Unloaded);
+        let moves = p.tick(secs(501));
+        assert_eq!(moves.len(), 1, "{moves:?}");
+        assert_eq!(p.charged_to(0), Footprint::new(0, 8 * GIB));
+        apply(&mut p, &moves);
+        assert_eq!(p.residency(0), Residency::Streaming);
     }
 
     #[test]
@@ -943,11 +1192,19 @@ mod tests {
                 } else {
                     Residency::Unloaded
                 };
+                let full_is_separate = rng.below(2) == 0;
+                // A separate full placement may trade RAM for GPU memory.
+                let full = if full_is_separate && rng.below(2) == 0 {
+                    Footprint::new((gpu + f) * GIB, GIB / 2)
+                } else {
+                    Footprint::new(gpu * GIB, f * GIB)
+                };
                 let spec = ModelSpec {
                     name: format!("m{i}"),
                     streaming: Footprint::new(0, s * GIB),
                     partial: Footprint::new(gpu * GIB / 2, (s + f) * GIB / 2),
-                    full: Footprint::new(gpu * GIB, f * GIB),
+                    full,
+                    full_is_separate,
                     pin,
                     priority: rng.below(3) as i32,
                     keep_alive: Some(secs(30 + rng.below(300))),

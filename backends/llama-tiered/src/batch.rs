@@ -114,6 +114,38 @@ impl BatchConfig {
         }
         Ok(())
     }
+
+    /// The engine's contexts: generation, and embeddings for a model
+    /// trained on `n_ctx_train` tokens (what a memory budget must count).
+    pub fn contexts(&self, n_ctx_train: u32) -> [ContextParams; 2] {
+        [
+            self.generation_context(),
+            embed_context(n_ctx_train, self.n_threads),
+        ]
+    }
+
+    fn generation_context(&self) -> ContextParams {
+        ContextParams {
+            n_ctx: self.n_ctx_per_seq * self.n_parallel,
+            n_batch: self.n_batch,
+            n_seq_max: self.n_parallel,
+            n_threads: self.n_threads,
+            ..Default::default()
+        }
+    }
+}
+
+/// The embedding context of a model trained on `n_ctx_train` tokens.
+fn embed_context(n_ctx_train: u32, n_threads: u32) -> ContextParams {
+    let n_ctx = EMBED_N_CTX.min(n_ctx_train.max(1));
+    ContextParams {
+        n_ctx,
+        n_batch: n_ctx,
+        n_seq_max: 1,
+        n_threads,
+        embeddings: true,
+        mean_pooling: true,
+    }
 }
 
 /// What a request's [`EventSink`] receives, in order: any number of `Text`,
@@ -282,13 +314,7 @@ impl BatchEngine {
         hook: Option<Arc<dyn EvalHook>>,
     ) -> Result<BatchEngine, EngineError> {
         config.validate()?;
-        let ctx_params = ContextParams {
-            n_ctx: config.n_ctx_per_seq * config.n_parallel,
-            n_batch: config.n_batch,
-            n_seq_max: config.n_parallel,
-            n_threads: config.n_threads,
-            ..Default::default()
-        };
+        let ctx_params = config.generation_context();
         let ctx = Context::with_hook(Arc::clone(&model), &ctx_params, hook.clone())?;
         #[cfg(test)]
         let abort = ctx.abort_flag();
@@ -508,7 +534,8 @@ impl BatchEngine {
     pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EngineError> {
         let Current { model, hook } = self.inner.current();
         let model = &model;
-        let n_ctx = EMBED_N_CTX.min(model.n_ctx_train().max(1));
+        let params = embed_context(model.n_ctx_train(), self.inner.config.n_threads);
+        let n_ctx = params.n_ctx;
         let tokenized = texts
             .iter()
             .enumerate()
@@ -535,12 +562,7 @@ impl BatchEngine {
             .unwrap_or_else(PoisonError::into_inner);
         let embedder = match guard.as_mut() {
             Some(embedder) => embedder,
-            None => guard.insert(Embedder::new(
-                model,
-                n_ctx,
-                self.inner.config.n_threads,
-                hook,
-            )?),
+            None => guard.insert(Embedder::new(model, &params, hook)?),
         };
         tokenized.iter().map(|t| embedder.embed(t)).collect()
     }
@@ -962,21 +984,12 @@ struct Embedder {
 impl Embedder {
     fn new(
         model: &Arc<Model>,
-        n_ctx: u32,
-        n_threads: u32,
+        params: &ContextParams,
         hook: Option<Arc<dyn EvalHook>>,
     ) -> Result<Embedder, EngineError> {
-        let params = ContextParams {
-            n_ctx,
-            n_batch: n_ctx,
-            n_seq_max: 1,
-            n_threads,
-            embeddings: true,
-            mean_pooling: true,
-        };
         Ok(Embedder {
-            ctx: Context::with_hook(Arc::clone(model), &params, hook)?,
-            batch: Batch::new(n_ctx as usize),
+            ctx: Context::with_hook(Arc::clone(model), params, hook)?,
+            batch: Batch::new(params.n_ctx as usize),
         })
     }
 

@@ -56,12 +56,12 @@ pub fn chat_prompt(
     let rendered = template
         .render(messages, &options)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(prompt::tokenize_chat(model.model(), &rendered)?)
+    Ok(prompt::tokenize_chat(&model.model(), &rendered)?)
 }
 
 /// Tokenizes raw text (BOS added when the model wants it, special-token text parsed).
 pub fn raw_prompt(model: &LoadedModel, text: &str) -> Result<Vec<i32>, ApiError> {
-    Ok(prompt::tokenize_raw(model.model(), text)?)
+    Ok(prompt::tokenize_raw(&model.model(), text)?)
 }
 
 /// One request running on a model's engine.

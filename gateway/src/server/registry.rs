@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dashmap::DashMap;
-use llama_tiered::batch::{BatchConfig, BatchEngine, EMBED_N_CTX};
+use llama_tiered::batch::{BatchConfig, BatchEngine};
 use llama_tiered::chat::ChatTemplate;
 use llama_tiered::gguf::{GgufFile, GgufValue};
 use llama_tiered::inspect::file_type_name;
@@ -26,13 +26,15 @@ use moka::Expiry;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use hypura_scheduler::budget::{Admission, Move, Residency};
+use hypura_scheduler::budget::{Admission, Footprint, Move, Residency};
 use llama_tiered::gguf::GgufFile as HeaderFile;
-use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{Streamer, TieredModel, TieredParams};
+use llama_tiered::tiered::footprint::{resident_weights, StreamFootprint};
+use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
 use super::error::ApiError;
-use super::residency::{GlobalBudget, Terms};
+use super::residency::{
+    full_params, streaming_params, BudgetedModel, FullPlacement, GlobalBudget, Terms,
+};
 use super::validation::{KeepAlive, ModelName};
 
 /// How every model is run (from the command line).
@@ -219,14 +221,21 @@ pub struct LoadedModel {
     keep_alive: Mutex<KeepAlive>,
     /// When it will be unloaded if idle; `None` = never.
     expires_at: Mutex<Option<SystemTime>>,
-    /// Streams its weights (under a global budget): the cache to resize on
-    /// promotion and demotion.
-    pub streamer: Option<Arc<Streamer>>,
+    /// Streams its weights (under a global budget, in its streaming
+    /// placement): the cache to resize on promotion and demotion. Replaced
+    /// when the engine switches placement.
+    streamer: Mutex<Option<Arc<Streamer>>>,
+    /// Loaded under a global budget (the policy decides when it goes).
+    budgeted: bool,
 }
 
 impl LoadedModel {
-    pub fn model(&self) -> &Arc<Model> {
+    pub fn model(&self) -> Arc<Model> {
         self.engine.model()
+    }
+
+    pub fn streamer(&self) -> Option<Arc<Streamer>> {
+        lock(&self.streamer).clone()
     }
 
     pub fn expires_at(&self) -> Option<SystemTime> {
@@ -235,7 +244,7 @@ impl LoadedModel {
 
     fn idle_ttl(&self) -> Option<Duration> {
         // Under a budget the policy decides when it goes (see `residency`).
-        if self.active.load(Ordering::SeqCst) > 0 || self.streamer.is_some() {
+        if self.active.load(Ordering::SeqCst) > 0 || self.budgeted {
             return None;
         }
         match *lock(&self.keep_alive) {
@@ -418,10 +427,7 @@ impl Registry {
         let Some(budget) = &self.budget else {
             return Ok(());
         };
-        let file = HeaderFile::open(named.path.as_path()).map_err(|e| e.to_string())?;
-        let footprint = StreamFootprint::of(&file);
-        let (n_ctx_per_seq, n_parallel) = engine_shape(named, &self.settings);
-        let kv_tokens = u64::from(n_ctx_per_seq) * u64::from(n_parallel) + u64::from(EMBED_N_CTX);
+        let model = budgeted_model(named, &self.settings)?;
         let keep_alive = match named
             .policy
             .keep_alive
@@ -442,12 +448,7 @@ impl Registry {
             priority: named.policy.priority,
             keep_alive,
         };
-        budget.add(
-            &named.path,
-            footprint,
-            footprint.kv_bytes_per_token * kv_tokens,
-            terms,
-        )
+        budget.add(&named.path, model, terms)
     }
 
     /// `/api/pull`: serves `path` as `name` with fresh `info`, replacing an
@@ -643,16 +644,16 @@ impl Registry {
             .as_ref()
             .and_then(|b| b.residency(&model.path))
             .unwrap_or(Residency::Unloaded);
-        let f = budgeted.footprint;
-        let cached = model.streamer.as_ref().map_or(0, |s| s.stats().cache_bytes);
-        (
-            level,
-            TierBytes {
-                gpu: 0,
-                ram: f.resident_bytes + cached,
-                stream: f.stream_bytes.saturating_sub(cached),
-            },
-        )
+        // What is loaded now (during a switch of placement, the old one).
+        let streamer = model.streamer();
+        let loaded = if streamer.is_none() {
+            Residency::Full
+        } else {
+            Residency::Streaming
+        };
+        let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
+        let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
+        (level, TierBytes { gpu, ram, stream })
     }
 
     /// Unloads the model named `name` if it is loaded (in-flight requests finish).
@@ -750,8 +751,73 @@ fn engine_shape(named: &NamedModel, settings: &EngineSettings) -> (u32, u32) {
     (n_ctx_per_seq, n_parallel)
 }
 
+/// The engine a model runs in (its context per sequence capped at the
+/// model's training context).
+fn batch_config(named: &NamedModel, settings: &EngineSettings) -> BatchConfig {
+    let (n_ctx_per_seq, n_parallel) = engine_shape(named, settings);
+    BatchConfig {
+        n_parallel,
+        n_ctx_per_seq,
+        // Every generating sequence needs a place in each decode step.
+        n_batch: settings.n_batch.max(n_parallel),
+        n_threads: settings.n_threads,
+        queue_limit: settings.queue_limit,
+    }
+}
+
+/// What the budget needs to know of a model: its streaming placement, and
+/// the full placement (as many layers on the GPU as the GPU budget holds
+/// beside their KV cache and compute buffers), each with what its contexts
+/// hold, measured by llama.cpp without loading any weight.
+fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<BudgetedModel, String> {
+    let file = HeaderFile::open(named.path.as_path()).map_err(|e| e.to_string())?;
+    let footprint = StreamFootprint::of(&file);
+    let n_ctx_train = named
+        .info
+        .context_length
+        .map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32);
+    let contexts = batch_config(named, settings).contexts(n_ctx_train);
+    let measure = |params| {
+        context_memory(&named.path, &params, &contexts).map_err(|e| format!("{}: {e}", named.name))
+    };
+    let streaming = measure(streaming_params(&footprint, footprint.minimum_cache_bytes))?;
+    let gpu_budget = settings.gpu_budget_bytes.unwrap_or(0);
+    let has_gpu = gpu_budget > 0 && !llama_tiered::llama::gpu_devices().is_empty();
+    let full = if footprint.mode == Mode::FullResident {
+        None
+    } else {
+        let mut gpu = if has_gpu {
+            GpuShare::BudgetBytes(gpu_budget)
+        } else {
+            GpuShare::None
+        };
+        let mut contexts = measure(full_params(gpu))?;
+        if contexts.gpu_bytes > 0 {
+            // Room beside the weights for what the contexts put on the GPU
+            // (fewer layers there only shrinks it).
+            gpu = GpuShare::BudgetBytes(gpu_budget.saturating_sub(contexts.gpu_bytes));
+            contexts = measure(full_params(gpu))?;
+        }
+        let (gpu_weights, ram_weights) =
+            resident_weights(&file, &full_params(gpu)).map_err(|e| e.to_string())?;
+        Some(FullPlacement {
+            gpu,
+            weights: Footprint::new(gpu_weights, ram_weights),
+            contexts: Footprint::new(contexts.gpu_bytes, contexts.ram_bytes),
+        })
+    };
+    Ok(BudgetedModel {
+        id: 0,
+        footprint,
+        streaming_contexts: streaming.ram_bytes + streaming.gpu_bytes,
+        full,
+    })
+}
+
 /// Carries out the budget's moves: cache resizes at once (a promotion then
-/// fills the cache on a background thread), unloads through the cache of
+/// fills the cache on a background thread), switches of placement on a
+/// background thread (the new one loaded beside the old, the engine switched
+/// between decode steps, the old freed), unloads through the cache of
 /// loaded models (the engine finishes in-flight work; the policy never
 /// unloads a model with requests in flight).
 fn execute_moves(
@@ -770,10 +836,24 @@ fn execute_moves(
             budget.move_done(mv);
             continue;
         }
-        let resized = loaded.get(&path).and_then(|model| {
-            let streamer = model.streamer.clone()?;
-            let cache_bytes = budget.model(&path)?.cache_bytes(mv.to);
-            match streamer.set_cache_budget(cache_bytes) {
+        let (Some(model), Some(budgeted)) = (loaded.get(&path), budget.model(&path)) else {
+            budget.move_failed(mv);
+            continue;
+        };
+        let switch = budgeted.is_full_placement(mv.from) != budgeted.is_full_placement(mv.to);
+        if switch {
+            let budget = Arc::clone(budget);
+            std::thread::spawn(move || match switch_placement(&model, &budgeted, mv.to) {
+                Ok(()) => budget.move_done(mv),
+                Err(e) => {
+                    tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
+                    budget.move_failed(mv);
+                }
+            });
+            continue;
+        }
+        let resized = model.streamer().and_then(|streamer| {
+            match streamer.set_cache_budget(budgeted.cache_bytes(mv.to)) {
                 Ok(()) => Some(streamer),
                 Err(e) => {
                     tracing::error!("{}: {e}", path.display());
@@ -793,12 +873,37 @@ fn execute_moves(
     }
 }
 
-/// Loads a model: whole into RAM, or (under a budget) in its streaming
-/// placement with the stream cache of `budgeted`'s residency.
+/// Loads `model`'s placement for `level` beside the one it runs in and
+/// switches its engine to it between two decode steps; the old placement is
+/// freed when this returns (once in-flight handles to it are gone).
+fn switch_placement(
+    model: &LoadedModel,
+    budgeted: &BudgetedModel,
+    level: Residency,
+) -> Result<(), String> {
+    let tiered =
+        TieredModel::load(&model.path, &budgeted.load_params(level)).map_err(|e| e.to_string())?;
+    model
+        .engine
+        .switch_model(Arc::clone(&tiered.model), tiered.hook())
+        .map_err(|e| e.to_string())?;
+    let old = std::mem::replace(&mut *lock(&model.streamer), tiered.streamer.clone());
+    drop(old);
+    if level > Residency::Streaming {
+        if let Some(streamer) = tiered.streamer.clone() {
+            std::thread::spawn(move || streamer.fill());
+        }
+    }
+    tracing::info!("{}: now in its {level} placement", model.name);
+    Ok(())
+}
+
+/// Loads a model: whole into RAM, or (under a budget) in the placement of
+/// `budgeted`'s residency.
 fn load(
     named: &NamedModel,
     settings: &EngineSettings,
-    budgeted: Option<(super::residency::BudgetedModel, Residency)>,
+    budgeted: Option<(BudgetedModel, Residency)>,
 ) -> Result<Arc<LoadedModel>, ApiError> {
     tracing::info!("loading {} from {}", named.name, named.path.display());
     let failed = |e: &dyn std::fmt::Display| {
@@ -816,15 +921,7 @@ fn load(
             (Arc::new(model), None, None)
         }
         Some((budgeted, level)) => {
-            let params = TieredParams {
-                mode: Some(budgeted.footprint.mode),
-                ram_budget_bytes: Some(
-                    budgeted.footprint.resident_bytes + budgeted.cache_bytes(*level),
-                ),
-                no_repack: true,
-                prefetch: true,
-                ..Default::default()
-            };
+            let params = budgeted.load_params(*level);
             let tiered = TieredModel::load(&named.path, &params).map_err(|e| failed(&e))?;
             let hook = tiered.hook();
             let streamer = tiered.streamer.clone();
@@ -836,16 +933,9 @@ fn load(
             (Arc::clone(&tiered.model), streamer, hook)
         }
     };
-    let (n_ctx_per_seq, n_parallel) = engine_shape(named, settings);
-    let n_ctx_per_seq = n_ctx_per_seq.min(model.n_ctx_train().max(16));
-    let config = BatchConfig {
-        n_parallel,
-        n_ctx_per_seq,
-        // Every generating sequence needs a place in each decode step.
-        n_batch: settings.n_batch.max(n_parallel),
-        n_threads: settings.n_threads,
-        queue_limit: settings.queue_limit,
-    };
+    let mut config = batch_config(named, settings);
+    config.n_ctx_per_seq = config.n_ctx_per_seq.min(model.n_ctx_train().max(16));
+    let n_ctx_per_seq = config.n_ctx_per_seq;
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
     let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)
         .map_err(|e| ApiError::Internal(format!("could not start model '{}': {e}", named.name)))?;
@@ -864,7 +954,8 @@ fn load(
                 .unwrap_or(settings.default_keep_alive),
         ),
         expires_at: Mutex::new(None),
-        streamer,
+        streamer: Mutex::new(streamer),
+        budgeted: budgeted.is_some(),
     }))
 }
 

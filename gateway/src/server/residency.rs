@@ -1,17 +1,25 @@
 //! The global memory budget, applied: one [`BudgetPolicy`] over every model
 //! file the registry serves, and the model facts it needs.
 //!
-//! With a budget, every model is loaded in its streaming placement (experts
-//! or dense FFN on the STREAM tier) and its residency is the size of its
-//! stream cache: `streaming` holds one layer's worth, `partial` half of the
-//! streamed weights, `full` all of them (filled in the background after a
-//! promotion). Moving between those needs no reload: the registry changes
-//! the cache budget between decode steps ([`crate::server::registry`]).
-//! Only loading and unloading change what is loaded.
+//! Each model has two placements under a budget:
+//! - the **streaming placement** (experts or dense FFN on the STREAM tier,
+//!   the rest in RAM), whose stream cache is the residency: `streaming`
+//!   holds one layer's worth, `partial` half of the streamed weights. Moving
+//!   between those needs no reload: the cache is resized between decode
+//!   steps and filled in the background;
+//! - the **full placement** for `full`: nothing streamed, as many layers on
+//!   the GPU as the GPU budget holds (the planner's order: output, then
+//!   attention, then FFN, last layers first), the rest in RAM. No per-layer
+//!   streaming hook runs, so it decodes at llama.cpp's own speed. Moving into
+//!   or out of it loads the other placement beside the current one, switches
+//!   the engine between two decode steps (requests in flight go on, KV cache
+//!   copied), then frees the old ([`llama_tiered::batch::BatchEngine::switch_model`]);
+//!   the policy charges both until then ([`ModelSpec::full_is_separate`]).
 //!
-//! Charged per model: resident weights + KV cache of every slot (and of the
-//! embedding context) + the stream cache of its residency. llama.cpp's
-//! compute buffers are not counted (tens of MiB for small models).
+//! Charged per model and placement: resident weights per tier + what its
+//! contexts hold (KV cache of every slot and of the embedding context, and
+//! llama.cpp's compute buffers, measured with a metadata-only load
+//! ([`llama_tiered::tiered::context_memory`])) + the stream cache.
 //!
 //! Lock order: the policy's mutex is never held across an await, a load or
 //! an engine call.
@@ -24,35 +32,113 @@ use hypura_scheduler::budget::{
     Admission, BudgetPolicy, Footprint, ModelId, ModelSpec, Move, PolicyConfig, Residency,
 };
 use llama_tiered::tiered::footprint::StreamFootprint;
+use llama_tiered::tiered::{GpuShare, Mode, TieredParams};
 use tokio::sync::Notify;
+
+/// The full placement of a model that streams otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullPlacement {
+    /// Which resident tensors go to the GPU.
+    pub gpu: GpuShare,
+    /// Weight bytes on the GPU and in RAM.
+    pub weights: Footprint,
+    /// What its contexts hold (KV cache, compute buffers) on each.
+    pub contexts: Footprint,
+}
 
 /// What the budget knows of one model file.
 #[derive(Debug, Clone)]
 pub struct BudgetedModel {
     pub id: ModelId,
+    /// The streaming placement.
     pub footprint: StreamFootprint,
-    /// KV cache bytes of the engine's contexts.
-    pub kv_bytes: u64,
+    /// What the streaming placement's contexts hold, in RAM.
+    pub streaming_contexts: u64,
+    /// `None` for a model that cannot stream: `full` is then its streaming
+    /// placement with a full cache.
+    pub full: Option<FullPlacement>,
 }
 
 impl BudgetedModel {
-    /// Stream cache bytes at `level`.
+    /// Whether `level` is held in the full placement.
+    pub fn is_full_placement(&self, level: Residency) -> bool {
+        level == Residency::Full && self.full.is_some()
+    }
+
+    /// Stream cache bytes at `level` (in the streaming placement).
     pub fn cache_bytes(&self, level: Residency) -> u64 {
         let f = &self.footprint;
         match level {
             Residency::Unloaded => 0,
+            _ if self.is_full_placement(level) => 0,
             Residency::Streaming => f.minimum_cache_bytes,
             Residency::Partial => (f.stream_bytes / 2).max(f.minimum_cache_bytes),
             Residency::Full => f.stream_bytes.max(f.minimum_cache_bytes),
         }
     }
 
-    /// Bytes in RAM at `level`.
-    pub fn ram_bytes(&self, level: Residency) -> u64 {
-        if level == Residency::Unloaded {
-            return 0;
+    /// Memory held at `level`.
+    pub fn footprint_at(&self, level: Residency) -> Footprint {
+        match self.full {
+            _ if level == Residency::Unloaded => Footprint::ZERO,
+            Some(full) if level == Residency::Full => Footprint::new(
+                full.weights.gpu_bytes + full.contexts.gpu_bytes,
+                full.weights.ram_bytes + full.contexts.ram_bytes,
+            ),
+            _ => Footprint::new(
+                0,
+                self.footprint.resident_bytes + self.streaming_contexts + self.cache_bytes(level),
+            ),
         }
-        self.footprint.resident_bytes + self.kv_bytes + self.cache_bytes(level)
+    }
+
+    /// How to load the model at `level`.
+    pub fn load_params(&self, level: Residency) -> TieredParams {
+        match self.full {
+            Some(full) if level == Residency::Full => full_params(full.gpu),
+            _ => streaming_params(&self.footprint, self.cache_bytes(level)),
+        }
+    }
+
+    /// Weight bytes per tier at `level`: `(gpu, ram, stream)`, the stream
+    /// cache counted in RAM and out of STREAM.
+    pub fn tier_bytes(&self, level: Residency, cached: u64) -> (u64, u64, u64) {
+        match self.full {
+            Some(full) if level == Residency::Full => {
+                (full.weights.gpu_bytes, full.weights.ram_bytes, 0)
+            }
+            _ => {
+                let f = &self.footprint;
+                (
+                    0,
+                    f.resident_bytes + cached,
+                    f.stream_bytes.saturating_sub(cached),
+                )
+            }
+        }
+    }
+}
+
+/// The streaming placement with a stream cache of `cache_bytes`.
+pub fn streaming_params(footprint: &StreamFootprint, cache_bytes: u64) -> TieredParams {
+    TieredParams {
+        mode: Some(footprint.mode),
+        ram_budget_bytes: Some(footprint.resident_bytes + cache_bytes),
+        // Same kernels in every placement: a prompt gets the same tokens
+        // whichever way the model is held.
+        no_repack: true,
+        prefetch: true,
+        ..Default::default()
+    }
+}
+
+/// The full placement with `gpu` on the GPU.
+pub fn full_params(gpu: GpuShare) -> TieredParams {
+    TieredParams {
+        mode: Some(Mode::FullResident),
+        no_repack: true,
+        gpu,
+        ..Default::default()
     }
 }
 
@@ -108,24 +194,19 @@ impl GlobalBudget {
     pub fn add(
         &self,
         path: &Arc<PathBuf>,
-        footprint: StreamFootprint,
-        kv_bytes: u64,
+        mut model: BudgetedModel,
         terms: Terms,
     ) -> Result<(), String> {
         let mut models = self.models();
         if models.contains_key(path) {
             return Ok(());
         }
-        let mut model = BudgetedModel {
-            id: 0,
-            footprint,
-            kv_bytes,
-        };
         let spec = ModelSpec {
             name: terms.name,
-            streaming: Footprint::new(0, model.ram_bytes(Residency::Streaming)),
-            partial: Footprint::new(0, model.ram_bytes(Residency::Partial)),
-            full: Footprint::new(0, model.ram_bytes(Residency::Full)),
+            streaming: model.footprint_at(Residency::Streaming),
+            partial: model.footprint_at(Residency::Partial),
+            full: model.footprint_at(Residency::Full),
+            full_is_separate: model.full.is_some(),
             pin: terms.pin,
             priority: terms.priority,
             keep_alive: terms.keep_alive,
@@ -188,29 +269,45 @@ impl GlobalBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llama_tiered::tiered::Mode;
 
-    fn footprint() -> StreamFootprint {
-        StreamFootprint {
-            mode: Mode::DenseFfnStreaming,
-            resident_bytes: 100,
-            stream_bytes: 300,
-            minimum_cache_bytes: 10,
-            kv_bytes_per_token: 1,
+    fn model(full: Option<FullPlacement>) -> BudgetedModel {
+        BudgetedModel {
+            id: 0,
+            footprint: StreamFootprint {
+                mode: Mode::DenseFfnStreaming,
+                resident_bytes: 100,
+                stream_bytes: 300,
+                minimum_cache_bytes: 10,
+                kv_bytes_per_token: 1,
+            },
+            streaming_contexts: 50,
+            full,
         }
     }
 
     #[test]
-    fn each_residency_charges_resident_kv_and_its_cache() {
-        let m = BudgetedModel {
-            id: 0,
-            footprint: footprint(),
-            kv_bytes: 50,
+    fn each_residency_charges_its_placement_contexts_and_cache() {
+        let m = model(None);
+        let ram = |level| m.footprint_at(level).ram_bytes;
+        assert_eq!(ram(Residency::Unloaded), 0);
+        assert_eq!(ram(Residency::Streaming), 160);
+        assert_eq!(ram(Residency::Partial), 300);
+        assert_eq!(ram(Residency::Full), 450);
+        assert_eq!(m.load_params(Residency::Full).ram_budget_bytes, Some(400));
+
+        let full = FullPlacement {
+            gpu: GpuShare::BudgetBytes(250),
+            weights: Footprint::new(250, 150),
+            contexts: Footprint::new(30, 20),
         };
-        assert_eq!(m.ram_bytes(Residency::Unloaded), 0);
-        assert_eq!(m.ram_bytes(Residency::Streaming), 160);
-        assert_eq!(m.ram_bytes(Residency::Partial), 300);
-        assert_eq!(m.ram_bytes(Residency::Full), 450);
+        let m = model(Some(full));
+        assert_eq!(m.footprint_at(Residency::Full), Footprint::new(280, 170));
+        assert_eq!(m.footprint_at(Residency::Partial), Footprint::new(0, 300));
+        let params = m.load_params(Residency::Full);
+        assert_eq!(params.mode, Some(Mode::FullResident));
+        assert_eq!(params.gpu, GpuShare::BudgetBytes(250));
+        assert_eq!(m.tier_bytes(Residency::Full, 0), (250, 150, 0));
+        assert_eq!(m.tier_bytes(Residency::Streaming, 10), (0, 110, 290));
     }
 
     #[test]
@@ -223,7 +320,7 @@ mod tests {
             priority: 0,
             keep_alive: None,
         };
-        let err = budget.add(&path, footprint(), 50, terms).unwrap_err();
+        let err = budget.add(&path, model(None), terms).unwrap_err();
         assert!(err.contains("a:latest needs at least"), "{err}");
         assert!(budget.model(&path).is_none());
     }

@@ -44,9 +44,14 @@ impl Server {
     }
 
     pub fn start_with(args: &[String]) -> Server {
+        Self::start_logging(args, "warn,llama.cpp=error")
+    }
+
+    /// [`Server::start_with`] logging at `rust_log` (its `RUST_LOG`).
+    pub fn start_logging(args: &[String], rust_log: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hypura"))
             .args(args)
-            .env("RUST_LOG", "warn,llama.cpp=error")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

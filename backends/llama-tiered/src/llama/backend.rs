@@ -1,4 +1,5 @@
 //! Process-wide llama.cpp initialisation and log routing.
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Once;
 
@@ -19,6 +20,32 @@ pub fn init() {
     });
 }
 
+thread_local! {
+    /// This thread's llama.cpp log lines, collected while [`capture_log`] runs.
+    static CAPTURED: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` and returns, beside its result, every llama.cpp log line (any
+/// level, whatever `RUST_LOG` lets through) that this thread emitted
+/// meanwhile. llama.cpp logs from the thread that calls into it, so lines of
+/// calls on other threads are never mixed in. An inner capture takes the
+/// lines of its own span; the outer one goes on after it.
+pub(crate) fn capture_log<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    /// Puts the outer capture back, also when `f` panics.
+    struct Restore(Option<Vec<String>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            CAPTURED.with(|c| *c.borrow_mut() = outer);
+        }
+    }
+    init();
+    let _restore = Restore(CAPTURED.with(|c| c.replace(Some(Vec::new()))));
+    let result = f();
+    let lines = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (result, lines)
+}
+
 unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
     if text.is_null() {
         return;
@@ -29,6 +56,14 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
     if text.is_empty() || text == "." {
         return;
     }
+    // `try_*`: never panic across the FFI boundary (thread teardown, re-entry).
+    let _ = CAPTURED.try_with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            if let Some(lines) = c.as_mut() {
+                lines.push(text.to_owned());
+            }
+        }
+    });
     match level {
         sys::GGML_LOG_LEVEL_ERROR => tracing::error!(target: "llama.cpp", "{text}"),
         sys::GGML_LOG_LEVEL_WARN => tracing::warn!(target: "llama.cpp", "{text}"),
@@ -86,6 +121,33 @@ pub(super) fn gpu_handles() -> Vec<sys::ggml_backend_dev_t> {
             .filter(|&dev| sys::ggml_backend_dev_type(dev) == sys::GGML_BACKEND_DEVICE_TYPE_GPU)
             .collect()
     }
+}
+
+/// Whether the memory of the ggml buffer type or device called `name` (as
+/// llama.cpp's logs name them: `CPU`, `CUDA_Host`, `CUDA0`…) is host RAM.
+/// Looked up among ggml's devices (each one's buffer type and host buffer
+/// type); a name none of them has counts as host when it starts with `CPU` or
+/// ends with `_Host`, else as GPU memory.
+pub(crate) fn is_host_memory(name: &str) -> bool {
+    init();
+    // SAFETY: registry handles live as long as the process; indices stay
+    // below the count; NULL buffer types are skipped; names are static strings.
+    unsafe {
+        for i in 0..sys::ggml_backend_dev_count() {
+            let dev = sys::ggml_backend_dev_get(i);
+            let buft = sys::ggml_backend_dev_buffer_type(dev);
+            if c_string(sys::ggml_backend_dev_name(dev)) == name
+                || (!buft.is_null() && c_string(sys::ggml_backend_buft_name(buft)) == name)
+            {
+                return buft.is_null() || sys::ggml_backend_buft_is_host(buft);
+            }
+            let host = sys::ggml_backend_dev_host_buffer_type(dev);
+            if !host.is_null() && c_string(sys::ggml_backend_buft_name(host)) == name {
+                return true;
+            }
+        }
+    }
+    name.starts_with("CPU") || name.ends_with("_Host")
 }
 
 /// # Safety

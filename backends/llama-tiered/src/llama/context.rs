@@ -1,4 +1,5 @@
 //! Inference contexts (KV cache + compute state) and token batches.
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,6 +153,23 @@ impl Context {
         })
     }
 
+    /// [`Context::with_hook`], also returning the memory the context holds
+    /// beside the weights, as llama.cpp reports it while creating it. Over a
+    /// metadata-only model (llama.cpp's `no_alloc`, as
+    /// `tiered::context_memory` loads it) nothing is allocated but the output
+    /// buffer, and the context must be dropped unused.
+    pub fn measured(
+        model: Arc<Model>,
+        params: &ContextParams,
+        hook: Option<Arc<dyn EvalHook>>,
+    ) -> Result<(Context, ContextMemory), EngineError> {
+        let (context, lines) =
+            super::backend::capture_log(|| Context::with_hook(model, params, hook));
+        let context = context?;
+        let memory = ContextMemory::from_log(&lines).map_err(EngineError::Context)?;
+        Ok((context, memory))
+    }
+
     pub fn model(&self) -> &Arc<Model> {
         &self.model
     }
@@ -271,6 +289,182 @@ impl Drop for Context {
     }
 }
 
+/// Memory a context holds beside the model's weights: its KV cache (and
+/// recurrent state), its compute buffers and its output buffer (logits and
+/// embeddings, sized for one output per sequence; llama.cpp grows it when a
+/// batch asks for more outputs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextMemory {
+    /// Bytes in host RAM (buffer types `CPU`, `CUDA_Host`…).
+    pub ram_bytes: u64,
+    /// Bytes in GPU memory, all GPUs together (`CUDA0`…).
+    pub gpu_bytes: u64,
+    /// Of `ram_bytes + gpu_bytes`: the KV cache and recurrent state.
+    pub kv_bytes: u64,
+    /// Of `ram_bytes + gpu_bytes`: the compute buffers.
+    pub compute_bytes: u64,
+}
+
+impl std::ops::AddAssign for ContextMemory {
+    fn add_assign(&mut self, other: ContextMemory) {
+        self.ram_bytes += other.ram_bytes;
+        self.gpu_bytes += other.gpu_bytes;
+        self.kv_bytes += other.kv_bytes;
+        self.compute_bytes += other.compute_bytes;
+    }
+}
+
+/// One line of llama.cpp's log that tells a size (see [`ContextMemory::from_log`]).
+#[derive(Debug, PartialEq)]
+enum SizeLine<'a> {
+    /// `<func>: <buffer type> <kind> buffer size = <x> MiB`, kind being
+    /// `KV`, `RS`, `compute` or `output`.
+    Buffer {
+        buffer_type: &'a str,
+        kind: &'a str,
+        bytes: u64,
+    },
+    /// `llama_kv_cache: layer <i>: dev = <device>` (debug level): the device
+    /// of one layer's KV cache (`CPU` when not offloaded).
+    Layer { device: &'a str },
+    /// `<func>: size = <x> MiB (<n> cells, …)`: the total of one cache, which
+    /// follows its layer and buffer lines.
+    CacheTotal { bytes: u64 },
+}
+
+/// `"   24.00 MiB…"` → bytes (llama.cpp prints MiB with two decimals: ±5 KiB).
+fn parse_mib(text: &str) -> Option<u64> {
+    let mib: f64 = text
+        .trim_start()
+        .split(" MiB")
+        .next()?
+        .trim()
+        .parse()
+        .ok()?;
+    (mib.is_finite() && mib >= 0.0).then(|| (mib * 1024.0 * 1024.0).round() as u64)
+}
+
+fn parse_size_line(line: &str) -> Option<SizeLine<'_>> {
+    if let Some((left, right)) = line.split_once(" buffer size = ") {
+        let mut words = left.split_whitespace().rev();
+        let kind = words.next()?;
+        let buffer_type = words.next()?;
+        return Some(SizeLine::Buffer {
+            buffer_type,
+            kind,
+            bytes: parse_mib(right)?,
+        });
+    }
+    if let Some((left, device)) = line.split_once(": dev = ") {
+        return left.contains("layer").then_some(SizeLine::Layer {
+            device: device.trim(),
+        });
+    }
+    let (_, right) = line.split_once(": size = ")?;
+    right.contains(" cells").then_some(())?;
+    Some(SizeLine::CacheTotal {
+        bytes: parse_mib(right)?,
+    })
+}
+
+impl ContextMemory {
+    /// Sums the sizes llama.cpp logged while creating one context (lines
+    /// it does not recognise are ignored). A KV cache whose buffer lines say
+    /// 0 bytes (llama.cpp's metadata-only `no_alloc` mode logs its dummy
+    /// buffers) is charged its logged total instead, split between devices
+    /// by the number of its layers on each (exact when its layers are all
+    /// alike, as in nearly every model). Fails when no compute buffer size
+    /// was logged: then this llama.cpp logs differently and nothing can be
+    /// measured.
+    pub(crate) fn from_log(lines: &[String]) -> Result<ContextMemory, String> {
+        let mut by_type: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut memory = ContextMemory::default();
+        let mut compute_lines = 0;
+        // The cache being logged: its layers per device and its buffer lines.
+        let mut layers: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut buffers: BTreeMap<&str, u64> = BTreeMap::new();
+        for line in lines {
+            match parse_size_line(line) {
+                Some(SizeLine::Buffer {
+                    buffer_type,
+                    kind,
+                    bytes,
+                }) => match kind {
+                    "KV" | "RS" => *buffers.entry(buffer_type).or_default() += bytes,
+                    "compute" | "output" => {
+                        if kind == "compute" {
+                            compute_lines += 1;
+                            memory.compute_bytes += bytes;
+                        }
+                        *by_type.entry(buffer_type).or_default() += bytes;
+                    }
+                    _ => {}
+                },
+                Some(SizeLine::Layer { device }) => *layers.entry(device).or_default() += 1,
+                Some(SizeLine::CacheTotal { bytes }) => {
+                    let cache = if buffers.values().sum::<u64>() > 0 || bytes == 0 {
+                        std::mem::take(&mut buffers)
+                    } else {
+                        split_by_layers(bytes, &layers).ok_or_else(|| {
+                            format!("llama.cpp logged a cache of {bytes} bytes but not the devices of its layers")
+                        })?
+                    };
+                    for (buffer_type, bytes) in cache {
+                        memory.kv_bytes += bytes;
+                        *by_type.entry(buffer_type).or_default() += bytes;
+                    }
+                    layers.clear();
+                    buffers.clear();
+                }
+                None => {}
+            }
+        }
+        // Buffer lines of a cache whose total was not logged.
+        for (buffer_type, bytes) in buffers {
+            memory.kv_bytes += bytes;
+            *by_type.entry(buffer_type).or_default() += bytes;
+        }
+        if compute_lines == 0 {
+            return Err(
+                "llama.cpp logged no compute buffer size while creating the context, so its memory cannot be measured"
+                    .into(),
+            );
+        }
+        for (buffer_type, bytes) in by_type {
+            if super::backend::is_host_memory(buffer_type) {
+                memory.ram_bytes += bytes;
+            } else {
+                memory.gpu_bytes += bytes;
+            }
+        }
+        Ok(memory)
+    }
+}
+
+/// `bytes` shared between devices in proportion to their layer counts (the
+/// rounding remainder goes to the last); `None` without any layer.
+fn split_by_layers<'a>(
+    bytes: u64,
+    layers: &BTreeMap<&'a str, u64>,
+) -> Option<BTreeMap<&'a str, u64>> {
+    let total: u64 = layers.values().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut left = bytes;
+    let mut shares: BTreeMap<&str, u64> = BTreeMap::new();
+    for (i, (&device, &n)) in layers.iter().enumerate() {
+        let share = if i + 1 == layers.len() {
+            left
+        } else {
+            (bytes as u128 * n as u128 / total as u128) as u64
+        };
+        left -= share;
+        shares.insert(device, share);
+    }
+    Some(shares)
+}
+
 /// A batch of tokens, each with its position, sequence and output flag.
 pub struct Batch {
     raw: sys::llama_batch,
@@ -338,5 +532,124 @@ impl Drop for Batch {
     fn drop(&mut self) {
         // SAFETY: the arrays were allocated by `llama_batch_init` and freed once.
         unsafe { sys::llama_batch_free(self.raw) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(|l| l.trim().to_owned()).collect()
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn size_lines_are_recognised_and_others_ignored() {
+        assert_eq!(
+            parse_size_line("llama_context:        CPU  output buffer size =     0.75 MiB"),
+            Some(SizeLine::Buffer {
+                buffer_type: "CPU",
+                kind: "output",
+                bytes: 3 * MIB / 4
+            })
+        );
+        assert_eq!(
+            parse_size_line("sched_reserve:  CUDA_Host compute buffer size =   102.14 MiB"),
+            Some(SizeLine::Buffer {
+                buffer_type: "CUDA_Host",
+                kind: "compute",
+                bytes: (102.14 * MIB as f64).round() as u64
+            })
+        );
+        assert_eq!(
+            parse_size_line("llama_kv_cache: layer  29: dev = CUDA0"),
+            Some(SizeLine::Layer { device: "CUDA0" })
+        );
+        assert_eq!(
+            parse_size_line("llama_kv_cache: size =   45.00 MiB (   512 cells,  30 layers,  4/4 seqs), K (f16):   22.50 MiB, V (f16):   22.50 MiB"),
+            Some(SizeLine::CacheTotal { bytes: 45 * MIB })
+        );
+        for other in [
+            "~llama_context:        CPU compute buffer size is 102.1445 MiB, matches expectation of 102.1445 MiB",
+            "llama_context: n_ctx                 = 2048",
+            "sched_reserve: reserve took 4.29 ms, sched copies = 1",
+            "llama_context:        CPU compute buffer size =   lots MiB",
+        ] {
+            assert_eq!(parse_size_line(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn real_kv_buffers_are_taken_as_logged() {
+        let memory = ContextMemory::from_log(&lines(
+            "llama_context:        CPU  output buffer size =     0.75 MiB
+             llama_kv_cache: layer   0: dev = CPU
+             llama_kv_cache: layer   1: dev = CUDA0
+             llama_kv_cache:      CUDA0 KV buffer size =    30.00 MiB
+             llama_kv_cache:        CPU KV buffer size =    10.00 MiB
+             llama_kv_cache: size =   40.00 MiB (   512 cells,  2 layers,  4/4 seqs), K (f16):   20.00 MiB, V (f16):   20.00 MiB
+             sched_reserve:      CUDA0 compute buffer size =   100.00 MiB
+             sched_reserve:  CUDA_Host compute buffer size =     4.00 MiB",
+        ))
+        .unwrap();
+        assert_eq!(
+            memory,
+            ContextMemory {
+                ram_bytes: 10 * MIB + 4 * MIB + 3 * MIB / 4,
+                gpu_bytes: 30 * MIB + 100 * MIB,
+                kv_bytes: 40 * MIB,
+                compute_bytes: 104 * MIB,
+            }
+        );
+    }
+
+    #[test]
+    fn simulated_kv_buffers_are_split_by_layer_devices() {
+        // `no_alloc`: dummy KV buffers of 0 bytes; two caches (as with
+        // sliding-window attention), each split by its own layers.
+        let memory = ContextMemory::from_log(&lines(
+            "llama_kv_cache: layer   0: dev = CPU
+             llama_kv_cache: layer   1: dev = CUDA0
+             llama_kv_cache: layer   2: dev = CUDA0
+             llama_kv_cache: layer   3: dev = CUDA0
+             llama_kv_cache:        CPU KV buffer size =     0.00 MiB
+             llama_kv_cache:      CUDA0 KV buffer size =     0.00 MiB
+             llama_kv_cache: size =   40.00 MiB (   512 cells,  4 layers,  1/1 seqs), K (f16):   20.00 MiB, V (f16):   20.00 MiB
+             llama_kv_cache: layer   4: dev = CUDA0
+             llama_kv_cache:      CUDA0 KV buffer size =     0.00 MiB
+             llama_kv_cache: size =    2.00 MiB (   256 cells,  1 layers,  1/1 seqs), K (f16):    1.00 MiB, V (f16):    1.00 MiB
+             sched_reserve:        CPU compute buffer size =     8.00 MiB",
+        ))
+        .unwrap();
+        assert_eq!(memory.kv_bytes, 42 * MIB);
+        assert_eq!(memory.ram_bytes, 10 * MIB + 8 * MIB);
+        assert_eq!(memory.gpu_bytes, 30 * MIB + 2 * MIB);
+    }
+
+    #[test]
+    fn no_compute_line_or_no_device_is_an_error() {
+        let err = ContextMemory::from_log(&lines(
+            "llama_kv_cache:        CPU KV buffer size =    45.00 MiB",
+        ))
+        .unwrap_err();
+        assert!(err.contains("no compute buffer size"), "{err}");
+        let err = ContextMemory::from_log(&lines(
+            "llama_kv_cache: size =   40.00 MiB (   512 cells,  4 layers,  1/1 seqs), K (f16):   20.00 MiB, V (f16):   20.00 MiB
+             sched_reserve:        CPU compute buffer size =     8.00 MiB",
+        ))
+        .unwrap_err();
+        assert!(err.contains("devices of its layers"), "{err}");
+    }
+
+    #[test]
+    fn buffer_names_are_split_between_host_and_gpu() {
+        for host in ["CPU", "CUDA_Host", "CPU_REPACK"] {
+            assert!(super::super::backend::is_host_memory(host), "{host}");
+        }
+        for gpu in ["CUDA0", "CUDA1"] {
+            assert!(!super::super::backend::is_host_memory(gpu), "{gpu}");
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! A loaded llama.cpp model and its vocabulary.
+use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use hypura_llama_sys as sys;
 
@@ -308,6 +310,69 @@ impl Model {
             return Err(load_error(e.to_string()));
         }
         Ok((model, report))
+    }
+
+    /// llama.cpp's metadata-only load (`no_alloc`): the tensors are described
+    /// and placed as [`Model::load`] (no `stream_patterns`) or
+    /// [`Model::load_tiered`] would place them, with the same device setup,
+    /// but no weight is allocated or read. A context over it simulates its
+    /// own allocations and logs their sizes: that is its only use (see
+    /// [`super::Context::measured`]); it must never decode. STREAM tensors
+    /// go to a STREAM buffer type of their own, as in a real load, so
+    /// contexts schedule them (and turn `op_offload` off) alike.
+    pub(crate) fn load_no_alloc(
+        path: &Path,
+        stream_patterns: &[String],
+        gpu: Option<&GpuOffload>,
+        no_repack: bool,
+    ) -> Result<Model, EngineError> {
+        crate::gguf::GgufFile::open(path)?.validate()?;
+        super::backend::init();
+        let load_error = |reason: String| EngineError::Load {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| load_error("the path contains a NUL byte".into()))?;
+        // Never asked to place a tensor (no allocation happens): an empty
+        // table and a one-page region.
+        let stream = if stream_patterns.is_empty() {
+            None
+        } else {
+            let region = super::stream::StreamRegion::reserve(super::stream::PAGE)
+                .map_err(|e| load_error(e.to_string()))?;
+            Some(StreamBufferType::new(Arc::new(region), HashMap::new()))
+        };
+        let mut devices = DeviceSetup::new(
+            gpu,
+            stream.as_ref().map(|s| (stream_patterns, s.handle())),
+            0,
+        )?;
+        // SAFETY: plain defaults, then the device setup, which outlives the
+        // call; the path is NUL-terminated; llama.cpp returns NULL on failure.
+        let raw = unsafe {
+            let mut params = sys::llama_model_default_params();
+            devices.apply(&mut params);
+            // Read mode, as both loads: llama.cpp's mmap path cannot do `no_alloc`.
+            params.load_mode = sys::LLAMA_LOAD_MODE_NONE;
+            params.use_extra_bufts = !no_repack;
+            params.no_alloc = true;
+            sys::llama_model_load_from_file(c_path.as_ptr(), params)
+        };
+        drop(devices);
+        // Host memory from here on, as after a real load: a context's
+        // scheduler aborts on weights no backend can use.
+        if let Some(stream) = &stream {
+            stream.finish_loading();
+        }
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            load_error("llama.cpp could not read it (RUST_LOG=llama.cpp=debug shows why)".into())
+        })?;
+        Ok(Model {
+            raw,
+            path: path.to_path_buf(),
+            _stream: stream,
+        })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {

@@ -23,6 +23,7 @@ pub use streamer::{StreamStats, Streamer};
 
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
+pub use crate::llama::ContextMemory;
 use crate::llama::{
     Context, ContextParams, EvalHook, LoadReport, Model, ModelParams, StreamBufferType,
     StreamRegion,
@@ -75,7 +76,8 @@ pub struct PlannedLoad {
     /// RAM for streamed weights: the expert cache, or the dense FFN pool.
     pub stream_cache_bytes: u64,
     /// The planner's read-ahead estimate. The streamer adapts its own depth
-    /// from measured read and compute times; this is what it starts from.
+    /// from measured read and compute times; this is what it starts from
+    /// (dense-FFN streaming; see [`Streamer::set_initial_prefetch_depth`]).
     pub prefetch_depth_layers: u32,
 }
 
@@ -120,6 +122,40 @@ fn placement_of(gguf: &GgufFile, params: &TieredParams) -> Result<Placement, Eng
         ));
     }
     Ok(plan.placement.clone())
+}
+
+/// What `contexts` over the model at `path`, loaded with `params`, would hold
+/// beside its weights (KV cache, compute and output buffers), summed, in host
+/// RAM and GPU memory: measured before any weight is loaded. The model is
+/// opened as [`TieredModel::load`] would place it (same GPU offload, tensor
+/// overrides and STREAM buffer type, so the same `op_offload` setting), but
+/// with llama.cpp's `no_alloc`: metadata only, no weight allocated or read;
+/// each context is created with simulated allocations (only its small output
+/// buffer is real) and its sizes taken from llama.cpp's log
+/// ([`ContextMemory`]). Costs what reading the header costs (for SmolLM2
+/// about 0.2 s, mostly llama.cpp building its vocabulary) plus some tens
+/// of milliseconds per context, whatever the size of the weights.
+pub fn context_memory(
+    path: &Path,
+    params: &TieredParams,
+    contexts: &[ContextParams],
+) -> Result<ContextMemory, EngineError> {
+    let gguf = GgufFile::open(path)?;
+    gguf.validate()?;
+    let placement = placement_of(&gguf, params)?;
+    let model = Arc::new(Model::load_no_alloc(
+        path,
+        &placement.stream_patterns(),
+        gpu::offload(&placement, &gguf).as_ref(),
+        params.no_repack,
+    )?);
+    let mut total = ContextMemory::default();
+    for context in contexts {
+        // Dropped at once: a context over a `no_alloc` model must not decode.
+        let (_, memory) = Context::measured(Arc::clone(&model), context, None)?;
+        total += memory;
+    }
+    Ok(total)
 }
 
 /// Opens the model file read-only for streaming: O_DIRECT where the file
@@ -251,6 +287,9 @@ impl TieredModel {
                 Err(e) => tracing::warn!("co-activation statistics will not persist: {e}"),
             }
         }
+        if let Some(plan) = &params.plan {
+            streamer.set_initial_prefetch_depth(plan.prefetch_depth_layers);
+        }
         let streamer = Arc::new(streamer);
         if params.prefetch {
             streamer.start_prefetch();
@@ -276,6 +315,15 @@ impl TieredModel {
     /// decoding thread.
     pub fn new_context(&self, params: &ContextParams) -> Result<Context, EngineError> {
         Context::with_hook(Arc::clone(&self.model), params, self.hook())
+    }
+
+    /// [`TieredModel::new_context`], also returning what the context holds
+    /// beside the weights, as llama.cpp logged its allocations.
+    pub fn new_context_measured(
+        &self,
+        params: &ContextParams,
+    ) -> Result<(Context, ContextMemory), EngineError> {
+        Context::measured(Arc::clone(&self.model), params, self.hook())
     }
 
     /// The eval hook that streams this model's weights (`None` when fully

@@ -130,6 +130,9 @@ struct State {
     /// Moving averages: seconds to read one unit, seconds between requests.
     read_seconds_per_unit: f64,
     compute_seconds_per_layer: f64,
+    /// Dense lookahead until both averages exist (see
+    /// [`Streamer::set_initial_prefetch_depth`]).
+    initial_prefetch_depth_layers: u32,
     last_request_end: Option<Instant>,
     /// Layer of the latest request.
     current_layer: u32,
@@ -238,6 +241,7 @@ impl Streamer {
                 last_request: None,
                 read_seconds_per_unit: 0.0,
                 compute_seconds_per_layer: 0.0,
+                initial_prefetch_depth_layers: 1,
                 last_request_end: None,
                 current_layer: 0,
                 pinned: HashMap::new(),
@@ -266,6 +270,15 @@ impl Streamer {
 
     pub fn read_queue_depth(&self) -> u32 {
         self.read_queue_depth.load(Ordering::Relaxed)
+    }
+
+    /// Sets how many layers dense-FFN streaming reads ahead until it has
+    /// measured both a unit's read time and a layer's compute time (then the
+    /// lookahead follows their ratio). Default 1; the planner's
+    /// `prefetch_depth_layers` where there is a plan. Still bounded by the
+    /// cache's slots.
+    pub fn set_initial_prefetch_depth(&self, layers: u32) {
+        self.lock().initial_prefetch_depth_layers = layers.max(1);
     }
 
     /// Bytes of every streamed unit: the cache budget that holds them all.
@@ -533,8 +546,14 @@ impl Streamer {
                 let slots = (state.budget_bytes / unit_bytes).max(1);
                 // Lookahead k: enough layers that reading overlaps computing,
                 // bounded by the slots not holding the current layer.
-                let ratio = state.read_seconds_per_unit / state.compute_seconds_per_layer.max(1e-6);
-                let k = (ratio.ceil() as u64)
+                let measured =
+                    state.read_seconds_per_unit > 0.0 && state.compute_seconds_per_layer > 0.0;
+                let k = if measured {
+                    (state.read_seconds_per_unit / state.compute_seconds_per_layer).ceil() as u64
+                } else {
+                    state.initial_prefetch_depth_layers as u64
+                };
+                let k = k
                     .clamp(1, slots.saturating_sub(1).max(1))
                     .min(state.n_layers as u64 - 1);
                 (1..=k)
@@ -874,6 +893,33 @@ impl EvalHook for Streamer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dense_lookahead_starts_at_the_planned_depth_then_follows_measurements() {
+        let path = crate::test_models::smollm2();
+        let gguf = GgufFile::open(&path).unwrap();
+        let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
+        let file = File::open(&path).unwrap();
+        let budget = gguf.tensor_bytes(); // room for every layer: k is not bounded by slots
+        let streamer = Streamer::new(&gguf, Mode::DenseFfnStreaming, region, file, budget).unwrap();
+        let layers = |ks: Vec<UnitKey>| ks.into_iter().map(|(l, _)| l).collect::<Vec<_>>();
+        let predict = |layer| layers(streamer.predict_next(&mut streamer.lock(), layer, &[0]));
+
+        assert_eq!(predict(3), vec![4], "default depth 1");
+        streamer.set_initial_prefetch_depth(5);
+        assert_eq!(predict(3), vec![4, 5, 6, 7, 8]);
+        assert_eq!(
+            predict(28),
+            vec![29, 0, 1, 2, 3],
+            "wraps to the next token's layers"
+        );
+        // One measurement alone is not a ratio yet.
+        streamer.lock().read_seconds_per_unit = 0.010;
+        assert_eq!(predict(3), vec![4, 5, 6, 7, 8]);
+        // read / compute = 0.010 / 0.004 = 2.5: 3 layers.
+        streamer.lock().compute_seconds_per_layer = 0.004;
+        assert_eq!(predict(3), vec![4, 5, 6]);
+    }
 
     #[test]
     fn ranges_are_cut_at_chunk_multiples() {
