@@ -184,13 +184,18 @@ impl ModelSpec {
     /// larger (a cache resized in place, a first load, an unload).
     pub fn during_move(&self, from: Residency, to: Residency) -> Footprint {
         let (a, b) = (self.footprint(from), self.footprint(to));
-        let loaded = from != Residency::Unloaded && to != Residency::Unloaded;
-        let reload = (from == Residency::Full) != (to == Residency::Full);
-        if self.full_is_separate && loaded && reload {
+        if self.reloads(from, to) {
             a.add(b)
         } else {
             a.max(b)
         }
+    }
+
+    /// Whether moving from `from` to `to` changes placement while loaded
+    /// (into or out of a separate full placement).
+    pub fn reloads(&self, from: Residency, to: Residency) -> bool {
+        let loaded = from != Residency::Unloaded && to != Residency::Unloaded;
+        self.full_is_separate && loaded && (from == Residency::Full) != (to == Residency::Full)
     }
 }
 
@@ -685,6 +690,16 @@ impl BudgetPolicy {
                 m.in_flight == 0 && now.saturating_sub(m.last_used) >= self.config.demote_after;
             colder || idle
         };
+        // An idle model in a separate full placement with no room to load
+        // its streaming one beside: for a request, unloading it is the way
+        // down (it loads again, streaming, on its next request).
+        let stuck_full = |v: ModelId| {
+            let m = &self.models[v];
+            let down = Residency::Streaming.max(m.floor());
+            m.spec.reloads(m.level, down)
+                && m.in_flight == 0
+                && !m.extra_to(down).fits_in(self.room())
+        };
         let mut victims: Vec<ModelId> = (0..self.models.len())
             .filter(|&v| v != id && !keep.contains(&v) && self.models[v].moving_to.is_none())
             .collect();
@@ -709,7 +724,7 @@ impl BudgetPolicy {
                 }
                 let m = &self.models[v];
                 let lowest = if unload {
-                    if !(for_request && cold(v)) {
+                    if !(for_request && (cold(v) || stuck_full(v))) {
                         continue;
                     }
                     m.floor()
@@ -1053,6 +1068,31 @@ mod tests {
         assert_eq!(p.charged_to(0), Footprint::new(0, 8 * GIB));
         apply(&mut p, &moves);
         assert_eq!(p.residency(0), Residency::Streaming);
+    }
+
+    #[test]
+    fn a_request_unloads_an_idle_full_placement_that_cannot_stream_beside_itself() {
+        // "a" (separate, full 6 of 7) was just used; "c" needs 2.
+        let mut q = policy(7, vec![separate("a", 2, 6), spec("c", 2, 2)]);
+        admit(&mut q, 0, secs(0));
+        q.finish(0, secs(0));
+        // a cannot load its streaming placement (2) beside its full one (6)
+        // in 7, and is idle: c's request unloads it at once rather than
+        // waiting for a to cool down.
+        let Admission::Wait { moves } = q.request(1, secs(2)) else {
+            panic!("no room yet")
+        };
+        assert_eq!(
+            moves,
+            vec![Move {
+                model: 0,
+                from: Residency::Full,
+                to: Residency::Unloaded
+            }]
+        );
+        apply(&mut q, &moves);
+        admit(&mut q, 1, secs(2));
+        assert_eq!(q.residency(1), Residency::Full);
     }
 
     #[test]
