@@ -166,7 +166,16 @@ impl Context {
         let (context, lines) =
             super::backend::capture_log(|| Context::with_hook(model, params, hook));
         let context = context?;
-        let memory = ContextMemory::from_log(&lines).map_err(EngineError::Context)?;
+        let mut memory = ContextMemory::from_log(&lines).map_err(EngineError::Context)?;
+        if params.embeddings {
+            // llama.cpp outputs every token of a batch when computing
+            // embeddings (`output_all`), so on first use the output buffer
+            // grows from `n_seq_max` rows to `n_batch` rows of logits and
+            // embeddings (`llama_context::output_reserve`), in host memory.
+            let rows = u64::from(params.n_batch.saturating_sub(params.n_seq_max));
+            let row_bytes = (context.n_vocab + context.model.n_embd()) as u64 * 4;
+            memory.ram_bytes += rows * row_bytes;
+        }
         Ok((context, memory))
     }
 
