@@ -255,6 +255,9 @@ struct ModelState {
     level: Residency,
     /// Set while a move runs: where it goes.
     moving_to: Option<Residency>,
+    /// A promotion to this level failed (e.g. the full placement did not
+    /// load): no promotion to it or above until the model is unloaded.
+    failed_at: Option<Residency>,
     in_flight: usize,
     /// Requests per half-life, decayed ([`BudgetPolicy::heat`]).
     heat: f64,
@@ -358,6 +361,7 @@ impl BudgetPolicy {
             spec,
             level: Residency::Unloaded,
             moving_to: None,
+            failed_at: None,
             in_flight: 0,
             heat: 0.0,
             heat_at: Duration::ZERO,
@@ -469,13 +473,21 @@ impl BudgetPolicy {
         debug_assert_eq!(model.moving_to, Some(mv.to));
         model.level = mv.to;
         model.moving_to = None;
+        if mv.to == Residency::Unloaded {
+            model.failed_at = None;
+        }
     }
 
-    /// A move failed: the model stays where it was (a failed load: unloaded).
+    /// A move failed: the model stays where it was (a failed load:
+    /// unloaded). A failed promotion is not tried again while it stays
+    /// loaded (each try would read the model again).
     pub fn move_failed(&mut self, mv: Move) {
         let model = &mut self.models[mv.model];
         model.level = mv.from;
         model.moving_to = None;
+        if mv.from > Residency::Unloaded && mv.to > mv.from {
+            model.failed_at = Some(mv.to);
+        }
     }
 
     /// Unload or demote what has been idle long enough and promote hot
@@ -534,7 +546,8 @@ impl BudgetPolicy {
                 if level <= current {
                     break;
                 }
-                if !self.may_hold(id, level) {
+                let failed = self.models[id].failed_at.is_some_and(|f| level >= f);
+                if failed || !self.may_hold(id, level) {
                     continue;
                 }
                 if let Some(mut made) = self.make_room(id, level, now, false) {
@@ -1093,6 +1106,44 @@ mod tests {
         apply(&mut q, &moves);
         admit(&mut q, 1, secs(2));
         assert_eq!(q.residency(1), Residency::Full);
+    }
+
+    #[test]
+    fn a_failed_promotion_is_not_tried_again_until_the_model_reloads() {
+        let mut p = policy(11, vec![separate("a", 2, 6), spec("b", 1, 6)]);
+        admit(&mut p, 1, secs(0));
+        p.finish(1, secs(0));
+        let mut t = 0;
+        let mut failed = None;
+        // Busy and hot beside "b": promoted to full, and that load fails.
+        while failed.is_none() && t < 100 {
+            t += 1;
+            admit(&mut p, 0, secs(t));
+            for mv in p.tick(secs(t)) {
+                if mv.model == 0 && mv.to == Residency::Full {
+                    p.move_failed(mv);
+                    failed = Some(mv);
+                } else {
+                    p.move_done(mv);
+                }
+            }
+            p.finish(0, secs(t));
+        }
+        let failed = failed.expect("a promotion to full");
+        assert_eq!(p.residency(0), failed.from);
+        for _ in 0..20 {
+            t += 1;
+            admit(&mut p, 0, secs(t));
+            let moves = p.tick(secs(t));
+            assert!(
+                moves
+                    .iter()
+                    .all(|m| m.model != 0 || m.to != Residency::Full),
+                "tried again: {moves:?}"
+            );
+            apply(&mut p, &moves);
+            p.finish(0, secs(t));
+        }
     }
 
     #[test]

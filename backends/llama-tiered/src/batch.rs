@@ -228,6 +228,8 @@ struct Inner {
     worker_thread: ThreadId,
     /// Created on the first [`BatchEngine::embed`].
     embedder: Mutex<Option<Embedder>>,
+    /// Held through a [`BatchEngine::switch_model`]: one at a time.
+    switching: Mutex<()>,
     #[cfg(test)]
     abort: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -284,11 +286,12 @@ impl Counters {
 /// A validated request waiting for a slot.
 struct Queued {
     id: RequestId,
-    /// The model its sequence was made with (rebound on admission after a switch).
-    model: Arc<Model>,
     prompt: Vec<i32>,
     sequence: Sequence,
     sink: EventSink,
+    /// The model its sequence was made with (rebound after a switch).
+    /// Declared after `sequence`, so dropped after its sampler.
+    model: Arc<Model>,
 }
 
 impl Shared {
@@ -344,6 +347,7 @@ impl BatchEngine {
                 worker_thread: handle.thread().id(),
                 worker: Mutex::new(Some(handle)),
                 embedder: Mutex::new(None),
+                switching: Mutex::new(()),
                 #[cfg(test)]
                 abort,
             }),
@@ -458,47 +462,62 @@ impl BatchEngine {
     /// The old model is free once the caller drops its last handle.
     ///
     /// Fails, with the engine still on the old model, when `model` is not
-    /// the same shape, the new context cannot be made, a KV copy fails, or
-    /// the engine is shutting down.
+    /// the same shape, the new context cannot be made, a KV copy fails, the
+    /// engine is shutting down, or it is called from an event sink (on the
+    /// worker thread, which could not switch while waiting for itself).
     pub fn switch_model(
         &self,
         model: Arc<Model>,
         hook: Option<Arc<dyn EvalHook>>,
     ) -> Result<(), EngineError> {
-        let old = self.model();
-        let same_file = model.path() == old.path()
-            && model.n_vocab() == old.n_vocab()
-            && model.n_embd() == old.n_embd()
-            && model.n_layer() == old.n_layer();
+        if std::thread::current().id() == self.inner.worker_thread {
+            return Err(EngineError::InvalidArgument(
+                "switch_model cannot be called from an event sink".into(),
+            ));
+        }
+        let _one_at_a_time = self
+            .inner
+            .switching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = self.inner.current();
+        let was = &old.model;
+        let same_file = model.path() == was.path()
+            && model.n_vocab() == was.n_vocab()
+            && model.n_embd() == was.n_embd()
+            && model.n_layer() == was.n_layer();
         if !same_file {
             return Err(EngineError::InvalidArgument(format!(
                 "a switch needs another load of {}, not of {}",
-                old.path().display(),
+                was.path().display(),
                 model.path().display()
             )));
         }
         let ctx = Context::with_hook(Arc::clone(&model), &self.inner.ctx_params, hook.clone())?;
         let (done, switched) = std::sync::mpsc::sync_channel(1);
-        {
+        // New requests are made for the new model from now on; those queued
+        // before are rebound by the worker when it switches.
+        self.inner.set_current(Current { model, hook });
+        let handed = {
             let mut state = self.inner.shared.lock();
-            if !state.accepting {
-                return Err(EngineError::ShuttingDown);
+            if state.accepting {
+                state.switch = Some(Switch { ctx, done });
+                true
+            } else {
+                false
             }
-            if state.switch.is_some() {
-                return Err(EngineError::InvalidArgument(
-                    "another switch of model is under way".into(),
-                ));
-            }
-            state.switch = Some(Switch { ctx, done });
+        };
+        let result = if handed {
+            self.inner.shared.wake.notify_all();
+            // The sender is dropped unanswered only if the worker exits first.
+            switched.recv().unwrap_or(Err(EngineError::ShuttingDown))
+        } else {
+            Err(EngineError::ShuttingDown)
+        };
+        if let Err(e) = result {
+            self.inner.set_current(old);
+            return Err(e);
         }
-        self.inner.shared.wake.notify_all();
-        // The sender is dropped unanswered only if the worker exits first.
-        switched.recv().unwrap_or(Err(EngineError::ShuttingDown))?;
-        *self
-            .inner
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Current { model, hook };
         // The embedding context is made again, on the new model, when next needed.
         let embedder = self
             .inner
@@ -532,7 +551,7 @@ impl BatchEngine {
     /// first use and kept behind a mutex: concurrent calls take turns, and
     /// generation on the worker goes on meanwhile (sharing the cores).
     pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let Current { model, hook } = self.inner.current();
+        let model = self.model();
         let model = &model;
         let params = embed_context(model.n_ctx_train(), self.inner.config.n_threads);
         let n_ctx = params.n_ctx;
@@ -560,9 +579,18 @@ impl BatchEngine {
             .embedder
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // The model now (read under the embedder's lock): one switched to
+        // meanwhile gets its own embedding context.
+        let Current { model, hook } = self.inner.current();
+        if guard
+            .as_ref()
+            .is_some_and(|e| !Arc::ptr_eq(e.ctx.model(), &model))
+        {
+            *guard = None;
+        }
         let embedder = match guard.as_mut() {
             Some(embedder) => embedder,
-            None => guard.insert(Embedder::new(model, &params, hook)?),
+            None => guard.insert(Embedder::new(&model, &params, hook)?),
         };
         tokenized.iter().map(|t| embedder.embed(t)).collect()
     }
@@ -574,6 +602,10 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    fn set_current(&self, current: Current) {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = current;
     }
 
     fn shutdown(&self) {
@@ -782,6 +814,32 @@ impl Worker {
             }
         }
         let old = std::mem::replace(&mut self.ctx, ctx);
+        // Queued requests: rebound now, so none keeps the old model alive.
+        let failed: Vec<Queued> = {
+            let mut state = self.shared.lock();
+            let new = Arc::clone(self.ctx.model());
+            let queue = std::mem::take(&mut state.queue);
+            let (mut kept, mut failed) = (VecDeque::new(), Vec::new());
+            for mut q in queue {
+                match q.sequence.rebind(&new) {
+                    Ok(()) => {
+                        q.model = Arc::clone(&new);
+                        kept.push_back(q);
+                    }
+                    Err(e) => failed.push((q, e)),
+                }
+            }
+            state.queue = kept;
+            failed
+                .into_iter()
+                .map(|(mut q, e)| {
+                    send(&mut q.sink, GenerationEvent::Error(e));
+                    q
+                })
+                .collect()
+        };
+        Counters::add(&self.shared.counters.failed, failed.len() as u64);
+        drop(failed);
         for seq in 0..self.slots.len() {
             let rebound = match self.slots[seq].as_mut() {
                 Some(slot) => slot.sequence.rebind(self.ctx.model()),

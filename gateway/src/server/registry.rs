@@ -843,11 +843,19 @@ fn execute_moves(
         let switch = budgeted.is_full_placement(mv.from) != budgeted.is_full_placement(mv.to);
         if switch {
             let budget = Arc::clone(budget);
-            std::thread::spawn(move || match switch_placement(&model, &budgeted, mv.to) {
-                Ok(()) => budget.move_done(mv),
-                Err(e) => {
-                    tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
-                    budget.move_failed(mv);
+            std::thread::spawn(move || {
+                // Reported whatever happens, a panic included: a move never
+                // reported would hold both placements' charge for ever.
+                let switched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    switch_placement(&model, &budgeted, mv.to)
+                }))
+                .unwrap_or_else(|_| Err("the switch panicked".into()));
+                match switched {
+                    Ok(()) => budget.move_done(mv),
+                    Err(e) => {
+                        tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
+                        budget.move_failed(mv);
+                    }
                 }
             });
             continue;
@@ -888,7 +896,12 @@ fn switch_placement(
         .switch_model(Arc::clone(&tiered.model), tiered.hook())
         .map_err(|e| e.to_string())?;
     let old = std::mem::replace(&mut *lock(&model.streamer), tiered.streamer.clone());
-    drop(old);
+    if let Some(old) = old {
+        // A fill still running on the old cache stops at its next unit.
+        if let Err(e) = old.set_cache_budget(old.minimum_budget_bytes()) {
+            tracing::warn!("{}: emptying the old stream cache: {e}", model.name);
+        }
+    }
     if level > Residency::Streaming {
         if let Some(streamer) = tiered.streamer.clone() {
             std::thread::spawn(move || streamer.fill());
