@@ -703,14 +703,16 @@ impl BudgetPolicy {
                 m.in_flight == 0 && now.saturating_sub(m.last_used) >= self.config.demote_after;
             colder || idle
         };
-        // An idle model in a separate full placement with no room to load
-        // its streaming one beside: for a request, unloading it is the way
-        // down (it loads again, streaming, on its next request).
+        // An idle model (of no higher priority) in a separate full
+        // placement with no room to load its streaming one beside: for a
+        // request, unloading it is the way down (it loads again, streaming,
+        // on its next request).
         let stuck_full = |v: ModelId| {
             let m = &self.models[v];
             let down = Residency::Streaming.max(m.floor());
             m.spec.reloads(m.level, down)
                 && m.in_flight == 0
+                && m.spec.priority <= my_priority
                 && !m.extra_to(down).fits_in(self.room())
         };
         let mut victims: Vec<ModelId> = (0..self.models.len())
