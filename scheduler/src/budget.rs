@@ -258,6 +258,9 @@ struct ModelState {
     /// A promotion to this level failed (e.g. the full placement did not
     /// load): no promotion to it or above until the model is unloaded.
     failed_at: Option<Residency>,
+    /// When a request for it last had to wait for room (cleared once one
+    /// is admitted).
+    waiting_since: Option<Duration>,
     in_flight: usize,
     /// Requests per half-life, decayed ([`BudgetPolicy::heat`]).
     heat: f64,
@@ -362,6 +365,7 @@ impl BudgetPolicy {
             level: Residency::Unloaded,
             moving_to: None,
             failed_at: None,
+            waiting_since: None,
             in_flight: 0,
             heat: 0.0,
             heat_at: Duration::ZERO,
@@ -442,6 +446,7 @@ impl BudgetPolicy {
         let moves = self
             .make_room(id, Residency::Streaming, now, true)
             .unwrap_or_default();
+        self.models[id].waiting_since = Some(now);
         Admission::Wait { moves }
     }
 
@@ -452,6 +457,7 @@ impl BudgetPolicy {
         model.heat_at = now;
         model.last_used = now;
         model.in_flight += 1;
+        model.waiting_since = None;
     }
 
     /// How long `id` stays loaded after its last request from now on
@@ -594,6 +600,21 @@ impl BudgetPolicy {
             .fits_in(self.budget)
     }
 
+    /// What the models with requests waiting for room need to stream. A
+    /// waiter asks again at least every [`WAITING_FRESH`]; older marks are
+    /// of requests given up.
+    fn waiting_need(&self, now: Duration) -> Footprint {
+        self.models
+            .iter()
+            .filter(|m| m.level == Residency::Unloaded && m.moving_to.is_none())
+            .filter(|m| {
+                m.waiting_since
+                    .is_some_and(|at| now.saturating_sub(at) <= WAITING_FRESH)
+            })
+            .map(|m| m.spec.streaming)
+            .fold(Footprint::ZERO, Footprint::add)
+    }
+
     /// Heat plus a tie-breaking nudge by priority and queue.
     fn rank(&self, id: ModelId, now: Duration) -> f64 {
         let m = &self.models[id];
@@ -619,7 +640,11 @@ impl BudgetPolicy {
         now: Duration,
         for_request: bool,
     ) -> Option<Vec<Move>> {
-        let need = self.models[id].extra_to(to);
+        let mut need = self.models[id].extra_to(to);
+        if !for_request {
+            // A promotion leaves room for the requests waiting to get in.
+            need = need.add(self.waiting_need(now));
+        }
         if need.fits_in(self.room()) {
             return Some(Vec::new());
         }
@@ -803,6 +828,10 @@ impl BudgetPolicy {
         }
     }
 }
+
+/// How long a request that had to wait counts as waiting without asking
+/// again (the registry asks again on every change, and every second).
+pub const WAITING_FRESH: Duration = Duration::from_secs(5);
 
 /// Room [`BudgetPolicy::plan_room`] looks for: `need` more for model `id`,
 /// at `now`, for a request or a promotion.
@@ -1146,6 +1175,47 @@ mod tests {
             apply(&mut p, &moves);
             p.finish(0, secs(t));
         }
+    }
+
+    #[test]
+    fn a_promotion_leaves_room_for_a_request_waiting_to_get_in() {
+        // "c" holds 6 and cannot shrink; "a" is partial (4) and hot.
+        let mut p = policy(10, vec![spec("a", 2, 6), spec("b", 5, 5), spec("c", 6, 6)]);
+        admit(&mut p, 2, secs(0));
+        p.finish(2, secs(0));
+        admit(&mut p, 0, secs(0));
+        p.finish(0, secs(0));
+        assert_eq!(p.residency(0), Residency::Partial);
+        // a busy; b waits; c (idle past demote_after) is unloaded for it.
+        admit(&mut p, 0, secs(199));
+        let Admission::Wait { moves } = p.request(1, secs(200)) else {
+            panic!("no room for b yet")
+        };
+        assert!(moves.contains(&Move {
+            model: 2,
+            from: Residency::Full,
+            to: Residency::Unloaded
+        }));
+        // c's memory comes free; a tick runs before b asks again: whatever
+        // the hot a gets, b's 5 stay free.
+        apply(&mut p, &moves);
+        let promoted = p.tick(secs(201));
+        apply(&mut p, &promoted);
+        let b_streaming = p.spec(1).streaming;
+        assert!(b_streaming.fits_in(p.room()), "{promoted:?}");
+        p.finish(0, secs(201));
+        admit(&mut p, 1, secs(201));
+        // Once b is in (no one waiting), a may use what is left.
+        let mut t = 201;
+        for _ in 0..10 {
+            t += 1;
+            admit(&mut p, 0, secs(t));
+            let moves = p.tick(secs(t));
+            apply(&mut p, &moves);
+            p.finish(0, secs(t));
+        }
+        assert!(p.residency(0) >= Residency::Partial);
+        assert!(p.residency(1) > Residency::Unloaded);
     }
 
     #[test]
