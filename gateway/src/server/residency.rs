@@ -278,7 +278,6 @@ mod tests {
                 resident_bytes: 100,
                 stream_bytes: 300,
                 minimum_cache_bytes: 10,
-                kv_bytes_per_token: 1,
             },
             streaming_contexts: 50,
             full,

@@ -2,7 +2,7 @@
 //! alone: the numbers the multi-model budget charges for each residency.
 use hypura_scheduler::roles::layer_index;
 
-use super::placement::{is_streamed, plan_inputs, Mode};
+use super::placement::{is_streamed, Mode};
 use crate::gguf::GgufFile;
 
 /// Memory of one model under its streaming mode.
@@ -17,8 +17,6 @@ pub struct StreamFootprint {
     /// The smallest stream cache: what one layer may need at once
     /// (as [`super::Streamer::minimum_budget_bytes`] computes it).
     pub minimum_cache_bytes: u64,
-    /// KV cache per token of context, f16 K and V.
-    pub kv_bytes_per_token: u64,
 }
 
 /// Weight bytes a [`super::TieredModel::load`] with `params` would place on
@@ -59,8 +57,6 @@ impl StreamFootprint {
             resident_bytes,
             stream_bytes,
             minimum_cache_bytes: per_layer.values().copied().max().unwrap_or(0),
-            // The planner's reading of the attention shape (0 without one).
-            kv_bytes_per_token: plan_inputs(file).map_or(0, |(_, facts)| facts.kv_bytes_per_token),
         }
     }
 }
@@ -78,7 +74,5 @@ mod tests {
         assert_eq!(f.resident_bytes + f.stream_bytes, file.tensor_bytes());
         // 30 layers of equal FFN: the smallest cache is one layer's.
         assert_eq!(f.minimum_cache_bytes * 30, f.stream_bytes);
-        // 30 layers × 3 KV heads × (64 + 64) × 2 bytes.
-        assert_eq!(f.kv_bytes_per_token, 30 * 3 * 128 * 2);
     }
 }

@@ -141,3 +141,18 @@ pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), Str
     };
     Ok((tensors, facts))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_inputs_read_smollm2s_attention_shape() {
+        let file = GgufFile::open(crate::test_models::smollm2()).unwrap();
+        let (tensors, facts) = plan_inputs(&file).unwrap();
+        assert_eq!(tensors.len(), file.tensors().len());
+        assert_eq!(facts.n_layer, 30);
+        // 30 layers × 3 KV heads × (64 + 64) × 2 bytes.
+        assert_eq!(facts.kv_bytes_per_token, 30 * 3 * 128 * 2);
+    }
+}
