@@ -736,25 +736,23 @@ pub struct TierBytes {
     pub stream: u64,
 }
 
-/// Context per sequence and sequences of a model's engine.
-fn engine_shape(named: &NamedModel, settings: &EngineSettings) -> (u32, u32) {
-    let n_ctx_train = named
+/// The model's training context from its metadata (unbounded when absent).
+fn n_ctx_train(named: &NamedModel) -> u32 {
+    named
         .info
         .context_length
-        .map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32);
-    let n_ctx_per_seq = named
-        .policy
-        .n_ctx_per_seq
-        .unwrap_or(settings.n_ctx_per_seq)
-        .clamp(16, n_ctx_train.max(16));
-    let n_parallel = named.policy.n_parallel.unwrap_or(settings.n_parallel);
-    (n_ctx_per_seq, n_parallel)
+        .map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32)
 }
 
 /// The engine a model runs in (its context per sequence capped at the
 /// model's training context).
 fn batch_config(named: &NamedModel, settings: &EngineSettings) -> BatchConfig {
-    let (n_ctx_per_seq, n_parallel) = engine_shape(named, settings);
+    let n_ctx_per_seq = named
+        .policy
+        .n_ctx_per_seq
+        .unwrap_or(settings.n_ctx_per_seq)
+        .clamp(16, n_ctx_train(named).max(16));
+    let n_parallel = named.policy.n_parallel.unwrap_or(settings.n_parallel);
     BatchConfig {
         n_parallel,
         n_ctx_per_seq,
@@ -772,11 +770,7 @@ fn batch_config(named: &NamedModel, settings: &EngineSettings) -> BatchConfig {
 fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<BudgetedModel, String> {
     let file = HeaderFile::open(named.path.as_path()).map_err(|e| e.to_string())?;
     let footprint = StreamFootprint::of(&file);
-    let n_ctx_train = named
-        .info
-        .context_length
-        .map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32);
-    let contexts = batch_config(named, settings).contexts(n_ctx_train);
+    let contexts = batch_config(named, settings).contexts(n_ctx_train(named));
     let measure = |params| {
         context_memory(&named.path, &params, &contexts).map_err(|e| format!("{}: {e}", named.name))
     };

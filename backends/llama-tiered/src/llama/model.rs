@@ -319,14 +319,14 @@ impl Model {
     /// own allocations and logs their sizes: that is its only use (see
     /// [`super::Context::measured`]); it must never decode. STREAM tensors
     /// go to a STREAM buffer type of their own, as in a real load, so
-    /// contexts schedule them (and turn `op_offload` off) alike.
+    /// contexts schedule them (and turn `op_offload` off) alike. The caller
+    /// has validated the file (as [`crate::tiered::context_memory`] does).
     pub(crate) fn load_no_alloc(
         path: &Path,
         stream_patterns: &[String],
         gpu: Option<&GpuOffload>,
         no_repack: bool,
     ) -> Result<Model, EngineError> {
-        crate::gguf::GgufFile::open(path)?.validate()?;
         super::backend::init();
         let load_error = |reason: String| EngineError::Load {
             path: path.to_path_buf(),
