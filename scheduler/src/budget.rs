@@ -1117,13 +1117,13 @@ mod tests {
     #[test]
     fn a_request_unloads_an_idle_full_placement_that_cannot_stream_beside_itself() {
         // "a" (separate, full 6 of 7) was just used; "c" needs 2.
-        let mut q = policy(7, vec![separate("a", 2, 6), spec("c", 2, 2)]);
-        admit(&mut q, 0, secs(0));
-        q.finish(0, secs(0));
+        let mut p = policy(7, vec![separate("a", 2, 6), spec("c", 2, 2)]);
+        admit(&mut p, 0, secs(0));
+        p.finish(0, secs(0));
         // a cannot load its streaming placement (2) beside its full one (6)
         // in 7, and is idle: c's request unloads it at once rather than
         // waiting for a to cool down.
-        let Admission::Wait { moves } = q.request(1, secs(2)) else {
+        let Admission::Wait { moves } = p.request(1, secs(2)) else {
             panic!("no room yet")
         };
         assert_eq!(
@@ -1134,9 +1134,9 @@ mod tests {
                 to: Residency::Unloaded
             }]
         );
-        apply(&mut q, &moves);
-        admit(&mut q, 1, secs(2));
-        assert_eq!(q.residency(1), Residency::Full);
+        apply(&mut p, &moves);
+        admit(&mut p, 1, secs(2));
+        assert_eq!(p.residency(1), Residency::Full);
     }
 
     #[test]
