@@ -19,7 +19,7 @@ SMOLLM2=${SMOLLM2:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 mkdir -p "$WORK"
 
 if [[ -z "${SKIP_BUILD:-}" ]]; then
-  cargo build --release -p hypura -p llama-tiered --bins >&2
+  cargo build --release -p hypura -p hypura-synth --bins >&2
 fi
 HYPURA=${HYPURA:-target/release/hypura}
 SYNTH=${SYNTH:-target/release/hypura-synth}

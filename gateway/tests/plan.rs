@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use llama_tiered::synth::{self, SynthSpec};
+use hypura_synth::{self as synth, SynthSpec};
 use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
@@ -145,7 +145,7 @@ fn json_has_the_required_keys_and_tier_bytes_sum_to_the_tensors() {
             assert!(p.get(key).is_some(), "{key} missing: {p}");
         }
         assert!(p["predicted_tokens_per_second"].as_f64().unwrap() > 0.0);
-        let file = llama_tiered::gguf::GgufFile::open(&model).unwrap();
+        let file = hypura_gguf::GgufFile::open(&model).unwrap();
         let sum = tier(&p, "gpu") + tier(&p, "ram") + tier(&p, "stream");
         assert_eq!(sum, file.tensor_bytes());
         assert_eq!(p["tiers"].as_object().unwrap().len(), file.tensors().len());

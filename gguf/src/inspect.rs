@@ -9,7 +9,7 @@ use hypura_scheduler::roles::{classify, TensorRole};
 use hypura_scheduler::size::format_bytes;
 use serde::Serialize;
 
-use crate::gguf::GgufFile;
+use crate::reader::GgufFile;
 
 /// A summary of one GGUF model. Serializes to the JSON of `hypura inspect --json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -241,12 +241,12 @@ impl fmt::Display for ModelReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::test_writer::{s, t, Model, V};
+    use crate::testing::{s, t, Model, V};
 
     #[test]
     fn smollm2_report() {
         // Expected values were read independently with the `gguf` Python package (0.19.0).
-        let file = GgufFile::open(crate::test_models::smollm2()).expect("model opens");
+        let file = GgufFile::open(crate::testing::smollm2()).expect("model opens");
         let report = ModelReport::from_gguf(&file);
         assert_eq!(report.architecture, "llama");
         assert_eq!(
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn smollm2_table_and_json() {
-        let file = GgufFile::open(crate::test_models::smollm2()).expect("model opens");
+        let file = GgufFile::open(crate::testing::smollm2()).expect("model opens");
         let report = ModelReport::from_gguf(&file);
 
         let table = report.to_string();

@@ -1277,19 +1277,19 @@ impl<'p> Reader<'p> {
 }
 
 // GGUF value type ids (`enum gguf_type`).
-const T_U8: u32 = 0;
-const T_I8: u32 = 1;
-const T_U16: u32 = 2;
-const T_I16: u32 = 3;
-const T_U32: u32 = 4;
-const T_I32: u32 = 5;
-const T_F32: u32 = 6;
-const T_BOOL: u32 = 7;
-const T_STRING: u32 = 8;
-const T_ARRAY: u32 = 9;
-const T_U64: u32 = 10;
-const T_I64: u32 = 11;
-const T_F64: u32 = 12;
+pub(crate) const T_U8: u32 = 0;
+pub(crate) const T_I8: u32 = 1;
+pub(crate) const T_U16: u32 = 2;
+pub(crate) const T_I16: u32 = 3;
+pub(crate) const T_U32: u32 = 4;
+pub(crate) const T_I32: u32 = 5;
+pub(crate) const T_F32: u32 = 6;
+pub(crate) const T_BOOL: u32 = 7;
+pub(crate) const T_STRING: u32 = 8;
+pub(crate) const T_ARRAY: u32 = 9;
+pub(crate) const T_U64: u32 = 10;
+pub(crate) const T_I64: u32 = 11;
+pub(crate) const T_F64: u32 = 12;
 
 fn parse(r: &mut Reader<'_>) -> Result<GgufFile, GgufError> {
     let version = read_preamble(r)?;
@@ -1591,232 +1591,10 @@ fn tensor_size(dims: &[u64], ty: &GgmlType) -> Result<(u64, u64), String> {
 }
 
 /// A minimal GGUF writer for tests: well-formed files and deliberately broken ones.
-#[cfg(test)]
-pub(crate) mod test_writer {
-    use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    #[derive(Clone)]
-    pub(crate) enum V {
-        U8(u8),
-        U32(u32),
-        I32(i32),
-        U64(u64),
-        F32(f32),
-        Bool(bool),
-        Str(String),
-        StrArr(Vec<String>),
-        I32Arr(Vec<i32>),
-        F32Arr(Vec<f32>),
-        /// An array whose element type is an array (ggml rejects these).
-        NestedArr,
-    }
-
-    pub(crate) fn s(text: &str) -> V {
-        V::Str(text.to_string())
-    }
-
-    pub(crate) fn strs<I: IntoIterator<Item = S>, S: Into<String>>(items: I) -> V {
-        V::StrArr(items.into_iter().map(Into::into).collect())
-    }
-
-    #[derive(Clone)]
-    pub(crate) struct T {
-        pub(crate) name: String,
-        pub(crate) dims: Vec<u64>,
-        pub(crate) ggml_type: u32,
-        /// `None`: packed after the previous tensor, as a well-formed file does.
-        pub(crate) offset: Option<u64>,
-    }
-
-    pub(crate) fn t(name: &str, dims: &[u64], ggml_type: u32) -> T {
-        T {
-            name: name.into(),
-            dims: dims.to_vec(),
-            ggml_type,
-            offset: None,
-        }
-    }
-
-    #[derive(Clone)]
-    pub(crate) struct Model {
-        pub(crate) version: u32,
-        pub(crate) kv: Vec<(String, V)>,
-        pub(crate) tensors: Vec<T>,
-        pub(crate) alignment: u64,
-    }
-
-    impl Model {
-        /// A small valid llama model with a GPT-2 BPE vocabulary.
-        pub(crate) fn valid() -> Model {
-            Model {
-                version: 3,
-                kv: vec![
-                    ("general.architecture".into(), s("llama")),
-                    ("general.name".into(), s("tiny")),
-                    ("llama.context_length".into(), V::U32(128)),
-                    ("llama.block_count".into(), V::U32(1)),
-                    ("tokenizer.ggml.model".into(), s("gpt2")),
-                    (
-                        "tokenizer.ggml.tokens".into(),
-                        strs(["a", "b", "ab", "<|end|>"]),
-                    ),
-                    (
-                        "tokenizer.ggml.token_type".into(),
-                        V::I32Arr(vec![1, 1, 1, 3]),
-                    ),
-                    ("tokenizer.ggml.merges".into(), strs(["a b"])),
-                    ("tokenizer.ggml.bos_token_id".into(), V::U32(3)),
-                    ("tokenizer.ggml.eos_token_id".into(), V::U32(3)),
-                ],
-                tensors: vec![
-                    t("token_embd.weight", &[32, 4], 2), // q4_0
-                    t("blk.0.attn_norm.weight", &[32], 0),
-                    t("output_norm.weight", &[32], 0),
-                ],
-                alignment: 32,
-            }
-        }
-
-        pub(crate) fn set(mut self, key: &str, value: V) -> Model {
-            match self.kv.iter_mut().find(|(k, _)| k == key) {
-                Some(kv) => kv.1 = value,
-                None => self.kv.push((key.into(), value)),
-            }
-            self
-        }
-
-        pub(crate) fn remove(mut self, key: &str) -> Model {
-            self.kv.retain(|(k, _)| k != key);
-            self
-        }
-
-        pub(crate) fn bytes(&self) -> Vec<u8> {
-            let mut out = Vec::new();
-            out.extend_from_slice(b"GGUF");
-            out.extend_from_slice(&self.version.to_le_bytes());
-            out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-            out.extend_from_slice(&(self.kv.len() as u64).to_le_bytes());
-            for (key, value) in &self.kv {
-                put_str(&mut out, key);
-                put_value(&mut out, value);
-            }
-            let mut next = 0u64;
-            let mut data_end = 0u64;
-            for tensor in &self.tensors {
-                put_str(&mut out, &tensor.name);
-                out.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
-                for d in &tensor.dims {
-                    out.extend_from_slice(&d.to_le_bytes());
-                }
-                out.extend_from_slice(&tensor.ggml_type.to_le_bytes());
-                let offset = tensor.offset.unwrap_or(next);
-                out.extend_from_slice(&offset.to_le_bytes());
-                let size = test_size(tensor);
-                next = (offset + size).next_multiple_of(self.alignment);
-                data_end = data_end.max(offset + size);
-            }
-            if !self.tensors.is_empty() {
-                out.resize(
-                    (out.len() as u64).next_multiple_of(self.alignment) as usize,
-                    0,
-                );
-            }
-            out.resize(out.len() + data_end as usize, 0x5a);
-            out
-        }
-    }
-
-    fn test_size(tensor: &T) -> u64 {
-        let ty = ggml_type(tensor.ggml_type).map_or((1, 1), |t| (t.block_size, t.bytes_per_block));
-        tensor.dims.iter().product::<u64>() / ty.0 * ty.1
-    }
-
-    pub(crate) fn put_str(out: &mut Vec<u8>, text: &str) {
-        out.extend_from_slice(&(text.len() as u64).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-    }
-
-    fn put_value(out: &mut Vec<u8>, value: &V) {
-        let mut typed = |ty: u32, bytes: &[u8]| {
-            out.extend_from_slice(&ty.to_le_bytes());
-            out.extend_from_slice(bytes);
-        };
-        match value {
-            V::U8(v) => typed(T_U8, &[*v]),
-            V::U32(v) => typed(T_U32, &v.to_le_bytes()),
-            V::I32(v) => typed(T_I32, &v.to_le_bytes()),
-            V::U64(v) => typed(T_U64, &v.to_le_bytes()),
-            V::F32(v) => typed(T_F32, &v.to_le_bytes()),
-            V::Bool(v) => typed(T_BOOL, &[u8::from(*v)]),
-            V::Str(v) => {
-                typed(T_STRING, &[]);
-                put_str(out, v);
-            }
-            V::StrArr(items) => {
-                put_array_header(out, T_STRING, items.len());
-                for item in items {
-                    put_str(out, item);
-                }
-            }
-            V::I32Arr(items) => {
-                put_array_header(out, T_I32, items.len());
-                items
-                    .iter()
-                    .for_each(|i| out.extend_from_slice(&i.to_le_bytes()));
-            }
-            V::F32Arr(items) => {
-                put_array_header(out, T_F32, items.len());
-                items
-                    .iter()
-                    .for_each(|i| out.extend_from_slice(&i.to_le_bytes()));
-            }
-            V::NestedArr => {
-                put_array_header(out, T_ARRAY, 1);
-                put_array_header(out, T_U8, 0);
-            }
-        }
-    }
-
-    pub(crate) fn put_array_header(out: &mut Vec<u8>, element_type: u32, len: usize) {
-        out.extend_from_slice(&T_ARRAY.to_le_bytes());
-        out.extend_from_slice(&element_type.to_le_bytes());
-        out.extend_from_slice(&(len as u64).to_le_bytes());
-    }
-
-    /// A file in the temp dir, removed on drop.
-    pub(crate) struct TempFile(pub(crate) PathBuf);
-
-    impl TempFile {
-        pub(crate) fn new(bytes: &[u8]) -> TempFile {
-            static COUNTER: AtomicU64 = AtomicU64::new(0);
-            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = std::env::temp_dir()
-                .join(format!("hypura-gguf-test-{}-{n}.gguf", std::process::id()));
-            std::fs::write(&path, bytes).expect("write temp file");
-            TempFile(path)
-        }
-    }
-
-    impl Drop for TempFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-
-    impl Model {
-        /// Writes the model to a temporary file and opens it (the file is gone afterwards;
-        /// a `GgufFile` keeps nothing open).
-        pub(crate) fn open(&self) -> Result<GgufFile, GgufError> {
-            let file = TempFile::new(&self.bytes());
-            GgufFile::open(&file.0)
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
-    use super::test_writer::*;
+    use crate::testing::*;
     use super::*;
 
     fn open_bytes(bytes: &[u8]) -> Result<GgufFile, GgufError> {
@@ -2410,50 +2188,12 @@ mod tests {
         );
     }
 
-    // ---- ggml's own tables, through the FFI --------------------------------------------------
-
-    #[test]
-    fn type_table_matches_ggml() {
-        use std::ffi::CStr;
-        assert_eq!(GGML_TYPE_COUNT, hypura_llama_sys::GGML_TYPE_COUNT);
-        for id in 0..GGML_TYPE_COUNT {
-            // SAFETY: `id` is below GGML_TYPE_COUNT, the size of ggml's type_traits table;
-            // these functions only read that table. ggml_type_name returns a pointer to a
-            // static NUL-terminated string.
-            let (block, size, name) = unsafe {
-                (
-                    hypura_llama_sys::ggml_blck_size(id),
-                    hypura_llama_sys::ggml_type_size(id),
-                    CStr::from_ptr(hypura_llama_sys::ggml_type_name(id)),
-                )
-            };
-            let removed = REMOVED_GGML_TYPES.iter().any(|(r, _)| *r == id);
-            match ggml_type(id) {
-                Some(ty) => {
-                    assert!(!removed, "type {id} is in both tables");
-                    assert_eq!(ty.block_size, block as u64, "block size of {id}");
-                    assert_eq!(ty.bytes_per_block, size as u64, "type size of {id}");
-                    assert_eq!(Some(ty.name), name.to_str().ok(), "name of {id}");
-                }
-                None => {
-                    assert!(removed, "type {id} ({name:?}) is missing from GGML_TYPES");
-                    assert_eq!(block, 0, "removed type {id} has a block size in ggml");
-                }
-            }
-        }
-        let ids: Vec<u32> = GGML_TYPES.iter().map(|t| t.id).collect();
-        let mut sorted = ids.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(ids, sorted, "GGML_TYPES is sorted by id without duplicates");
-    }
-
     // ---- the real test model ---------------------------------------------------------------
 
     #[test]
     fn smollm2_opens_and_validates() {
         // Expected values were read independently with the `gguf` Python package (0.19.0).
-        let file = GgufFile::open_validated(crate::test_models::smollm2()).expect("valid model");
+        let file = GgufFile::open_validated(crate::testing::smollm2()).expect("valid model");
         assert_eq!(file.version(), 3);
         assert_eq!(file.file_bytes(), 98_362_432);
         assert_eq!(file.architecture(), Some("llama"));

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use llama_tiered::llama::gguf_write::GgmlType;
-use llama_tiered::synth::{self, SynthSpec, WriteReport};
+use hypura_synth::{self as synth, SynthSpec, WriteReport};
 
 const USAGE: &str = "\
 usage:

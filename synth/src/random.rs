@@ -1,4 +1,4 @@
-//! Synthetic GGUF models for tests and benchmarks.
+//! Synthetic GGUF models for tests and benchmarks, written through llama.cpp's gguf API.
 //!
 //! Two kinds:
 //! - [`write`]: random weights in the shapes of real models (Llama-8B/70B,
@@ -15,10 +15,11 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::llama::gguf_write::{
+use llama_tiered::llama::gguf_write::{
     dequantize, quantize_rows, quantize_rows_into, GgmlType, GgufBuilder, GgufError, GgufReader,
     GgufStreamWriter, TensorInfo,
 };
+use llama_tiered::rng::Rng;
 
 /// What went wrong while writing a synthetic or derived model.
 #[derive(Debug, thiserror::Error)]
@@ -601,54 +602,6 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// SplitMix64: tiny, fast, and the same on every platform and version.
-/// Also the crate's generator for benchmark data and offsets (`hwprobe`,
-/// `llama::probe`).
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Uniform in [-1, 1).
-    pub(crate) fn signed_unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// Uniform in [0, n), n > 0.
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Normal values (Box-Muller).
-    fn fill_normal(&mut self, out: &mut [f32], mean: f32, std: f32) {
-        for pair in out.chunks_mut(2) {
-            let u1 = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-            let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            let r = (-2.0 * u1.ln()).sqrt();
-            let t = std::f64::consts::TAU * u2;
-            pair[0] = mean + std * (r * t.cos()) as f32;
-            if let Some(second) = pair.get_mut(1) {
-                *second = mean + std * (r * t.sin()) as f32;
-            }
-        }
-    }
-}
-
 /// A seed for stream `stream` of generator `seed`.
 fn mix(seed: u64, stream: u64) -> u64 {
     Rng::new(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64()
@@ -1007,11 +960,13 @@ fn format_dims(dims: &[u64]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::llama::gguf_write::dequantize_into;
-    use hypura_llama_sys as sys;
-    use std::ffi::CString;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use llama_tiered::llama::gguf_write::dequantize_into;
+    use llama_tiered::llama::{Batch, Context, ContextParams, Model, ModelParams};
+
+    use super::*;
 
     /// A file in the temp dir, unique per process and call, removed on drop.
     struct TempFile(PathBuf);
@@ -1031,7 +986,7 @@ mod tests {
         }
     }
 
-    /// What a greedy run through raw llama.cpp gave.
+    /// What a greedy run through llama.cpp gave.
     struct Greedy {
         prompt_tokens: Vec<i32>,
         generated: Vec<i32>,
@@ -1042,102 +997,51 @@ mod tests {
     /// Loads `path` with llama.cpp's defaults, decodes `prompt` (with BOS) and
     /// greedily generates up to `n_gen` tokens, asserting every logit is finite.
     fn greedy(path: &Path, prompt: &str, n_gen: usize) -> Greedy {
-        crate::llama::init_backend();
-        let c_path = CString::new(path.to_str().unwrap()).unwrap();
-        // SAFETY: plain struct of defaults; the path is NUL-terminated.
-        let model = unsafe {
-            sys::llama_model_load_from_file(c_path.as_ptr(), sys::llama_model_default_params())
-        };
-        assert!(
-            !model.is_null(),
-            "llama.cpp could not load {}",
-            path.display()
+        let model = Arc::new(
+            Model::load(path, ModelParams::default())
+                .unwrap_or_else(|e| panic!("llama.cpp could not load {}: {e}", path.display())),
         );
-        // SAFETY: plain struct of defaults.
-        let mut cparams = unsafe { sys::llama_context_default_params() };
-        cparams.n_ctx = 128;
-        cparams.n_batch = 128;
-        cparams.n_ubatch = 128;
-        cparams.n_threads = 2;
-        cparams.n_threads_batch = 2;
-        // SAFETY: model is a live model.
-        let ctx = unsafe { sys::llama_init_from_model(model, cparams) };
-        assert!(!ctx.is_null(), "no context for {}", path.display());
-        // SAFETY: model is live; the vocab lives as long as the model.
-        let vocab = unsafe { sys::llama_model_get_vocab(model) };
-        // SAFETY: as above.
-        let n_vocab = unsafe { sys::llama_vocab_n_tokens(vocab) } as usize;
-
-        let mut tokens = vec![0i32; prompt.len() + 8];
-        // SAFETY: text pointer/length describe `prompt`; `tokens` has room for the count given.
-        let n = unsafe {
-            sys::llama_tokenize(
-                vocab,
-                prompt.as_ptr().cast(),
-                prompt.len() as i32,
-                tokens.as_mut_ptr(),
-                tokens.len() as i32,
-                true,
-                false,
-            )
+        let params = ContextParams {
+            n_ctx: 128,
+            n_batch: 128,
+            n_threads: 2,
+            ..Default::default()
         };
-        assert!(n > 0, "tokenize returned {n}");
-        tokens.truncate(n as usize);
-        let prompt_tokens = tokens.clone();
+        let mut ctx = Context::new(Arc::clone(&model), &params).expect("a context");
+        let prompt_tokens = model.tokenize(prompt, true, false).expect("tokenize");
+        assert!(!prompt_tokens.is_empty(), "tokenize returned nothing");
 
-        let mut generated = Vec::new();
-        let mut text = Vec::new();
-        let mut batch_tokens = tokens;
+        let mut batch = Batch::new(128);
+        let (mut generated, mut text) = (Vec::new(), Vec::new());
+        let mut next_input = prompt_tokens.clone();
+        let mut pos = 0;
         for _ in 0..n_gen {
-            // SAFETY: batch_tokens outlives the decode call, which only reads it.
-            let batch = unsafe {
-                sys::llama_batch_get_one(batch_tokens.as_mut_ptr(), batch_tokens.len() as i32)
-            };
-            // SAFETY: ctx is live; the batch fits n_batch and the context.
-            assert_eq!(
-                unsafe { sys::llama_decode(ctx, batch) },
-                0,
-                "llama_decode failed"
-            );
-            // SAFETY: the last decode computed logits for its last token: n_vocab floats.
-            let logits =
-                unsafe { std::slice::from_raw_parts(sys::llama_get_logits_ith(ctx, -1), n_vocab) };
+            batch.clear();
+            let mut row = 0;
+            for (i, &token) in next_input.iter().enumerate() {
+                row = batch
+                    .push(token, pos, 0, i + 1 == next_input.len())
+                    .expect("batch room");
+                pos += 1;
+            }
+            ctx.decode(&batch).expect("llama_decode");
+            let logits = ctx.logits(row).expect("logits of the last token");
             assert!(logits.iter().all(|l| l.is_finite()), "non-finite logits");
-            let next = (0..n_vocab)
+            let next = (0..logits.len())
                 .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
                 .unwrap() as i32;
             generated.push(next);
-            // SAFETY: vocab is live; `next` is a valid token id.
-            if unsafe { sys::llama_vocab_is_eog(vocab, next) } {
+            if model.is_eog(next) {
                 break;
             }
-            let mut piece = [0u8; 64];
-            // SAFETY: piece has the given capacity; llama.cpp writes at most that.
-            let len = unsafe {
-                sys::llama_token_to_piece(vocab, next, piece.as_mut_ptr().cast(), 64, 0, false)
-            };
-            text.extend_from_slice(&piece[..len.max(0) as usize]);
-            batch_tokens = vec![next];
-        }
-
-        let key = CString::new("llama.expert_count").unwrap();
-        let mut buf = [0u8; 32];
-        // SAFETY: buf has the given capacity; llama.cpp NUL-terminates within it.
-        let len = unsafe {
-            sys::llama_model_meta_val_str(model, key.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        };
-        let expert_count =
-            (len >= 0).then(|| String::from_utf8_lossy(&buf[..len as usize]).into_owned());
-        // SAFETY: the context goes before its model; neither is used afterwards.
-        unsafe {
-            sys::llama_free(ctx);
-            sys::llama_model_free(model);
+            text.extend_from_slice(&model.token_to_bytes(next, false));
+            next_input = vec![next];
         }
         Greedy {
             prompt_tokens,
             generated,
             text: String::from_utf8_lossy(&text).into_owned(),
-            expert_count,
+            expert_count: model.meta("llama.expert_count"),
         }
     }
 
@@ -1253,7 +1157,7 @@ mod tests {
 
     #[test]
     fn synth_derived_smollm2_moe_says_paris() {
-        let src = crate::test_models::smollm2();
+        let src = llama_tiered::test_models::smollm2();
         let dst = TempFile::new("smollm2-moe");
         let report = derive_moe_from_dense(&src, &dst.0, 4, 2, 0.01, 7).unwrap();
         eprintln!("derived {} bytes in {:.2} s", report.bytes, report.seconds);

@@ -1,7 +1,7 @@
 //! The engine's error type.
 use std::path::PathBuf;
 
-use crate::gguf::GgufError;
+use hypura_gguf::GgufError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -16,11 +16,12 @@ use hypura_scheduler::profile::{
     CpuProfile, DiskProfile, DiskReadPoint, GpuProfile, HardwareProfile, RamProfile,
     PROFILE_VERSION,
 };
+use hypura_gguf::paths;
 use hypura_scheduler::size::format_bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::llama::probe::{self, Device, DeviceProbeError, MatvecSpec};
-use crate::synth::Rng;
+use crate::rng::Rng;
 
 /// Name of the cached profile inside the cache directory.
 pub const CACHE_FILE_NAME: &str = "profile.json";
@@ -126,19 +127,14 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 
 /// The cache directory: `$HYPURA_CACHE_DIR`, else `~/.cache/hypura`.
 pub fn default_cache_dir() -> Result<PathBuf, ProfileError> {
-    if let Some(dir) = std::env::var_os("HYPURA_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
-    let home = home.ok_or(ProfileError::NoCacheDir)?;
-    Ok(PathBuf::from(home).join(".cache/hypura"))
+    paths::cache_dir().ok_or(ProfileError::NoCacheDir)
 }
 
 /// The directory whose volume is measured when none is given:
 /// `$HYPURA_MODELS_DIR`, else `./models` if it exists, else `cache_dir`.
 pub fn default_disk_path(cache_dir: &Path) -> PathBuf {
-    if let Some(dir) = std::env::var_os("HYPURA_MODELS_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
+    if let Some(dir) = paths::models_dir_override() {
+        return dir;
     }
     let models = PathBuf::from("models");
     if models.is_dir() {

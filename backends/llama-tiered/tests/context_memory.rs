@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use llama_tiered::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 use llama_tiered::llama::{gpu_devices, Batch, ContextParams};
-use llama_tiered::synth::{self, SynthSpec};
+use hypura_synth::{self as synth, SynthSpec};
 use llama_tiered::tiered::{
     context_memory, ContextMemory, GpuShare, Mode, TieredModel, TieredParams,
 };

@@ -2,10 +2,11 @@
 use std::sync::Arc;
 
 use hypura_llama_sys as sys;
-use llama_tiered::chat::ChatMessage;
-use llama_tiered::generate::{generate, FinishReason, GenerateParams};
+use hypura_chat::ChatMessage;
+use llama_tiered::engine::generate::{generate, FinishReason, GenerateParams};
 use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
-use llama_tiered::{prompt, test_models, EngineError};
+use llama_tiered::engine::prompt;
+use llama_tiered::{test_models, EngineError};
 
 fn smollm2() -> Arc<Model> {
     test_models::smollm2_model()

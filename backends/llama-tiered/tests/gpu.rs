@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use hypura_scheduler::roles::{classify, TensorRole};
-use llama_tiered::generate::{generate, GenerateParams};
-use llama_tiered::gguf::GgufFile;
+use llama_tiered::engine::generate::{generate, GenerateParams};
+use hypura_gguf::GgufFile;
 use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
-use llama_tiered::synth::{self, SynthSpec};
+use hypura_synth::{self as synth, SynthSpec};
 use llama_tiered::tiered::{gpu, GpuShare, Mode, Placement, Tier, TieredModel, TieredParams};
-use llama_tiered::{prompt, test_models};
+use llama_tiered::engine::prompt;
+use llama_tiered::test_models;
 
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hypura-gpu-{}-{name}", std::process::id()))

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use clap::Args;
 use hypura_scheduler::size::format_bytes;
-use llama_tiered::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::{Mode, StreamStats, TieredModel, TieredParams};
 use serde_json::json;

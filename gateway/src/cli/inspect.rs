@@ -8,9 +8,9 @@ use clap::Args;
 use hypura_scheduler::plan::{self, Budgets, Plan, PlanRequest};
 use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
 use hypura_scheduler::size::format_bytes;
-use llama_tiered::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 use llama_tiered::hwprobe;
-use llama_tiered::inspect::ModelReport;
+use hypura_gguf::inspect::ModelReport;
 use llama_tiered::tiered::{placement, Mode};
 use serde_json::json;
 

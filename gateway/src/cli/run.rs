@@ -7,11 +7,11 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Args;
 use hypura_scheduler::plan::Plan;
-use llama_tiered::chat::ChatMessage;
-use llama_tiered::generate::{generate, Completion, GenerateParams};
-use llama_tiered::gguf::GgufFile;
+use hypura_chat::ChatMessage;
+use llama_tiered::engine::generate::{generate, Completion, GenerateParams};
+use hypura_gguf::GgufFile;
 use llama_tiered::llama::{Context, ContextParams, SamplingParams};
-use llama_tiered::prompt;
+use llama_tiered::engine::prompt;
 use llama_tiered::tiered::{GpuShare, Mode, Placement, PlannedLoad, TieredModel, TieredParams};
 use serde_json::json;
 
@@ -297,7 +297,7 @@ fn chat_loop(ctx: &mut Context, args: &RunArgs, params: &GenerateParams) -> anyh
 
 fn answer(
     ctx: &mut Context,
-    template: &llama_tiered::chat::ChatTemplate,
+    template: &hypura_chat::ChatTemplate,
     history: &mut Vec<ChatMessage>,
     params: &GenerateParams,
 ) -> anyhow::Result<()> {

@@ -15,9 +15,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::StreamExt;
-use llama_tiered::chat::ChatMessage;
-use llama_tiered::generate::Completion;
-use llama_tiered::tools::{self, ToolFamily, ToolStream};
+use hypura_chat::ChatMessage;
+use llama_tiered::engine::generate::Completion;
+use hypura_chat::tools::{self, ToolFamily, ToolStream};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
@@ -756,7 +756,7 @@ pub async fn show(
     let template = info
         .chat_template
         .clone()
-        .unwrap_or_else(|| llama_tiered::prompt::CHATML_TEMPLATE.to_string());
+        .unwrap_or_else(|| llama_tiered::engine::prompt::CHATML_TEMPLATE.to_string());
     let context = state
         .registry
         .settings()

@@ -13,7 +13,7 @@
 //!   streaming hook runs, so it decodes at llama.cpp's own speed. Moving into
 //!   or out of it loads the other placement beside the current one, switches
 //!   the engine between two decode steps (requests in flight go on, KV cache
-//!   copied), then frees the old ([`llama_tiered::batch::BatchEngine::switch_model`]);
+//!   copied), then frees the old ([`llama_tiered::engine::BatchEngine::switch_model`]);
 //!   the policy charges both until then ([`ModelSpec::full_is_separate`]).
 //!
 //! Charged per model and placement: resident weights per tier + what its

@@ -8,7 +8,7 @@
 //! - `tools` are checked against the model's chat template (a template that
 //!   never mentions `tools` cannot describe them: 400, as Ollama), rendered
 //!   through it, and the reply is parsed back into calls with the template
-//!   family's syntax ([`llama_tiered::tools`]). `tool_choice`: `auto`
+//!   family's syntax ([`hypura_chat::tools`]). `tool_choice`: `auto`
 //!   (default) parses whatever the model writes, `none` leaves the tools
 //!   out, `required` or `{"type": "function", "function": {"name"}}` force one
 //!   call with a grammar.
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
-use llama_tiered::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
+use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;

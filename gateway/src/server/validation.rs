@@ -4,7 +4,7 @@
 //! which field was wrong and how.
 use std::time::Duration;
 
-use llama_tiered::generate::GenerateParams;
+use llama_tiered::engine::generate::GenerateParams;
 use llama_tiered::llama::SamplingParams;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;

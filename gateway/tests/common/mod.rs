@@ -9,18 +9,7 @@ use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1:latest";
 
-pub fn smollm2() -> PathBuf {
-    let dir = std::env::var_os("HYPURA_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"));
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-models.sh",
-        path.display()
-    );
-    path
-}
+pub use hypura_gguf::testing::smollm2;
 
 /// A running server; killed when dropped.
 pub struct Server {

@@ -1,5 +1,5 @@
 //! From messages or raw text to the token ids fed to the model.
-use crate::chat::{ChatMessage, ChatTemplate, RenderOptions};
+use hypura_chat::{ChatMessage, ChatTemplate, RenderOptions};
 use crate::error::EngineError;
 use crate::llama::Model;
 

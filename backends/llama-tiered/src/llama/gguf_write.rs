@@ -947,3 +947,45 @@ impl GgufReader {
         Ok(buf)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use hypura_gguf::reader::{ggml_type, GGML_TYPES, GGML_TYPE_COUNT, REMOVED_GGML_TYPES};
+
+    /// hypura-gguf's copy of ggml's type table (it builds without llama.cpp) matches ggml's.
+    #[test]
+    fn type_table_matches_ggml() {
+        use std::ffi::CStr;
+        assert_eq!(GGML_TYPE_COUNT, hypura_llama_sys::GGML_TYPE_COUNT);
+        for id in 0..GGML_TYPE_COUNT {
+            // SAFETY: `id` is below GGML_TYPE_COUNT, the size of ggml's type_traits table;
+            // these functions only read that table. ggml_type_name returns a pointer to a
+            // static NUL-terminated string.
+            let (block, size, name) = unsafe {
+                (
+                    hypura_llama_sys::ggml_blck_size(id),
+                    hypura_llama_sys::ggml_type_size(id),
+                    CStr::from_ptr(hypura_llama_sys::ggml_type_name(id)),
+                )
+            };
+            let removed = REMOVED_GGML_TYPES.iter().any(|(r, _)| *r == id);
+            match ggml_type(id) {
+                Some(ty) => {
+                    assert!(!removed, "type {id} is in both tables");
+                    assert_eq!(ty.block_size, block as u64, "block size of {id}");
+                    assert_eq!(ty.bytes_per_block, size as u64, "type size of {id}");
+                    assert_eq!(Some(ty.name), name.to_str().ok(), "name of {id}");
+                }
+                None => {
+                    assert!(removed, "type {id} ({name:?}) is missing from GGML_TYPES");
+                    assert_eq!(block, 0, "removed type {id} has a block size in ggml");
+                }
+            }
+        }
+        let ids: Vec<u32> = GGML_TYPES.iter().map(|t| t.id).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(ids, sorted, "GGML_TYPES is sorted by id without duplicates");
+    }
+}

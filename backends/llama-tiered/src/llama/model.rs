@@ -198,7 +198,7 @@ impl Model {
     /// (header, tensors inside the file, tokenizer sanity, architecture) so a
     /// malformed file is an error rather than a crash inside llama.cpp.
     pub fn load(path: &Path, params: ModelParams<'_>) -> Result<Model, EngineError> {
-        crate::gguf::GgufFile::open(path)?.validate()?;
+        hypura_gguf::GgufFile::open(path)?.validate()?;
         super::backend::init();
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))

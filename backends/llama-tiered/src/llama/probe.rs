@@ -15,7 +15,7 @@ use std::time::Instant;
 use hypura_llama_sys as sys;
 
 use super::gguf_write::{quantize_rows, GgmlType};
-use crate::synth::Rng;
+use crate::rng::Rng;
 
 /// What ggml says a device is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

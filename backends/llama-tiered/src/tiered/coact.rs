@@ -89,9 +89,6 @@ pub fn stats_path(
 }
 
 fn default_cache_dir() -> std::io::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("HYPURA_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    let home = std::env::var_os("HOME").ok_or_else(|| std::io::Error::other("HOME is not set"))?;
-    Ok(PathBuf::from(home).join(".cache/hypura"))
+    hypura_gguf::paths::cache_dir()
+        .ok_or_else(|| std::io::Error::other("neither HYPURA_CACHE_DIR nor HOME is set"))
 }

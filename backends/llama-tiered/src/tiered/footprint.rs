@@ -3,7 +3,7 @@
 use hypura_scheduler::roles::layer_index;
 
 use super::placement::{is_streamed, Mode};
-use crate::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 
 /// Memory of one model under its streaming mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

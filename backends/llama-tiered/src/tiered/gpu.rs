@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use hypura_scheduler::roles::{classify, layer_index, TensorRole};
 
 use super::placement::{Placement, Tier};
-use crate::gguf::{GgufFile, TensorInfo};
+use hypura_gguf::{GgufFile, TensorInfo};
 use crate::llama::GpuOffload;
 
 /// How much of a model the GPU tier takes, by the simple rule of this

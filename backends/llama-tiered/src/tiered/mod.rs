@@ -22,7 +22,7 @@ pub use placement::{Mode, Placement, Tier};
 pub use streamer::{StreamStats, Streamer};
 
 use crate::error::EngineError;
-use crate::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 pub use crate::llama::ContextMemory;
 use crate::llama::{
     Context, ContextParams, EvalHook, LoadReport, Model, ModelParams, StreamBufferType,

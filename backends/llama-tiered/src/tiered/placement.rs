@@ -7,7 +7,7 @@ use serde::Serialize;
 // The planner owns these; re-exported so engine code keeps its paths.
 pub use hypura_scheduler::plan::{is_streamed, Mode, Tier};
 
-use crate::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 
 /// The tier of every tensor of a model.
 #[derive(Debug, Clone, Serialize)]

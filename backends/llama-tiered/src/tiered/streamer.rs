@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use super::coact::Coactivation;
 use super::placement::Mode;
-use crate::gguf::GgufFile;
+use hypura_gguf::GgufFile;
 use crate::llama::{EvalHook, Node, StreamRegion, PAGE};
 
 /// `(layer, expert)`; dense units use expert 0.
