@@ -1642,7 +1642,9 @@ mod tests {
             let id = usize::try_from(file.get_u64(key).expect("token id")).expect("fits");
             tokens[id].to_string_lossy().into_owned()
         };
-        let source = file.get_str("tokenizer.chat_template").expect("chat template");
+        let source = file
+            .get_str("tokenizer.chat_template")
+            .expect("chat template");
         (
             source.to_string(),
             token("tokenizer.ggml.bos_token_id"),

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{client, wait_until, Server};
-use llama_tiered::engine::BatchConfig;
 use hypura_gguf::GgufFile;
 use hypura_synth as synth;
+use llama_tiered::engine::BatchConfig;
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, Mode, TieredParams};
 use serde_json::{json, Value};

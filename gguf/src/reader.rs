@@ -1594,8 +1594,8 @@ fn tensor_size(dims: &[u64], ty: &GgmlType) -> Result<(u64, u64), String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::*;
     use super::*;
+    use crate::testing::*;
 
     fn open_bytes(bytes: &[u8]) -> Result<GgufFile, GgufError> {
         let file = TempFile::new(bytes);

@@ -224,8 +224,8 @@ impl TempFile {
     pub fn new(bytes: &[u8]) -> TempFile {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir()
-            .join(format!("hypura-gguf-test-{}-{n}.gguf", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("hypura-gguf-test-{}-{n}.gguf", std::process::id()));
         std::fs::write(&path, bytes).expect("write temp file");
         TempFile(path)
     }

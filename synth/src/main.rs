@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use llama_tiered::llama::gguf_write::GgmlType;
 use hypura_synth::{self as synth, SynthSpec, WriteReport};
+use llama_tiered::llama::gguf_write::GgmlType;
 
 const USAGE: &str = "\
 usage:

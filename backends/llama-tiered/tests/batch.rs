@@ -3,10 +3,10 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use llama_tiered::engine::{BatchConfig, BatchEngine, EventSink, GenerateRequest, GenerationEvent};
 use llama_tiered::engine::generate::{generate, Completion, FinishReason, GenerateParams};
-use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
 use llama_tiered::engine::prompt;
+use llama_tiered::engine::{BatchConfig, BatchEngine, EventSink, GenerateRequest, GenerationEvent};
+use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
 use llama_tiered::{test_models, EngineError};
 
 /// How long any single wait in these tests may take before it is a failure.

@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use hypura_gguf::GgufFile;
-use llama_tiered::llama::{gpu_devices, Batch, ContextParams};
 use hypura_synth::{self as synth, SynthSpec};
+use llama_tiered::llama::{gpu_devices, Batch, ContextParams};
 use llama_tiered::tiered::{
     context_memory, ContextMemory, GpuShare, Mode, TieredModel, TieredParams,
 };

@@ -1,11 +1,11 @@
 //! The engine against real llama.cpp on the real SmolLM2 model.
 use std::sync::Arc;
 
-use hypura_llama_sys as sys;
 use hypura_chat::ChatMessage;
+use hypura_llama_sys as sys;
 use llama_tiered::engine::generate::{generate, FinishReason, GenerateParams};
-use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
 use llama_tiered::engine::prompt;
+use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
 use llama_tiered::{test_models, EngineError};
 
 fn smollm2() -> Arc<Model> {

@@ -4,14 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use hypura_scheduler::roles::{classify, TensorRole};
-use llama_tiered::engine::generate::{generate, GenerateParams};
 use hypura_gguf::GgufFile;
-use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
+use hypura_scheduler::roles::{classify, TensorRole};
 use hypura_synth::{self as synth, SynthSpec};
-use llama_tiered::tiered::{gpu, GpuShare, Mode, Placement, Tier, TieredModel, TieredParams};
+use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
+use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
 use llama_tiered::test_models;
+use llama_tiered::tiered::{gpu, GpuShare, Mode, Placement, Tier, TieredModel, TieredParams};
 
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hypura-gpu-{}-{name}", std::process::id()))

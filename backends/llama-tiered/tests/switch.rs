@@ -6,13 +6,13 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
 
-use llama_tiered::engine::{BatchConfig, BatchEngine, GenerateRequest, GenerationEvent};
-use llama_tiered::engine::generate::{Completion, GenerateParams};
 use hypura_gguf::GgufFile;
+use llama_tiered::engine::generate::{Completion, GenerateParams};
+use llama_tiered::engine::prompt;
+use llama_tiered::engine::{BatchConfig, BatchEngine, GenerateRequest, GenerationEvent};
 use llama_tiered::llama::{json_schema_to_grammar, Model, ModelParams, SamplingParams};
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{Mode, TieredModel, TieredParams};
-use llama_tiered::engine::prompt;
 use llama_tiered::{test_models, EngineError};
 
 const DEADLINE: Duration = Duration::from_secs(120);

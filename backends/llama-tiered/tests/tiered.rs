@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use llama_tiered::engine::generate::{generate, GenerateParams};
 use hypura_gguf::GgufFile;
-use llama_tiered::llama::{Batch, Context, ContextParams, SamplingParams};
 use hypura_synth::{self as synth, SynthSpec};
-use llama_tiered::tiered::{Mode, Streamer, Tier, TieredModel, TieredParams};
+use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
+use llama_tiered::llama::{Batch, Context, ContextParams, SamplingParams};
+use llama_tiered::tiered::{Mode, Streamer, Tier, TieredModel, TieredParams};
 use llama_tiered::{test_models, EngineError};
 
 const PROMPT: &str = "The history of the city of Paris begins";

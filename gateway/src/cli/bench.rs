@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use hypura_scheduler::size::format_bytes;
 use hypura_gguf::GgufFile;
+use hypura_scheduler::size::format_bytes;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::{Mode, StreamStats, TieredModel, TieredParams};
 use serde_json::json;

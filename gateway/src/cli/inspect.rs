@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use clap::Args;
+use hypura_gguf::inspect::ModelReport;
+use hypura_gguf::GgufFile;
 use hypura_scheduler::plan::{self, Budgets, Plan, PlanRequest};
 use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
 use hypura_scheduler::size::format_bytes;
-use hypura_gguf::GgufFile;
 use llama_tiered::hwprobe;
-use hypura_gguf::inspect::ModelReport;
 use llama_tiered::tiered::{placement, Mode};
 use serde_json::json;
 

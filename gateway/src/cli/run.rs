@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Args;
-use hypura_scheduler::plan::Plan;
 use hypura_chat::ChatMessage;
-use llama_tiered::engine::generate::{generate, Completion, GenerateParams};
 use hypura_gguf::GgufFile;
-use llama_tiered::llama::{Context, ContextParams, SamplingParams};
+use hypura_scheduler::plan::Plan;
+use llama_tiered::engine::generate::{generate, Completion, GenerateParams};
 use llama_tiered::engine::prompt;
+use llama_tiered::llama::{Context, ContextParams, SamplingParams};
 use llama_tiered::tiered::{GpuShare, Mode, Placement, PlannedLoad, TieredModel, TieredParams};
 use serde_json::json;
 

@@ -9,11 +9,11 @@
 //! request still waiting for a slot or in prompt evaluation ends at once.
 use std::time::Instant;
 
-use llama_tiered::engine::{BatchEngine, GenerateRequest, GenerationEvent, RequestId};
+use hypura_chat::tools::{ParsedReply, ToolStream};
 use hypura_chat::{ChatMessage, ChatTemplate, RenderOptions};
 use llama_tiered::engine::generate::{Completion, FinishReason, GenerateParams};
 use llama_tiered::engine::prompt;
-use hypura_chat::tools::{ParsedReply, ToolStream};
+use llama_tiered::engine::{BatchEngine, GenerateRequest, GenerationEvent, RequestId};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 

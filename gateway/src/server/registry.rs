@@ -15,19 +15,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dashmap::DashMap;
-use llama_tiered::engine::{BatchConfig, BatchEngine};
 use hypura_chat::ChatTemplate;
-use hypura_gguf::{GgufFile, GgufValue};
 use hypura_gguf::inspect::file_type_name;
-use llama_tiered::llama::{Model, ModelParams};
+use hypura_gguf::{GgufFile, GgufValue};
 use llama_tiered::engine::prompt;
+use llama_tiered::engine::{BatchConfig, BatchEngine};
+use llama_tiered::llama::{Model, ModelParams};
 use moka::sync::Cache;
 use moka::Expiry;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use hypura_scheduler::budget::{Admission, Footprint, Move, Residency};
 use hypura_gguf::GgufFile as HeaderFile;
+use hypura_scheduler::budget::{Admission, Footprint, Move, Residency};
 use llama_tiered::tiered::footprint::{resident_weights, StreamFootprint};
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 

@@ -15,8 +15,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
 use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
+use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;

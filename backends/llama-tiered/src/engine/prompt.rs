@@ -1,7 +1,7 @@
 //! From messages or raw text to the token ids fed to the model.
-use hypura_chat::{ChatMessage, ChatTemplate, RenderOptions};
 use crate::error::EngineError;
 use crate::llama::Model;
+use hypura_chat::{ChatMessage, ChatTemplate, RenderOptions};
 
 /// ChatML, used for models whose GGUF carries no `tokenizer.chat_template`
 /// (llama.cpp's server falls back to it too).

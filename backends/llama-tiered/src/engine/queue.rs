@@ -410,7 +410,6 @@ impl BatchEngine {
     pub fn shutdown(&self) {
         self.inner.shutdown();
     }
-
 }
 
 impl Inner {

@@ -29,7 +29,12 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    pub(super) fn new(id: RequestId, prompt: Vec<i32>, sequence: Sequence, sink: EventSink) -> Slot {
+    pub(super) fn new(
+        id: RequestId,
+        prompt: Vec<i32>,
+        sequence: Sequence,
+        sink: EventSink,
+    ) -> Slot {
         Slot {
             id,
             sink,
@@ -522,7 +527,8 @@ mod tests {
             .unwrap()
         };
         let prompt =
-            super::super::prompt::tokenize_raw(&model, "Is Paris in France? Answer in JSON:").unwrap();
+            super::super::prompt::tokenize_raw(&model, "Is Paris in France? Answer in JSON:")
+                .unwrap();
         let receivers: Vec<_> = [schema(r#"["yes","no"]"#), schema("[1,2,3]")]
             .into_iter()
             .map(|grammar| {

@@ -1,8 +1,12 @@
 //! `hypura profile`: measures this machine once — CPU, RAM, GPUs, the disk
 //! holding the models — and caches the [`HardwareProfile`] the planner reads.
 //!
-//! Everything here is safe Rust; the ggml parts (devices, the Q4_K matvec,
-//! host → device copies) are in [`crate::llama::probe`].
+//! - this module: the profile, its cache, RAM and disk measurements;
+//! - [`device`]: CPU and GPU measurements (a Q4_K matvec, host → device copies).
+//!
+//! Everything here is safe Rust, over the FFI wrappers of [`crate::llama::device`].
+pub mod device;
+
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
@@ -12,15 +16,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use hypura_gguf::paths;
 use hypura_scheduler::profile::{
     CpuProfile, DiskProfile, DiskReadPoint, GpuProfile, HardwareProfile, RamProfile,
     PROFILE_VERSION,
 };
-use hypura_gguf::paths;
 use hypura_scheduler::size::format_bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::llama::probe::{self, Device, DeviceProbeError, MatvecSpec};
+use self::device::MatvecSpec;
+use crate::llama::device::{self as devices, Device, DeviceProbeError};
 use crate::rng::Rng;
 
 /// Name of the cached profile inside the cache directory.
@@ -320,13 +325,13 @@ pub fn measure(disk_path: &Path, effort: Effort) -> Result<HardwareProfile, Prof
         runs: amounts.matvec_runs,
         threads,
     };
-    let cpu_device = probe::cpu_device()?;
+    let cpu_device = devices::cpu_device()?;
     let cpu = CpuProfile {
         model: read_cpu_model(),
         threads,
-        q4k_matvec_gbps: probe::q4k_matvec_gbps(&cpu_device, &matvec)?,
+        q4k_matvec_gbps: device::q4k_matvec_gbps(&cpu_device, &matvec)?,
     };
-    let gpus = probe::devices()
+    let gpus = devices::devices()
         .iter()
         .filter(|d| d.is_gpu())
         .map(|d| measure_gpu(d, &matvec, &amounts))
@@ -349,8 +354,8 @@ fn measure_gpu(
     matvec: &MatvecSpec,
     amounts: &Amounts,
 ) -> Result<GpuProfile, ProfileError> {
-    let q4k_matvec_gbps = probe::q4k_matvec_gbps(dev, matvec)?;
-    let copies = probe::host_to_device_gbps(dev, amounts.copy_bytes, amounts.copy_runs)?;
+    let q4k_matvec_gbps = device::q4k_matvec_gbps(dev, matvec)?;
+    let copies = device::host_to_device_gbps(dev, amounts.copy_bytes, amounts.copy_runs)?;
     let pinned = copies.pinned_gbps.unwrap_or_else(|| {
         tracing::warn!(
             "{} has no pinned host buffer type: reporting pageable copies as pinned",
@@ -595,7 +600,7 @@ fn write_scratch(path: &Path, len: u64) -> io::Result<()> {
     }
     file.sync_all()?;
     if !direct {
-        probe::evict_from_page_cache(&file)?;
+        devices::evict_from_page_cache(&file)?;
     }
     Ok(())
 }
@@ -622,7 +627,7 @@ fn open_for_reads(path: &Path) -> io::Result<(File, bool)> {
         path.display()
     );
     let file = open(0)?;
-    probe::evict_from_page_cache(&file)?;
+    devices::evict_from_page_cache(&file)?;
     Ok((file, false))
 }
 
@@ -797,27 +802,7 @@ mod tests {
                 read_gbps: 80.0,
             },
             gpus: vec![],
-            disk: DiskProfile {
-                path: "/models".into(),
-                o_direct: true,
-                reads: vec![
-                    DiskReadPoint {
-                        block_bytes: 64 << 10,
-                        queue_depth: 1,
-                        gbps: 0.25,
-                    },
-                    DiskReadPoint {
-                        block_bytes: 64 << 10,
-                        queue_depth: 32,
-                        gbps: 1.0,
-                    },
-                    DiskReadPoint {
-                        block_bytes: 16 << 20,
-                        queue_depth: 1,
-                        gbps: 1.25,
-                    },
-                ],
-            },
+            disk: hypura_scheduler::profile::fixtures::disk(),
         }
     }
 
@@ -878,8 +863,8 @@ RAM       128.0 GiB total, 100.0 GiB available, read 80.0 GB/s
 GPU       none
 disk      /models (O_DIRECT)
   GB/s           QD1    QD32
-  64.0 KiB      0.25    1.00
-  16.0 MiB      1.25       -
+  64.0 KiB      0.30    1.00
+  16.0 MiB      1.20    1.30
 ";
         assert_eq!(text, expected);
     }

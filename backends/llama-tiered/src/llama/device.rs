@@ -1,21 +1,19 @@
-//! The FFI half of `hypura profile`: ggml's compute devices, a Q4_K matrix ×
-//! vector timed on any of them, and host → device copies.
+//! ggml's compute devices, for [`crate::hwprobe`] to measure: enumerating them, a matrix ×
+//! vector graph in a device's own memory, a device tensor to copy host bytes into, a device's
+//! pinned host memory, and dropping a file's cached pages.
 //!
-//! The matvec and the copies take a [`Device`] whatever its kind, so the CPU
-//! (always present) runs exactly the code a GPU runs. The safe orchestration
-//! (RAM, disk, caching) lives in [`crate::hwprobe`].
+//! Everything takes a [`Device`] whatever its kind, so the CPU (always present) runs exactly
+//! the code a GPU runs. What to time and how lives in [`crate::hwprobe`].
 use std::ffi::{c_char, CStr};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Once;
-use std::time::Instant;
 
 use hypura_llama_sys as sys;
 
-use super::gguf_write::{quantize_rows, GgmlType};
-use crate::rng::Rng;
+use super::gguf_write::GgmlType;
 
 /// What ggml says a device is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +138,7 @@ impl Device {
         matches!(self.kind, DeviceKind::Gpu | DeviceKind::IntegratedGpu)
     }
 
-    fn failed(&self, what: impl Into<String>) -> DeviceProbeError {
+    pub(crate) fn failed(&self, what: impl Into<String>) -> DeviceProbeError {
         DeviceProbeError::Failed {
             device: self.name.clone(),
             what: what.into(),
@@ -153,63 +151,6 @@ impl Device {
             what,
             bytes,
         }
-    }
-}
-
-/// How big and how often the Q4_K matvec is timed.
-#[derive(Debug, Clone, Copy)]
-pub struct MatvecSpec {
-    /// The weight is at least this many bytes (make it exceed the last-level cache).
-    pub min_weight_bytes: u64,
-    /// Timed graph computations; the median is reported.
-    pub runs: u32,
-    /// Threads for a CPU-kind device (others ignore it).
-    pub threads: u32,
-}
-
-/// Columns of the weight (elements per row): a Llama-8B hidden size.
-const MATVEC_COLS: i64 = 4096;
-/// Rows quantized once and repeated through the weight.
-const MATVEC_TILE_ROWS: i64 = 256;
-
-/// Rate at which `dev` consumes a Q4_K weight in `W × x` (x an F32 vector), in
-/// GB/s (10^9 bytes): weight bytes ÷ median time of one product. The weight
-/// lives in the device's own buffer type and holds valid Q4_K blocks
-/// (quantized random floats, so no NaN or denormal slow paths).
-pub fn q4k_matvec_gbps(dev: &Device, spec: &MatvecSpec) -> Result<f64, DeviceProbeError> {
-    let row_bytes = GgmlType::Q4_K
-        .row_bytes(MATVEC_COLS as usize)
-        .ok_or_else(|| dev.failed("Q4_K row size unknown"))? as u64;
-    let rows = spec
-        .min_weight_bytes
-        .div_ceil(row_bytes)
-        .next_multiple_of(MATVEC_TILE_ROWS as u64)
-        .max(MATVEC_TILE_ROWS as u64) as i64;
-    // A GPU reads a few hundred MB in well under a millisecond: put several
-    // products in one graph so launch and sync costs do not dominate.
-    let reps: u32 = if dev.is_gpu() { 16 } else { 1 };
-    let graph = MatvecGraph::new(dev, rows, reps as usize)?;
-    graph.fill(dev)?;
-    let backend = DeviceBackend::init(dev, spec.threads)?;
-
-    graph.compute(dev, &backend)?; // warm-up: first-use allocations, kernel loads
-    let mut secs = Vec::with_capacity(spec.runs.max(1) as usize);
-    for _ in 0..spec.runs.max(1) {
-        let start = Instant::now();
-        graph.compute(dev, &backend)?;
-        secs.push(start.elapsed().as_secs_f64() / f64::from(reps));
-    }
-    let weight_bytes = rows as u64 * row_bytes;
-    Ok(weight_bytes as f64 / median(&mut secs) / 1e9)
-}
-
-/// Median of `v` (0 for an empty slice).
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -276,10 +217,11 @@ fn alloc_on_device(
 }
 
 /// A backend (stream, thread pool) on one device, freed on drop.
-struct DeviceBackend(NonNull<sys::ggml_backend>);
+pub struct DeviceBackend(NonNull<sys::ggml_backend>);
 
 impl DeviceBackend {
-    fn init(dev: &Device, threads: u32) -> Result<DeviceBackend, DeviceProbeError> {
+    /// `threads`: for a CPU-kind device (others ignore it); 0 leaves ggml's default.
+    pub fn init(dev: &Device, threads: u32) -> Result<DeviceBackend, DeviceProbeError> {
         // SAFETY: `dev.raw` is a registered device; null params are allowed.
         let raw = NonNull::new(unsafe { sys::ggml_backend_dev_init(dev.raw, std::ptr::null()) })
             .ok_or_else(|| dev.failed("could not initialise its backend"))?;
@@ -312,32 +254,48 @@ impl Drop for DeviceBackend {
     }
 }
 
-/// `reps` products `W × x_i` of one Q4_K weight, all tensors in a device buffer.
-struct MatvecGraph {
+/// `reps` products `W × x_i` of one weight `W` (`cols` × `rows` of a quantized type) with F32
+/// vectors `x_i` of `cols` values, every tensor in one buffer of the device.
+pub struct MatvecGraph {
     // Held for the tensors' storage and metadata; field order is drop
     // order: the buffer before the context that describes it.
     _buffer: Buffer,
     _ctx: MetaContext,
+    dev: Device,
     graph: NonNull<sys::ggml_cgraph>,
     weight: NonNull<sys::ggml_tensor>,
     inputs: Vec<NonNull<sys::ggml_tensor>>,
+    cols: usize,
 }
 
 impl MatvecGraph {
-    fn new(dev: &Device, rows: i64, reps: usize) -> Result<MatvecGraph, DeviceProbeError> {
+    /// Fails when the device cannot compute the product or has no room for the weight.
+    pub fn new(
+        dev: &Device,
+        weight_type: GgmlType,
+        cols: usize,
+        rows: usize,
+        reps: usize,
+    ) -> Result<MatvecGraph, DeviceProbeError> {
+        let row_bytes = weight_type.row_bytes(cols).ok_or_else(|| {
+            dev.failed(format!("{weight_type} rows of {cols} are not whole blocks"))
+        })?;
+        let (cols_i64, rows_i64) = (cols as i64, rows as i64);
         let ctx = MetaContext::new(1 + 2 * reps, true).map_err(|e| dev.failed(e))?;
         let c = ctx.as_ptr();
         // SAFETY: `c` is a live no-alloc context sized for these tensors
         // and one graph; ggml returns non-null or aborts.
         let (weight, inputs, graph) = unsafe {
-            let w = sys::ggml_new_tensor_2d(c, sys::GGML_TYPE_Q4_K, MATVEC_COLS, rows);
+            let w = sys::ggml_new_tensor_2d(c, weight_type.raw(), cols_i64, rows_i64);
             let graph = sys::ggml_new_graph(c);
             let mut inputs = Vec::with_capacity(reps);
             for _ in 0..reps {
-                let x = sys::ggml_new_tensor_2d(c, sys::GGML_TYPE_F32, MATVEC_COLS, 1);
+                let x = sys::ggml_new_tensor_2d(c, sys::GGML_TYPE_F32, cols_i64, 1);
                 let y = sys::ggml_mul_mat(c, w, x);
                 if !sys::ggml_backend_dev_supports_op(dev.raw, y) {
-                    return Err(dev.failed("cannot compute a Q4_K × F32 matrix-vector product"));
+                    return Err(dev.failed(format!(
+                        "cannot compute a {weight_type} × F32 matrix-vector product"
+                    )));
                 }
                 sys::ggml_build_forward_expand(graph, y);
                 inputs.push(NonNull::new(x).ok_or_else(|| dev.failed("ggml_new_tensor failed"))?);
@@ -347,45 +305,68 @@ impl MatvecGraph {
         let (Some(weight), Some(graph)) = (weight, graph) else {
             return Err(dev.failed("ggml_new_tensor failed"));
         };
-        let bytes =
-            rows as u64 * GgmlType::Q4_K.row_bytes(MATVEC_COLS as usize).unwrap_or(0) as u64;
-        let buffer = alloc_on_device(dev, &ctx, "Q4_K weight", bytes)?;
+        let bytes = rows as u64 * row_bytes as u64;
+        let buffer = alloc_on_device(dev, &ctx, "weight", bytes)?;
         Ok(MatvecGraph {
             _buffer: buffer,
             _ctx: ctx,
+            dev: dev.clone(),
             graph,
             weight,
             inputs,
+            cols,
         })
     }
 
-    /// Writes valid Q4_K rows (a quantized random tile, repeated) and random inputs.
-    fn fill(&self, dev: &Device) -> Result<(), DeviceProbeError> {
-        let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
-        let tile_f32: Vec<f32> = (0..MATVEC_TILE_ROWS * MATVEC_COLS)
-            .map(|_| rng.signed_unit())
-            .collect();
-        let tile = quantize_rows(GgmlType::Q4_K, &tile_f32, MATVEC_COLS as usize)
-            .map_err(|e| dev.failed(format!("quantizing the Q4_K tile: {e}")))?;
+    /// Bytes of the weight.
+    pub fn weight_bytes(&self) -> usize {
         // SAFETY: the weight is allocated; reading its size.
-        let weight_bytes = unsafe { sys::ggml_nbytes(self.weight.as_ptr()) };
-        for offset in (0..weight_bytes).step_by(tile.len()) {
-            let n = tile.len().min(weight_bytes - offset);
-            // SAFETY: `[offset, offset + n)` lies inside the weight; `tile` holds ≥ n bytes.
-            unsafe {
-                sys::ggml_backend_tensor_set(self.weight.as_ptr(), tile.as_ptr().cast(), offset, n)
-            };
+        unsafe { sys::ggml_nbytes(self.weight.as_ptr()) }
+    }
+
+    /// Writes `bytes` into the weight from byte `offset` on.
+    pub fn set_weight(&self, offset: usize, bytes: &[u8]) -> Result<(), DeviceProbeError> {
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > self.weight_bytes())
+        {
+            return Err(self.dev.failed("write past the end of the weight"));
         }
-        for x in &self.inputs {
-            let v: Vec<f32> = (0..MATVEC_COLS).map(|_| rng.signed_unit()).collect();
-            // SAFETY: `x` is allocated with exactly `MATVEC_COLS` f32 values.
-            unsafe { sys::ggml_backend_tensor_set(x.as_ptr(), v.as_ptr().cast(), 0, v.len() * 4) };
+        // SAFETY: `[offset, offset + len)` lies inside the allocated weight.
+        unsafe {
+            sys::ggml_backend_tensor_set(
+                self.weight.as_ptr(),
+                bytes.as_ptr().cast(),
+                offset,
+                bytes.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Number of vectors `x_i`.
+    pub fn n_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Sets vector `x_i` (`cols` values).
+    pub fn set_input(&self, i: usize, values: &[f32]) -> Result<(), DeviceProbeError> {
+        let x = self
+            .inputs
+            .get(i)
+            .ok_or_else(|| self.dev.failed("no such input"))?;
+        if values.len() != self.cols {
+            return Err(self.dev.failed("an input needs one value per column"));
         }
+        // SAFETY: `x` is allocated with exactly `cols` f32 values.
+        unsafe {
+            sys::ggml_backend_tensor_set(x.as_ptr(), values.as_ptr().cast(), 0, values.len() * 4)
+        };
         Ok(())
     }
 
     /// Computes the graph to completion (`ggml_backend_graph_compute` syncs).
-    fn compute(&self, dev: &Device, backend: &DeviceBackend) -> Result<(), DeviceProbeError> {
+    pub fn compute(&self, backend: &DeviceBackend) -> Result<(), DeviceProbeError> {
         // SAFETY: every tensor of the graph is allocated in a buffer the
         // backend's device can use; the graph outlives the call.
         let status =
@@ -393,88 +374,92 @@ impl MatvecGraph {
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())
         } else {
-            Err(dev.failed(format!("graph compute failed with status {status}")))
+            Err(self
+                .dev
+                .failed(format!("graph compute failed with status {status}")))
         }
     }
 }
 
-/// Host → device copy rates, GB/s (10^9 bytes).
-#[derive(Debug, Clone, Copy)]
-pub struct HostCopyRates {
-    /// From the device's pinned host buffer type; `None` when the device has none.
-    pub pinned_gbps: Option<f64>,
-    /// From ordinary heap memory.
-    pub pageable_gbps: f64,
+/// `len` bytes in a device's own memory: the target of host → device copies.
+pub struct DeviceBytes {
+    _buffer: Buffer,
+    _ctx: MetaContext,
+    tensor: NonNull<sys::ggml_tensor>,
+    len: usize,
 }
 
-/// Times `ggml_backend_tensor_set` of `bytes` into a tensor in `dev`'s memory,
-/// from pinned host memory (`ggml_backend_dev_host_buffer_type`) and from a
-/// plain `Vec`; each the median of `runs` copies after one warm-up.
-pub fn host_to_device_gbps(
-    dev: &Device,
-    bytes: u64,
-    runs: u32,
-) -> Result<HostCopyRates, DeviceProbeError> {
-    let ctx = MetaContext::new(1, false).map_err(|e| dev.failed(e))?;
-    // SAFETY: a live no-alloc context with room for one tensor.
-    let target = unsafe { sys::ggml_new_tensor_1d(ctx.as_ptr(), sys::GGML_TYPE_I8, bytes as i64) };
-    let target = NonNull::new(target).ok_or_else(|| dev.failed("ggml_new_tensor failed"))?;
-    let _buffer = alloc_on_device(dev, &ctx, "copy target", bytes)?;
-    let len = bytes as usize;
+impl DeviceBytes {
+    pub fn alloc(dev: &Device, len: usize) -> Result<DeviceBytes, DeviceProbeError> {
+        let ctx = MetaContext::new(1, false).map_err(|e| dev.failed(e))?;
+        // SAFETY: a live no-alloc context with room for one tensor.
+        let tensor =
+            unsafe { sys::ggml_new_tensor_1d(ctx.as_ptr(), sys::GGML_TYPE_I8, len as i64) };
+        let tensor = NonNull::new(tensor).ok_or_else(|| dev.failed("ggml_new_tensor failed"))?;
+        let buffer = alloc_on_device(dev, &ctx, "copy target", len as u64)?;
+        Ok(DeviceBytes {
+            _buffer: buffer,
+            _ctx: ctx,
+            tensor,
+            len,
+        })
+    }
 
-    let mut pageable = vec![0u8; len];
-    fill_pattern(&mut pageable);
-    let pageable_gbps = time_copies(target, pageable.as_ptr(), len, runs);
-    drop(pageable);
+    /// Copies `src` into the device memory (`ggml_backend_tensor_set`); returns once copied.
+    ///
+    /// # Panics
+    /// When `src` is not exactly as long as this memory.
+    pub fn copy_from(&self, src: &[u8]) {
+        assert_eq!(src.len(), self.len, "a copy fills the whole device memory");
+        // SAFETY: the tensor holds `len` bytes in an allocated buffer; `src`
+        // holds `len` readable bytes. The call returns when copied.
+        unsafe {
+            sys::ggml_backend_tensor_set(self.tensor.as_ptr(), src.as_ptr().cast(), 0, self.len)
+        }
+    }
+}
 
-    // SAFETY: `dev.raw` is a registered device; null when it has no host buffer type.
-    let host_buft = unsafe { sys::ggml_backend_dev_host_buffer_type(dev.raw) };
-    let pinned_gbps = if host_buft.is_null() {
-        None
-    } else {
+/// A device's pinned host memory (`ggml_backend_dev_host_buffer_type`), which copies to the
+/// device fastest.
+pub struct PinnedHostBytes {
+    buffer: Buffer,
+    len: usize,
+}
+
+impl PinnedHostBytes {
+    /// `None` when the device has no pinned host memory of its own (the CPU).
+    pub fn alloc(dev: &Device, len: usize) -> Result<Option<PinnedHostBytes>, DeviceProbeError> {
+        // SAFETY: `dev.raw` is a registered device; null when it has no host buffer type.
+        let host_buft = unsafe { sys::ggml_backend_dev_host_buffer_type(dev.raw) };
+        if host_buft.is_null() {
+            return Ok(None);
+        }
         // SAFETY: a valid buffer type; null on failure.
         let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(host_buft, len) };
-        let pinned = NonNull::new(raw)
+        let buffer = NonNull::new(raw)
             .map(Buffer)
-            .ok_or_else(|| dev.alloc_failed("pinned host memory", bytes))?;
+            .ok_or_else(|| dev.alloc_failed("pinned host memory", len as u64))?;
         // SAFETY: a host buffer of at least `len` bytes, mapped in this process.
-        let base = unsafe { sys::ggml_backend_buffer_get_base(pinned.0.as_ptr()) }.cast::<u8>();
-        if base.is_null() {
+        if unsafe { sys::ggml_backend_buffer_get_base(buffer.0.as_ptr()) }.is_null() {
             return Err(dev.failed("pinned host buffer has no base address"));
         }
-        // SAFETY: `base` points at `len` writable bytes owned by `pinned`,
-        // which no one else references.
-        fill_pattern(unsafe { std::slice::from_raw_parts_mut(base, len) });
-        Some(time_copies(target, base, len, runs))
-    };
-    Ok(HostCopyRates {
-        pinned_gbps,
-        pageable_gbps,
-    })
-}
-
-/// Non-zero bytes, written so every page is really backed.
-fn fill_pattern(buf: &mut [u8]) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = (i as u8) ^ 0x5a;
+        Ok(Some(PinnedHostBytes { buffer, len }))
     }
-}
 
-fn time_copies(target: NonNull<sys::ggml_tensor>, src: *const u8, len: usize, runs: u32) -> f64 {
-    let copy = || {
-        // SAFETY: `target` holds `len` bytes in an allocated buffer; `src`
-        // points at `len` readable bytes. The call returns when copied.
-        unsafe { sys::ggml_backend_tensor_set(target.as_ptr(), src.cast(), 0, len) }
-    };
-    copy();
-    let mut secs: Vec<f64> = (0..runs.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            copy();
-            start.elapsed().as_secs_f64()
-        })
-        .collect();
-    len as f64 / median(&mut secs) / 1e9
+    fn base(&self) -> *mut u8 {
+        // SAFETY: a live host buffer; its base was checked non-null at allocation.
+        unsafe { sys::ggml_backend_buffer_get_base(self.buffer.0.as_ptr()) }.cast()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `base` points at `len` bytes owned by this buffer, mapped while it lives.
+        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
+    }
 }
 
 /// Drops `file`'s cached pages (`POSIX_FADV_DONTNEED`), so that buffered reads
@@ -500,33 +485,5 @@ mod tests {
         assert_eq!(cpu.kind, DeviceKind::Cpu);
         assert!(!cpu.name.is_empty());
         assert!(!cpu.is_gpu());
-    }
-
-    #[test]
-    fn the_matvec_runs_on_the_cpu_device() {
-        let cpu = cpu_device().unwrap();
-        let spec = MatvecSpec {
-            min_weight_bytes: 8 << 20,
-            runs: 2,
-            threads: 1,
-        };
-        let gbps = q4k_matvec_gbps(&cpu, &spec).unwrap();
-        assert!(gbps.is_finite() && gbps > 0.0, "{gbps}");
-    }
-
-    #[test]
-    fn host_copies_run_on_the_cpu_device() {
-        let cpu = cpu_device().unwrap();
-        let rates = host_to_device_gbps(&cpu, 4 << 20, 2).unwrap();
-        assert!(rates.pageable_gbps.is_finite() && rates.pageable_gbps > 0.0);
-        // The CPU backend has no separate pinned host buffer type.
-        assert_eq!(rates.pinned_gbps, None);
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(&mut []), 0.0);
     }
 }

@@ -4,10 +4,10 @@
 //! `// SAFETY:` line; the types it exports are safe to use from anywhere.
 mod backend;
 mod context;
+pub mod device;
 pub mod gguf_write;
 mod grammar;
 mod model;
-pub mod probe;
 mod sampler;
 mod state;
 mod stream;

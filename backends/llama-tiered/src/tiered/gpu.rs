@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use hypura_scheduler::roles::{classify, layer_index, TensorRole};
 
 use super::placement::{Placement, Tier};
-use hypura_gguf::{GgufFile, TensorInfo};
 use crate::llama::GpuOffload;
+use hypura_gguf::{GgufFile, TensorInfo};
 
 /// How much of a model the GPU tier takes, by the simple rule of this
 /// module (the planner may instead set tiers per tensor).

@@ -22,12 +22,12 @@ pub use placement::{Mode, Placement, Tier};
 pub use streamer::{StreamStats, Streamer};
 
 use crate::error::EngineError;
-use hypura_gguf::GgufFile;
 pub use crate::llama::ContextMemory;
 use crate::llama::{
     Context, ContextParams, EvalHook, LoadReport, Model, ModelParams, StreamBufferType,
     StreamRegion,
 };
+use hypura_gguf::GgufFile;
 
 /// A model loaded with a placement.
 pub struct TieredModel {

@@ -28,8 +28,8 @@ use serde::Serialize;
 
 use super::coact::Coactivation;
 use super::placement::Mode;
-use hypura_gguf::GgufFile;
 use crate::llama::{EvalHook, Node, StreamRegion, PAGE};
+use hypura_gguf::GgufFile;
 
 /// `(layer, expert)`; dense units use expert 0.
 type UnitKey = (u32, u32);
