@@ -2,8 +2,9 @@
 //! sees them, and report what they hold.
 //!
 //! - [`reader`]: [`GgufFile`] — the header, metadata and tensor infos of a file, read with
-//!   hard limits (the file is untrusted input), and [`GgufFile::validate`], which refuses
-//!   what would make llama.cpp fail or abort later.
+//!   hard limits (the file is untrusted input); the types of values and tensors.
+//! - `validate`: [`GgufFile::validate`], which refuses what would make llama.cpp fail or
+//!   abort later.
 //! - [`inspect`]: what a model file holds (architecture, parameters, bytes per tensor role).
 //! - [`paths`]: where model files and hypura's caches live (`HYPURA_MODELS_DIR`,
 //!   `HYPURA_CACHE_DIR`).
@@ -13,5 +14,6 @@ pub mod paths;
 pub mod reader;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod validate;
 
 pub use reader::{GgufArray, GgufError, GgufFile, GgufValue, TensorInfo};
