@@ -1290,8 +1290,6 @@ fn tensor_size(dims: &[u64], ty: &GgmlType) -> Result<(u64, u64), String> {
     Ok((n_elements, n_bytes))
 }
 
-/// A minimal GGUF writer for tests: well-formed files and deliberately broken ones.
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,7 +144,6 @@ pub mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::fixtures::disk;
-    use super::*;
 
     #[test]
     fn disk_bandwidth_is_looked_up_by_block_and_depth() {
