@@ -374,66 +374,6 @@ mod tests {
     use crate::llama::SamplingParams;
     use crate::test_models::smollm2_model as smollm2;
 
-    /// A failed decode: every sequence in the batch gets the error and its
-    /// slot back; the others (prompts not in this batch) go on.
-    pub(super) fn fail_batch(&mut self, error: &EngineError) {
-        tracing::warn!("decode step failed: {error}");
-        for seq in 0..self.slots.len() {
-            if !self.slots[seq].as_ref().is_some_and(Slot::in_batch) {
-                continue;
-            }
-            if let Some(mut slot) = self.release(seq) {
-                Counters::add(&self.shared.counters.failed, 1);
-                send(&mut slot.sink, GenerationEvent::Error(copy_error(error)));
-            }
-        }
-    }
-
-    /// Empties slot `seq` and its KV cache; the slot is free for the next step.
-    pub(super) fn release(&mut self, seq: usize) -> Option<Slot> {
-        let slot = self.slots[seq].take()?;
-        self.ctx.clear_seq(seq as i32, -1);
-        self.shared.lock().active.remove(&slot.id);
-        Some(slot)
-    }
-}
-
-/// Calls a sink; a panic inside it counts as "stop sending".
-pub(super) fn send(sink: &mut EventSink, event: GenerationEvent) -> bool {
-    catch_unwind(AssertUnwindSafe(|| sink(event))).unwrap_or_else(|_| {
-        tracing::error!("an event sink panicked: its request is cancelled");
-        false
-    })
-}
-
-/// The same error for another sequence of a failed batch (`EngineError` is not `Clone`).
-pub(super) fn copy_error(error: &EngineError) -> EngineError {
-    match error {
-        EngineError::ContextFull => EngineError::ContextFull,
-        EngineError::Cancelled => EngineError::Cancelled,
-        EngineError::Decode(rc) => EngineError::Decode(*rc),
-        other => EngineError::Context(other.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::mpsc;
-    use std::sync::OnceLock;
-
-    use crate::llama::{ModelParams, SamplingParams};
-
-    fn smollm2() -> Arc<Model> {
-        static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-        MODEL
-            .get_or_init(|| {
-                let path = crate::test_models::smollm2();
-                Arc::new(Model::load(&path, ModelParams::default()).expect("load SmolLM2"))
-            })
-            .clone()
-    }
-
     /// A failed decode (here: llama.cpp's abort flag) fails the sequences
     /// in that batch and leaves the worker serving later requests.
     #[test]

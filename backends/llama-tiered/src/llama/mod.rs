@@ -1,7 +1,15 @@
 //! The one module of the engine that talks to llama.cpp through FFI.
 //!
 //! Every `unsafe` block of the engine lives below this module, each with a
-//! `// SAFETY:` line; the types it exports are safe to use from anywhere.
+//! `// SAFETY:` line; the types it exports are safe to use from anywhere. Wrappers only:
+//! what to do with them (batching, placement, measuring) lives in the modules above.
+//!
+//! - `backend`, `model`, `context`, `state`: llama.cpp's backend, models, contexts, batches,
+//!   KV state of a sequence.
+//! - `sampler`, `grammar`: sampling chains and GBNF grammars (JSON schema → grammar).
+//! - `stream`: the STREAM buffer type and the eval callback.
+//! - [`gguf_write`]: llama.cpp's gguf writer and ggml's (de)quantizers.
+//! - [`device`]: ggml's compute devices, for the hardware probe.
 mod backend;
 mod context;
 pub mod device;
