@@ -1,9 +1,9 @@
-//! Serving requests on one model. Continuous batching: up to `n_parallel` requests decoded together in one
-//! llama.cpp context, as llama-server's slots do it.
+//! Serving requests on one model. Continuous batching: up to `n_parallel` requests
+//! decoded together in one llama.cpp context, as llama-server's slots do it.
 //!
-//! One worker thread owns the [`Context`]. Each step it drops cancelled
+//! One worker thread owns the [`Context`](crate::llama::Context). Each step it drops cancelled
 //! requests, admits queued ones into free slots (sequence ids
-//! `0..n_parallel`), builds one [`Batch`] holding the next token of every
+//! `0..n_parallel`), builds one [`Batch`](crate::llama::Batch) holding the next token of every
 //! generating sequence plus chunks of the prompts still being read (so a long
 //! prompt never stalls the others), decodes it once, and samples every
 //! sequence that got logits from its own row with its own sampler.
@@ -30,7 +30,7 @@
 //! (`Inner::embedder`) and the current model (`Inner::current`) are never
 //! held together; the worker holds no lock while it decodes or calls a sink.
 //!
-//! - [`queue`]: the engine's handle ([`BatchEngine`]): configuration, requests and their
+//! - `queue`: the engine's handle ([`BatchEngine`]): configuration, requests and their
 //!   events, the queue of requests waiting for a slot, counters.
 //! - `worker`: the decode thread: slots, one batch per step, sampling, finishing requests.
 //! - `switch`: [`BatchEngine::switch_model`], moving every sequence onto another load.
@@ -41,7 +41,7 @@
 mod embed;
 pub mod generate;
 pub mod prompt;
-pub mod queue;
+mod queue;
 mod switch;
 mod worker;
 
