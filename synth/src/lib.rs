@@ -2,10 +2,10 @@
 //! them. Written through llama.cpp's gguf API and ggml's quantizers (the engine's FFI
 //! wrappers), so this crate builds llama.cpp.
 //!
-//! - [`random`]: random valid weights in the shapes of real models ([`write`],
+//! - `random.rs`: random valid weights in the shapes of real models ([`write`],
 //!   [`write_sparse`]), and a real MoE derived from a dense model
 //!   ([`derive_moe_from_dense`]).
-pub mod random;
+mod random;
 
 pub use random::{
     derive_moe_from_dense, write, write_sparse, Arch, SynthError, SynthSpec, WriteReport,
