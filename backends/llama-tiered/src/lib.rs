@@ -11,7 +11,7 @@
 //! - [`tiered`]: placement of tensors on GPU / RAM / STREAM and the streamer.
 //! - [`hwprobe`]: `hypura profile` — measures CPU, RAM, GPUs and disk; caches the profile.
 //! - [`rng`]: the seeded generator for benchmark data and synthetic weights.
-//! - [`error`]: [`EngineError`].
+//! - [`error`]: the engine's one error type, [`EngineError`].
 //! - [`test_models`] (feature `testing`): the test models for tests.
 pub mod engine;
 pub mod error;
