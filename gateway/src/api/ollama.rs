@@ -5,7 +5,7 @@
 //! text. Durations are integer nanoseconds, timestamps RFC 3339 with
 //! nanoseconds, and every `model` field echoes the request's model string.
 use std::convert::Infallible;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -16,19 +16,19 @@ use axum::Json;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::StreamExt;
 use llama_tiered::chat::ChatMessage;
-use llama_tiered::generate::Completion;
-use llama_tiered::tools::{self, ToolFamily, ToolStream};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
-use super::body_bytes;
-use super::error::{ApiError, OllamaError};
-use super::infer::{self, finish_reason, nanos, Filtered, Generation};
-use super::registry::{LoadedModel, ModelInfo, NamedModel};
-use super::structured::{self, ToolChoice};
-use super::validation::{parse_json, CheckedParams, KeepAlive, ModelName, OllamaOptions};
-use super::AppState;
+use crate::core::error::{ApiError, OllamaError};
+use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::request::{
+    EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
+};
+use crate::core::structured::{self, ToolChoice};
+use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions};
+use crate::pool::registry::{ModelInfo, NamedModel};
+use crate::server::{body_bytes, AppState};
 
 /// The version reported to clients: dotted digits only (Open WebUI parses it).
 pub const OLLAMA_VERSION: &str = "0.12.0";
@@ -97,7 +97,7 @@ pub struct PsModel {
     /// hypura: `full`, `partial` or `streaming` (see the global budget).
     pub residency: String,
     /// hypura: bytes of weights per tier (`stream` = left on disk, read on demand).
-    pub tier_bytes: super::registry::TierBytes,
+    pub tier_bytes: crate::pool::registry::TierBytes,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -245,25 +245,9 @@ pub struct ChatChunk {
     pub stats: Option<FinalStats>,
 }
 
-/// `input`: one string or several.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged, expecting = "expected a string or an array of strings")]
-pub enum EmbedInput {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl EmbedInput {
-    pub fn into_vec(self) -> Vec<String> {
-        match self {
-            EmbedInput::One(s) => vec![s],
-            EmbedInput::Many(v) => v,
-        }
-    }
-}
-
 #[derive(Debug, Deserialize, ToSchema)]
-pub struct EmbedRequest {
+#[schema(as = EmbedRequest)]
+pub struct OllamaEmbedRequest {
     pub model: String,
     #[schema(value_type = Object)]
     pub input: Option<EmbedInput>,
@@ -313,7 +297,7 @@ pub struct CopyRequest {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Small helpers
+// Translation in: bodies → core requests
 // ---------------------------------------------------------------------------------------------
 
 pub fn rfc3339(t: SystemTime) -> String {
@@ -346,48 +330,6 @@ fn either_name(model: Option<&str>, name: Option<&str>) -> Result<(String, Model
     Ok((raw, parsed))
 }
 
-fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => Ok(Some(KeepAlive::from_json(v)?)),
-    }
-}
-
-fn params(options: Option<&OllamaOptions>) -> Result<CheckedParams> {
-    Ok(options.cloned().unwrap_or_default().to_params()?)
-}
-
-/// `think`: true or a level asks for thinking, which the model must support.
-fn thinking(
-    think: Option<&Value>,
-    named: &NamedModel,
-    requested: &str,
-) -> Result<Map<String, Value>> {
-    let mut extra = Map::new();
-    let wants = match think {
-        None | Some(Value::Null) => return Ok(extra),
-        Some(Value::Bool(b)) => *b,
-        Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "invalid think {other}: use true, false, \"low\", \"medium\" or \"high\""
-            ))
-            .into())
-        }
-    };
-    if !named.info.capabilities.contains(&"thinking") {
-        if wants {
-            return Err(ApiError::bad_request(format!(
-                "\"{requested}\" does not support thinking"
-            ))
-            .into());
-        }
-        return Ok(extra);
-    }
-    extra.insert("enable_thinking".into(), wants.into());
-    Ok(extra)
-}
-
 fn resolve(state: &AppState, requested: &str, name: &ModelName) -> Result<NamedModel> {
     state
         .registry
@@ -395,31 +337,142 @@ fn resolve(state: &AppState, requested: &str, name: &ModelName) -> Result<NamedM
         .ok_or_else(|| ApiError::ModelNotFound(requested.to_string()).into())
 }
 
-fn stats(
-    completion: &Completion,
-    generation: &Generation,
-    reason: &str,
-    eval_count: usize,
-) -> FinalStats {
-    let t = &completion.timings;
-    FinalStats {
-        done_reason: reason.to_string(),
-        total_duration: generation.started.elapsed().as_nanos() as u64,
-        load_duration: generation.lease.load_duration.as_nanos() as u64,
-        prompt_eval_count: t.prompt_tokens,
-        prompt_eval_duration: nanos(t.prompt_eval_seconds),
-        eval_count,
-        eval_duration: nanos(t.eval_seconds),
+fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => Ok(Some(KeepAlive::from_json(v)?)),
     }
 }
 
-/// Tokens counted as generated: the end-of-generation token is not text.
-fn eval_count(completion: &Completion, model: &LoadedModel) -> usize {
-    let ends_with_eog = completion
-        .tokens
-        .last()
-        .is_some_and(|&t| model.model().is_eog(t));
-    completion.tokens.len() - usize::from(ends_with_eog)
+fn params(options: Option<&OllamaOptions>) -> Result<GenerationParams> {
+    Ok(options.cloned().unwrap_or_default().to_params()?)
+}
+
+/// `think`: true or a level asks for thinking, false turns it off.
+fn think(value: Option<&Value>) -> Result<Option<bool>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => {
+            Ok(Some(true))
+        }
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid think {other}: use true, false, \"low\", \"medium\" or \"high\""
+        ))
+        .into()),
+    }
+}
+
+fn no_images(images: Option<&Vec<String>>, requested: &str) -> Result<()> {
+    if images.is_some_and(|i| !i.is_empty()) {
+        return Err(
+            ApiError::bad_request(format!("\"{requested}\" does not support images")).into(),
+        );
+    }
+    Ok(())
+}
+
+/// `/api/generate` → an [`InferRequest`]: the prompt raw, or as a user turn
+/// after `system` for the chat template (or the `template` override), after
+/// the `context` of an earlier reply; no prompt and no context loads the model.
+pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
+    let name = ModelName::parse(&request.model, "model")?;
+    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
+    let grammar = structured::ollama_format(request.format.as_ref())?;
+    no_images(request.images.as_ref(), &request.model)?;
+    if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(
+            ApiError::bad_request("suffix (fill-in-the-middle) is not supported yet").into(),
+        );
+    }
+    let mut params = params(request.options.as_ref())?;
+    params.sampling.grammar = grammar;
+    let text = request.prompt.clone().unwrap_or_default();
+    let context = request.context.clone().unwrap_or_default();
+    let prompt = if text.is_empty() && context.is_empty() {
+        Prompt::Load
+    } else if request.raw.unwrap_or(false) {
+        Prompt::Text { text }
+    } else {
+        let mut messages = Vec::new();
+        if let Some(system) = &request.system {
+            messages.push(ChatMessage::new("system", system.as_str()));
+        }
+        messages.push(ChatMessage::new("user", text));
+        Prompt::Messages {
+            messages,
+            tools: None,
+            template_override: request.template.clone(),
+            template_extra: Map::new(),
+        }
+    };
+    let mut infer = InferRequest::new(&request.model, name, prompt, params);
+    infer.backend.context = context;
+    infer.keep_alive = keep_alive;
+    infer.think = think(request.think.as_ref())?;
+    Ok(infer)
+}
+
+/// `/api/chat` → an [`InferRequest`]; no messages loads the model.
+pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
+    let name = ModelName::parse(&request.model, "model")?;
+    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
+    let mut params = params(request.options.as_ref())?;
+    params.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
+    let messages = request.messages.as_deref().unwrap_or_default();
+    let prompt = if messages.is_empty() {
+        Prompt::Load
+    } else {
+        Prompt::messages(chat_messages(messages, &request.model)?)
+    };
+    let mut infer = InferRequest::new(&request.model, name, prompt, params);
+    infer.tools = request.tools.clone().map(|definitions| ToolRequest {
+        definitions,
+        choice: ToolChoice::Auto,
+    });
+    infer.keep_alive = keep_alive;
+    infer.think = think(request.think.as_ref())?;
+    Ok(infer)
+}
+
+/// Converts Ollama messages for the chat template.
+fn chat_messages(messages: &[Message], requested: &str) -> Result<Vec<ChatMessage>> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if m.role.trim().is_empty() {
+                return Err(ApiError::bad_request(format!("messages[{i}].role is empty")).into());
+            }
+            no_images(m.images.as_ref(), requested)?;
+            let mut message = ChatMessage::new(m.role.as_str(), m.content.as_str());
+            message.tool_calls = structured::ollama_input_tool_calls(m.tool_calls.as_ref());
+            message.name = m.tool_name.clone();
+            Ok(message)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Translation out: events → NDJSON chunks
+// ---------------------------------------------------------------------------------------------
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+/// The statistics of the final chunk.
+pub fn final_stats(outcome: &Outcome) -> FinalStats {
+    let f = &outcome.finished;
+    FinalStats {
+        done_reason: f.finish_reason.as_str().to_string(),
+        total_duration: nanos(outcome.total_duration),
+        load_duration: nanos(outcome.load_duration),
+        prompt_eval_count: f.prompt_eval_tokens,
+        prompt_eval_duration: nanos(f.prompt_eval_duration),
+        eval_count: f.generated_tokens,
+        eval_duration: nanos(f.eval_duration),
+    }
 }
 
 fn ndjson_line<T: Serialize>(value: &T) -> Bytes {
@@ -431,137 +484,114 @@ fn ndjson_line<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(line)
 }
 
-/// Which route's chunks a stream writes.
+/// A chunk of either generation route.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Chunk {
+    Generate(GenerateChunk),
+    Chat(ChatChunk),
+}
+
+/// Which route's chunks a stream writes, for the model named as the client did.
 #[derive(Clone)]
-enum Route {
-    Generate {
-        model: String,
-        raw: bool,
-    },
-    /// `tools`: the tool-call syntax to parse replies with, when tools were given.
-    Chat {
-        model: String,
-        tools: Option<ToolFamily>,
-    },
+pub enum Route {
+    Generate { model: String, raw: bool },
+    Chat { model: String },
 }
 
 impl Route {
-    fn tool_stream(&self) -> Option<ToolStream> {
-        match self {
-            Route::Chat {
-                tools: Some(family),
-                ..
-            } => Some(ToolStream::new(*family)),
-            _ => None,
+    fn message(text: String, tool_calls: Vec<Value>) -> ReplyMessage {
+        ReplyMessage {
+            role: "assistant".into(),
+            content: text,
+            tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
         }
     }
 
-    /// A whole reply's text → content and Ollama `tool_calls`.
-    fn split_reply(&self, text: String) -> (String, Vec<Value>) {
+    /// A chunk of the route: `stats` and `context` only on the final one.
+    fn chunk(
+        &self,
+        text: String,
+        tool_calls: Vec<Value>,
+        stats: Option<FinalStats>,
+        context: Option<Vec<i32>>,
+    ) -> Chunk {
+        let done = stats.is_some();
         match self {
-            Route::Chat {
-                tools: Some(family),
-                ..
-            } => {
-                let reply = tools::parse(*family, &text);
-                (
-                    reply.content,
-                    structured::ollama_tool_calls(&reply.tool_calls),
-                )
-            }
-            _ => (text, Vec::new()),
-        }
-    }
-
-    /// The intermediate chunk carrying a reply's tool calls, whole.
-    fn tool_calls_chunk(&self, tool_calls: Vec<Value>) -> Bytes {
-        ndjson_line(&ChatChunk {
-            model: self.model().to_string(),
-            created_at: now(),
-            message: ReplyMessage {
-                role: "assistant".into(),
-                content: String::new(),
-                tool_calls: Some(tool_calls),
-            },
-            done: false,
-            stats: None,
-        })
-    }
-
-    fn model(&self) -> &str {
-        match self {
-            Route::Generate { model, .. } | Route::Chat { model, .. } => model,
-        }
-    }
-
-    fn text_chunk(&self, text: String) -> Bytes {
-        match self {
-            Route::Generate { model, .. } => ndjson_line(&GenerateChunk {
+            Route::Generate { model, .. } => Chunk::Generate(GenerateChunk {
                 model: model.clone(),
                 created_at: now(),
                 response: text,
-                done: false,
-                stats: None,
-                context: None,
+                done,
+                stats,
+                context,
             }),
-            Route::Chat { model, .. } => ndjson_line(&ChatChunk {
+            Route::Chat { model } => Chunk::Chat(ChatChunk {
                 model: model.clone(),
                 created_at: now(),
-                message: ReplyMessage {
-                    role: "assistant".into(),
-                    content: text,
-                    tool_calls: None,
-                },
-                done: false,
-                stats: None,
+                message: Self::message(text, tool_calls),
+                done,
+                stats,
             }),
         }
+    }
+
+    /// An intermediate chunk of text (or, on `/api/chat`, of whole tool calls).
+    pub fn text_chunk(&self, text: String, tool_calls: Vec<Value>) -> Chunk {
+        self.chunk(text, tool_calls, None, None)
     }
 
     /// The final chunk; `text` is empty and `tool_calls` too when streaming
     /// (they were sent already).
-    fn final_chunk(
-        &self,
-        text: String,
-        tool_calls: Vec<Value>,
-        completion: &Completion,
-        generation: &Generation,
-    ) -> Bytes {
-        let reason = finish_reason(completion.finish_reason);
-        let stats = stats(
-            completion,
-            generation,
-            reason,
-            eval_count(completion, &generation.lease),
-        );
-        match self {
-            Route::Generate { model, raw } => {
-                let context = (!raw).then(|| {
-                    let mut context = generation.prompt_tokens.clone();
-                    context.extend_from_slice(&completion.tokens);
-                    context
-                });
-                ndjson_line(&GenerateChunk {
-                    model: model.clone(),
-                    created_at: now(),
-                    response: text,
-                    done: true,
-                    stats: Some(stats),
-                    context,
-                })
+    pub fn final_chunk(&self, text: String, tool_calls: Vec<Value>, outcome: &Outcome) -> Chunk {
+        let context = match self {
+            Route::Generate { raw: false, .. } => Some(outcome.finished.context.clone()),
+            _ => None,
+        };
+        self.chunk(text, tool_calls, Some(final_stats(outcome)), context)
+    }
+
+    /// The one object answering a request without a prompt.
+    pub fn loaded_chunk(&self, done_reason: &str, took: Duration) -> Chunk {
+        let stats = FinalStats {
+            done_reason: done_reason.into(),
+            total_duration: nanos(took),
+            load_duration: nanos(took),
+            prompt_eval_count: 0,
+            prompt_eval_duration: 0,
+            eval_count: 0,
+            eval_duration: 0,
+        };
+        self.chunk(String::new(), Vec::new(), Some(stats), None)
+    }
+
+    /// The chunks a streamed reply ends with: what the tool filter held
+    /// back (text, then the calls whole), then the final chunk.
+    pub fn last_chunks(&self, outcome: &Outcome) -> Vec<Chunk> {
+        let mut chunks = Vec::new();
+        if let Some(reply) = &outcome.reply {
+            if !reply.content.is_empty() {
+                chunks.push(self.text_chunk(reply.content.clone(), Vec::new()));
             }
-            Route::Chat { model, .. } => ndjson_line(&ChatChunk {
-                model: model.clone(),
-                created_at: now(),
-                message: ReplyMessage {
-                    role: "assistant".into(),
-                    content: text,
-                    tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
-                },
-                done: true,
-                stats: Some(stats),
-            }),
+            if !reply.tool_calls.is_empty() {
+                let calls = structured::ollama_tool_calls(&reply.tool_calls);
+                chunks.push(self.text_chunk(String::new(), calls));
+            }
         }
+        chunks.push(self.final_chunk(String::new(), Vec::new(), outcome));
+        chunks
+    }
+
+    /// The one object of a reply with `stream: false`.
+    pub fn whole(&self, outcome: &Outcome) -> Chunk {
+        let (text, calls) = match &outcome.reply {
+            Some(reply) => (
+                reply.content.clone(),
+                structured::ollama_tool_calls(&reply.tool_calls),
+            ),
+            None => (outcome.text.clone(), Vec::new()),
+        };
+        self.final_chunk(text, calls, outcome)
     }
 }
 
@@ -569,109 +599,75 @@ fn ndjson_response(body: Body) -> Response {
     ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }
 
-/// Streams a generation as NDJSON; a failure mid-stream is one `{"error"}`
-/// line. With tools, text from where a tool call may begin is held back and
-/// the calls come whole in one chunk before the final one.
+/// Streams a generation as NDJSON; a failure mid-stream is one `{"error"}` line.
 fn stream(generation: Generation, route: Route) -> Response {
-    let filter = route.tool_stream();
-    let start = Some((generation, route, filter));
+    let start = Some((generation, route));
     let chunks = futures_util::stream::unfold(start, |state| async move {
-        let (mut generation, route, mut filter) = state?;
-        match generation.next_filtered(&mut filter).await? {
-            Filtered::Text(text) => {
-                let chunk = route.text_chunk(text);
-                Some((chunk, Some((generation, route, filter))))
+        let (mut generation, route) = state?;
+        match generation.next().await? {
+            InferEvent::Text(text) => {
+                let chunk = ndjson_line(&route.text_chunk(text, Vec::new()));
+                Some((chunk, Some((generation, route))))
             }
-            Filtered::Done(completion, held) => {
-                let mut out = Vec::new();
-                if let Some(reply) = held {
-                    if !reply.content.is_empty() {
-                        out.extend_from_slice(&route.text_chunk(reply.content));
-                    }
-                    if !reply.tool_calls.is_empty() {
-                        let calls = structured::ollama_tool_calls(&reply.tool_calls);
-                        out.extend_from_slice(&route.tool_calls_chunk(calls));
-                    }
-                }
-                let last = route.final_chunk(String::new(), Vec::new(), &completion, &generation);
-                out.extend_from_slice(&last);
-                Some((Bytes::from(out), None))
+            InferEvent::Done(outcome) => {
+                let lines: Vec<u8> = route
+                    .last_chunks(&outcome)
+                    .iter()
+                    .flat_map(|c| ndjson_line(c).to_vec())
+                    .collect();
+                Some((Bytes::from(lines), None))
             }
-            Filtered::Error(e) => Some((ndjson_line(&json!({"error": e.to_string()})), None)),
+            InferEvent::Error(e) => Some((ndjson_line(&json!({"error": e.to_string()})), None)),
         }
     });
     ndjson_response(Body::from_stream(chunks.map(Ok::<_, Infallible>)))
 }
 
-/// Runs a generation to its end and answers one JSON object.
-async fn whole(generation: Generation, route: Route) -> Result<Response> {
-    let (completion, generation) = generation.collect().await?;
-    let (text, tool_calls) = route.split_reply(completion.text.clone());
-    let line = route.final_chunk(text, tool_calls, &completion, &generation);
+/// Runs a request through [`infer`] and answers as the route does: NDJSON,
+/// one object with `stream: false`, one object for a load or unload.
+async fn respond(
+    state: &AppState,
+    request: InferRequest,
+    route: Route,
+    streaming: bool,
+    arrived: Instant,
+) -> Result<Response> {
+    let generation = match infer(&state.registry, request, arrived).await? {
+        Answer::Loaded { done_reason, took } => {
+            return Ok(Json(route.loaded_chunk(done_reason, took)).into_response())
+        }
+        Answer::Generating(generation) => *generation,
+    };
+    if streaming {
+        return Ok(stream(generation, route));
+    }
+    let outcome = generation.collect().await?;
     Ok((
         [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
-        line,
+        ndjson_line(&route.whole(&outcome)),
     )
         .into_response())
 }
 
-async fn respond(generation: Generation, route: Route, streaming: bool) -> Result<Response> {
-    if streaming {
-        Ok(stream(generation, route))
-    } else {
-        whole(generation, route).await
-    }
-}
-
-/// Empty prompt or messages: load the model, or unload it with `keep_alive: 0`.
-async fn load_or_unload(
-    state: &AppState,
+/// `/api/embed` and `/api/embeddings` → an [`EmbedRequest`].
+fn embed_request(
     requested: &str,
-    name: &ModelName,
-    keep_alive: Option<KeepAlive>,
-    route: &Route,
-) -> Result<Response> {
-    let started = Instant::now();
-    let reason = if keep_alive.is_some_and(|k| k.is_zero()) {
-        resolve(state, requested, name)?;
-        state.registry.unload(name);
-        "unload"
-    } else {
-        drop(state.registry.acquire(requested, name, keep_alive).await?);
-        "load"
-    };
-    let stats = FinalStats {
-        done_reason: reason.into(),
-        total_duration: started.elapsed().as_nanos() as u64,
-        load_duration: started.elapsed().as_nanos() as u64,
-        prompt_eval_count: 0,
-        prompt_eval_duration: 0,
-        eval_count: 0,
-        eval_duration: 0,
-    };
-    let body = match route {
-        Route::Generate { model, .. } => serde_json::to_value(GenerateChunk {
-            model: model.clone(),
-            created_at: now(),
-            response: String::new(),
-            done: true,
-            stats: Some(stats),
-            context: None,
-        }),
-        Route::Chat { model, .. } => serde_json::to_value(ChatChunk {
-            model: model.clone(),
-            created_at: now(),
-            message: ReplyMessage {
-                role: "assistant".into(),
-                content: String::new(),
-                tool_calls: None,
-            },
-            done: true,
-            stats: Some(stats),
-        }),
-    }
-    .map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(Json(body).into_response())
+    keep_alive_value: Option<&Value>,
+    options: Option<&OllamaOptions>,
+    texts: Vec<String>,
+    truncate: bool,
+    dimensions: Option<usize>,
+) -> Result<EmbedRequest> {
+    let name = ModelName::parse(requested, "model")?;
+    let keep_alive = keep_alive(keep_alive_value)?;
+    params(options)?;
+    Ok(EmbedRequest {
+        requested: requested.to_string(),
+        name,
+        batch: EmbedBatch { texts, truncate },
+        dimensions,
+        keep_alive,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -744,7 +740,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
 
 /// A model's template, parameters, metadata and capabilities (reads only the GGUF header).
 #[utoipa::path(post, path = "/api/show", tag = "ollama", request_body = ShowRequest,
-    responses((status = 200, body = ShowResponse), (status = 404, body = super::error::OllamaErrorBody)))]
+    responses((status = 200, body = ShowResponse), (status = 404, body = crate::core::error::OllamaErrorBody)))]
 pub async fn show(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
@@ -780,329 +776,108 @@ pub async fn show(
 #[utoipa::path(post, path = "/api/generate", tag = "ollama", request_body = GenerateRequest,
     responses(
         (status = 200, description = "NDJSON chunks, or one object with stream: false", body = GenerateChunk, content_type = "application/x-ndjson"),
-        (status = 400, body = super::error::OllamaErrorBody),
-        (status = 404, body = super::error::OllamaErrorBody),
-        (status = 503, description = "Queue full", body = super::error::OllamaErrorBody)))]
+        (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 404, body = crate::core::error::OllamaErrorBody),
+        (status = 503, description = "Queue full", body = crate::core::error::OllamaErrorBody)))]
 pub async fn generate(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let started = Instant::now();
+    let arrived = Instant::now();
     let request: GenerateRequest = parse_json(&body_bytes(body)?)?;
-    let name = ModelName::parse(&request.model, "model")?;
-    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
-    let raw = request.raw.unwrap_or(false);
+    let infer = generate_request(&request)?;
     let route = Route::Generate {
         model: request.model.clone(),
-        raw,
+        raw: request.raw.unwrap_or(false),
     };
-    let grammar = structured::ollama_format(request.format.as_ref())?;
-    if request.images.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::bad_request(format!(
-            "\"{}\" does not support images",
-            request.model
-        ))
-        .into());
-    }
-    if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(
-            ApiError::bad_request("suffix (fill-in-the-middle) is not supported yet").into(),
-        );
-    }
-    let mut checked = params(request.options.as_ref())?;
-    checked.generate.sampling.grammar = grammar;
-    let named = resolve(&state, &request.model, &name)?;
-    let extra = thinking(request.think.as_ref(), &named, &request.model)?;
-    let prompt_text = request.prompt.clone().unwrap_or_default();
-    if prompt_text.is_empty() && request.context.as_ref().is_none_or(|c| c.is_empty()) {
-        return load_or_unload(&state, &request.model, &name, keep_alive, &route).await;
-    }
-    let build = |model: &LoadedModel| generate_tokens(model, &request, &prompt_text, &extra);
-    let generation = run(
+    respond(
         &state,
-        &request.model,
-        &name,
-        keep_alive,
-        checked,
-        started,
-        build,
+        infer,
+        route,
+        request.stream.unwrap_or(true),
+        arrived,
     )
-    .await?;
-    respond(generation, route, request.stream.unwrap_or(true)).await
-}
-
-/// `/api/generate`'s prompt: the `context` tokens of an earlier reply, then
-/// the prompt, raw or rendered with the chat template (or the `template`
-/// override) after the `system` message.
-fn generate_tokens(
-    model: &LoadedModel,
-    request: &GenerateRequest,
-    prompt: &str,
-    extra: &Map<String, Value>,
-) -> std::result::Result<Vec<i32>, ApiError> {
-    let context = request.context.clone().unwrap_or_default();
-    let n_vocab = model.model().n_vocab() as i32;
-    if let Some(bad) = context.iter().find(|&&t| t < 0 || t >= n_vocab) {
-        return Err(ApiError::bad_request(format!(
-            "context holds token {bad}, outside the vocabulary of {n_vocab} tokens"
-        )));
-    }
-    let continuing = !context.is_empty();
-    let new_tokens = if request.raw.unwrap_or(false) {
-        if continuing {
-            model.model().tokenize(prompt, false, true)?
-        } else {
-            infer::raw_prompt(model, prompt)?
-        }
-    } else {
-        let mut messages = Vec::new();
-        if let Some(system) = &request.system {
-            messages.push(ChatMessage::new("system", system.as_str()));
-        }
-        messages.push(ChatMessage::new("user", prompt));
-        let mut tokens = infer::chat_prompt(
-            model,
-            &messages,
-            request.template.as_deref(),
-            extra.clone(),
-            None,
-        )?;
-        // The conversation already began with BOS.
-        let bos = model.model().token_bos();
-        if continuing && bos.is_some() && tokens.first().copied() == bos {
-            tokens.remove(0);
-        }
-        tokens
-    };
-    Ok([context, new_tokens].concat())
-}
-
-/// Acquires the model, builds the prompt and submits it; once more if the
-/// engine was being unloaded under this request.
-async fn run(
-    state: &AppState,
-    requested: &str,
-    name: &ModelName,
-    keep_alive: Option<KeepAlive>,
-    checked: CheckedParams,
-    started: Instant,
-    build: impl Fn(&LoadedModel) -> std::result::Result<Vec<i32>, ApiError>,
-) -> Result<Generation> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let lease = state.registry.acquire(requested, name, keep_alive).await?;
-        let prompt = build(&lease)?;
-        match infer::start(
-            lease,
-            prompt,
-            checked.generate.clone(),
-            checked.num_ctx,
-            started,
-        ) {
-            Err(e) if attempt == 1 && infer::is_shutting_down(&e) => continue,
-            other => return Ok(other?),
-        }
-    }
-}
-
-/// Converts Ollama messages for the chat template.
-fn chat_messages(messages: &[Message], requested: &str) -> Result<Vec<ChatMessage>> {
-    messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            if m.role.trim().is_empty() {
-                return Err(ApiError::bad_request(format!("messages[{i}].role is empty")).into());
-            }
-            if m.images.as_ref().is_some_and(|v| !v.is_empty()) {
-                return Err(ApiError::bad_request(format!(
-                    "\"{requested}\" does not support images"
-                ))
-                .into());
-            }
-            let mut message = ChatMessage::new(m.role.as_str(), m.content.as_str());
-            message.tool_calls = structured::ollama_input_tool_calls(m.tool_calls.as_ref());
-            message.name = m.tool_name.clone();
-            Ok(message)
-        })
-        .collect()
+    .await
 }
 
 /// Continues a conversation with the model's chat template.
 #[utoipa::path(post, path = "/api/chat", tag = "ollama", request_body = ChatRequest,
     responses(
         (status = 200, description = "NDJSON chunks, or one object with stream: false", body = ChatChunk, content_type = "application/x-ndjson"),
-        (status = 400, body = super::error::OllamaErrorBody),
-        (status = 404, body = super::error::OllamaErrorBody),
-        (status = 503, description = "Queue full", body = super::error::OllamaErrorBody)))]
+        (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 404, body = crate::core::error::OllamaErrorBody),
+        (status = 503, description = "Queue full", body = crate::core::error::OllamaErrorBody)))]
 pub async fn chat(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let started = Instant::now();
+    let arrived = Instant::now();
     let request: ChatRequest = parse_json(&body_bytes(body)?)?;
-    let name = ModelName::parse(&request.model, "model")?;
-    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
-    let mut checked = params(request.options.as_ref())?;
-    checked.generate.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
-    let named = resolve(&state, &request.model, &name)?;
-    let tools = structured::prepare_tools(
-        request.tools.as_deref(),
-        &ToolChoice::Auto,
-        named.info.chat_template.as_deref(),
-        &request.model,
-    )?;
-    if let Some(tools) = &tools {
-        tools.apply(&mut checked.generate.sampling)?;
-    }
+    let infer = chat_request(&request)?;
     let route = Route::Chat {
         model: request.model.clone(),
-        tools: tools.as_ref().map(|t| t.family),
     };
-    let extra = thinking(request.think.as_ref(), &named, &request.model)?;
-    let messages = request.messages.as_deref().unwrap_or_default();
-    if messages.is_empty() {
-        return load_or_unload(&state, &request.model, &name, keep_alive, &route).await;
-    }
-    let messages = chat_messages(messages, &request.model)?;
-    let definitions = tools.as_ref().map(|t| &t.definitions);
-    let build = |model: &LoadedModel| {
-        infer::chat_prompt(model, &messages, None, extra.clone(), definitions)
-    };
-    let generation = run(
+    respond(
         &state,
-        &request.model,
-        &name,
-        keep_alive,
-        checked,
-        started,
-        build,
+        infer,
+        route,
+        request.stream.unwrap_or(true),
+        arrived,
     )
-    .await?;
-    respond(generation, route, request.stream.unwrap_or(true)).await
-}
-
-/// Most tokens per embedded text: the engine's embedding context
-/// (`llama_tiered::batch`, 512 tokens or the model's training context).
-const EMBED_MAX_TOKENS: usize = 512;
-
-/// Embeds each input (cut to the context unless `truncate: false`) as one vector.
-pub async fn embed_texts(
-    state: &AppState,
-    requested: &str,
-    name: &ModelName,
-    keep_alive: Option<KeepAlive>,
-    texts: Vec<String>,
-    truncate: bool,
-) -> std::result::Result<(Vec<Vec<f32>>, usize, std::time::Duration), ApiError> {
-    let lease = state.registry.acquire(requested, name, keep_alive).await?;
-    let load_duration = lease.load_duration;
-    if texts.is_empty() {
-        return Ok((Vec::new(), 0, load_duration));
-    }
-    tokio::task::spawn_blocking(move || {
-        let model = lease.model();
-        let limit = EMBED_MAX_TOKENS.min(model.n_ctx_train().max(1) as usize);
-        let mut inputs = Vec::with_capacity(texts.len());
-        let mut token_count = 0;
-        for (i, text) in texts.into_iter().enumerate() {
-            // As the engine tokenizes texts to embed: BOS as the model wants, specials as text.
-            let tokens = model.tokenize(&text, true, false)?;
-            if tokens.len() > limit {
-                if !truncate {
-                    return Err(ApiError::bad_request(format!(
-                        "input {i} has {} tokens, more than the context of {limit}: shorten it \
-                         or set truncate: true",
-                        tokens.len()
-                    )));
-                }
-                // A few tokens of margin: the cut text may tokenize a little differently.
-                let end = limit.saturating_sub(8).max(1);
-                let start = usize::from(model.token_bos() == tokens.first().copied());
-                inputs.push(model.detokenize(&tokens[start..end.max(start)], false));
-                token_count += end;
-            } else {
-                token_count += tokens.len();
-                inputs.push(text);
-            }
-        }
-        let vectors = lease.engine.embed(&inputs)?;
-        Ok((vectors, token_count, load_duration))
-    })
     .await
-    .map_err(|e| ApiError::Internal(format!("embedding task failed: {e}")))?
-}
-
-/// Keeps the first `n` dimensions and normalises again.
-pub fn shorten(vectors: &mut [Vec<f32>], n: Option<usize>) -> std::result::Result<(), ApiError> {
-    let Some(n) = n else { return Ok(()) };
-    if n == 0 {
-        return Err(ApiError::bad_request("dimensions must be at least 1"));
-    }
-    for v in vectors.iter_mut() {
-        if n < v.len() {
-            v.truncate(n);
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-            if norm > 0.0 {
-                v.iter_mut().for_each(|x| *x /= norm);
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Embeddings, L2-normalised, one per input.
-#[utoipa::path(post, path = "/api/embed", tag = "ollama", request_body = EmbedRequest,
-    responses((status = 200, body = EmbedResponse), (status = 400, body = super::error::OllamaErrorBody),
-        (status = 404, body = super::error::OllamaErrorBody)))]
+#[utoipa::path(post, path = "/api/embed", tag = "ollama", request_body = OllamaEmbedRequest,
+    responses((status = 200, body = EmbedResponse), (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 404, body = crate::core::error::OllamaErrorBody)))]
 pub async fn embed(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<EmbedResponse>> {
-    let started = Instant::now();
-    let request: EmbedRequest = parse_json(&body_bytes(body)?)?;
-    let name = ModelName::parse(&request.model, "model")?;
-    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
-    params(request.options.as_ref())?;
+    let arrived = Instant::now();
+    let request: OllamaEmbedRequest = parse_json(&body_bytes(body)?)?;
     let texts = request.input.map(EmbedInput::into_vec).unwrap_or_default();
-    let (mut embeddings, count, load) = embed_texts(
-        &state,
+    let embed = embed_request(
         &request.model,
-        &name,
-        keep_alive,
+        request.keep_alive.as_ref(),
+        request.options.as_ref(),
         texts,
         request.truncate.unwrap_or(true),
-    )
-    .await?;
-    shorten(&mut embeddings, request.dimensions)?;
+        request.dimensions,
+    )?;
+    let (embeddings, count, load) = infer::embed(&state.registry, embed).await?;
     Ok(Json(EmbedResponse {
         model: request.model,
         embeddings,
-        total_duration: started.elapsed().as_nanos() as u64,
-        load_duration: load.as_nanos() as u64,
+        total_duration: nanos(arrived.elapsed()),
+        load_duration: nanos(load),
         prompt_eval_count: count,
     }))
 }
 
 /// Legacy: one embedding for `prompt`.
 #[utoipa::path(post, path = "/api/embeddings", tag = "ollama", request_body = EmbeddingsRequest,
-    responses((status = 200, body = EmbeddingsResponse), (status = 404, body = super::error::OllamaErrorBody)))]
+    responses((status = 200, body = EmbeddingsResponse), (status = 404, body = crate::core::error::OllamaErrorBody)))]
 pub async fn embeddings(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<EmbeddingsResponse>> {
     let request: EmbeddingsRequest = parse_json(&body_bytes(body)?)?;
-    let name = ModelName::parse(&request.model, "model")?;
-    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
-    params(request.options.as_ref())?;
     let texts: Vec<String> = request
         .prompt
         .into_iter()
         .filter(|p| !p.is_empty())
         .collect();
-    let (embeddings, _, _) =
-        embed_texts(&state, &request.model, &name, keep_alive, texts, true).await?;
+    let embed = embed_request(
+        &request.model,
+        request.keep_alive.as_ref(),
+        request.options.as_ref(),
+        texts,
+        true,
+        None,
+    )?;
+    let (embeddings, _, _) = infer::embed(&state.registry, embed).await?;
     Ok(Json(EmbeddingsResponse {
         embedding: embeddings.into_iter().next().unwrap_or_default(),
     }))
@@ -1110,7 +885,7 @@ pub async fn embeddings(
 
 /// Forgets a model name (the file on disk is never touched).
 #[utoipa::path(delete, path = "/api/delete", tag = "ollama", request_body = DeleteRequest,
-    responses((status = 200), (status = 404, body = super::error::OllamaErrorBody)))]
+    responses((status = 200), (status = 404, body = crate::core::error::OllamaErrorBody)))]
 pub async fn delete_model(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
@@ -1126,7 +901,7 @@ pub async fn delete_model(
 
 /// Gives a model a second name.
 #[utoipa::path(post, path = "/api/copy", tag = "ollama", request_body = CopyRequest,
-    responses((status = 200), (status = 404, body = super::error::OllamaErrorBody)))]
+    responses((status = 200), (status = 404, body = crate::core::error::OllamaErrorBody)))]
 pub async fn copy(
     State(state): State<AppState>,
     body: std::result::Result<Bytes, BytesRejection>,
@@ -1139,4 +914,242 @@ pub async fn copy(
         .copy(&source, destination)
         .map_err(|_| ApiError::ModelNotFound(request.source.clone()))?;
     Ok(StatusCode::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::core::infer::testing::{outcome, tool_outcome};
+
+    fn body<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        parse_json(value.to_string().as_bytes()).unwrap()
+    }
+
+    /// A chunk as JSON, its timestamp checked and blanked.
+    fn json_of(chunk: &Chunk) -> Value {
+        let mut value = serde_json::to_value(chunk).unwrap();
+        let created = value["created_at"].as_str().unwrap().to_string();
+        assert!(DateTime::parse_from_rfc3339(&created).is_ok(), "{created}");
+        value["created_at"] = json!("T");
+        value
+    }
+
+    #[test]
+    fn generate_translates_into_one_infer_request() {
+        let request: GenerateRequest = body(json!({
+            "model": "SmolLM2", "prompt": "Why?", "system": "Be brief.",
+            "options": {"num_predict": 5, "temperature": 0, "num_ctx": 256, "stop": ["\n"]},
+            "keep_alive": "10m", "context": [1, 2], "think": false,
+        }));
+        let infer = generate_request(&request).unwrap();
+        assert_eq!(infer.requested, "SmolLM2");
+        assert_eq!(infer.name.display, "SmolLM2:latest");
+        assert_eq!(
+            infer.backend.prompt,
+            Prompt::Messages {
+                messages: vec![
+                    ChatMessage::new("system", "Be brief."),
+                    ChatMessage::new("user", "Why?")
+                ],
+                tools: None,
+                template_override: None,
+                template_extra: Map::new(),
+            }
+        );
+        assert_eq!(infer.backend.context, vec![1, 2]);
+        let params = &infer.backend.params;
+        assert_eq!(params.max_tokens, Some(5));
+        assert_eq!(params.num_ctx, Some(256));
+        assert_eq!(params.stop, vec!["\n"]);
+        assert_eq!(params.sampling.temperature, 0.0);
+        assert_eq!(params.sampling.top_k, 40);
+        assert_eq!(
+            infer.keep_alive,
+            Some(KeepAlive::For(Duration::from_secs(600)))
+        );
+        assert_eq!(infer.think, Some(false));
+        assert!(infer.tools.is_none());
+    }
+
+    #[test]
+    fn generate_raw_is_text_and_no_prompt_is_a_load() {
+        let raw: GenerateRequest = body(json!({"model": "m", "prompt": "1 2 3", "raw": true}));
+        let prompt = generate_request(&raw).unwrap().backend.prompt;
+        assert_eq!(
+            prompt,
+            Prompt::Text {
+                text: "1 2 3".into()
+            }
+        );
+        let load: GenerateRequest = body(json!({"model": "m", "keep_alive": 0}));
+        let infer = generate_request(&load).unwrap();
+        assert_eq!(infer.backend.prompt, Prompt::Load);
+        assert!(infer.keep_alive.unwrap().is_zero());
+    }
+
+    #[test]
+    fn generate_refuses_what_it_cannot_do() {
+        for (request, message) in [
+            (
+                json!({"model": "m", "prompt": "x", "images": ["aGk="]}),
+                "\"m\" does not support images",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "suffix": "y"}),
+                "suffix (fill-in-the-middle) is not supported yet",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "think": "max"}),
+                "invalid think \"max\": use true, false, \"low\", \"medium\" or \"high\"",
+            ),
+            (json!({"model": "", "prompt": "x"}), "model is required"),
+        ] {
+            let e = generate_request(&body(request)).err().unwrap();
+            assert_eq!(e.0.status(), StatusCode::BAD_REQUEST);
+            assert_eq!(e.0.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn chat_translates_messages_and_tools() {
+        let tool = json!({"type": "function", "function": {"name": "f"}});
+        let request: ChatRequest = body(json!({
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+                {"role": "tool", "content": "42", "tool_name": "f"},
+            ],
+            "tools": [tool], "think": "high",
+        }));
+        let infer = chat_request(&request).unwrap();
+        let Prompt::Messages { messages, .. } = &infer.backend.prompt else {
+            panic!("{:?}", infer.backend.prompt)
+        };
+        assert_eq!(messages[0], ChatMessage::new("user", "hi"));
+        assert_eq!(
+            messages[1].tool_calls,
+            Some(json!([{"type": "function", "function": {"name": "f", "arguments": {}}}]))
+        );
+        assert_eq!(messages[2].name.as_deref(), Some("f"));
+        assert_eq!(
+            infer.tools,
+            Some(ToolRequest {
+                definitions: vec![tool],
+                choice: ToolChoice::Auto
+            })
+        );
+        assert_eq!(infer.think, Some(true));
+        let empty: ChatRequest = body(json!({"model": "m", "messages": []}));
+        assert_eq!(chat_request(&empty).unwrap().backend.prompt, Prompt::Load);
+    }
+
+    #[test]
+    fn generate_chunks_are_ollamas() {
+        let route = Route::Generate {
+            model: "SmolLM2".into(),
+            raw: false,
+        };
+        let text = json_of(&route.text_chunk("Hi".into(), Vec::new()));
+        assert_eq!(
+            text,
+            json!({"model": "SmolLM2", "created_at": "T", "response": "Hi", "done": false})
+        );
+        let last = route.last_chunks(&outcome("Hi there"));
+        assert_eq!(last.len(), 1);
+        assert_eq!(
+            json_of(&last[0]),
+            json!({"model": "SmolLM2", "created_at": "T", "response": "", "done": true,
+                "done_reason": "stop", "total_duration": 20_000_000u64,
+                "load_duration": 2_000_000u64, "prompt_eval_count": 3,
+                "prompt_eval_duration": 5_000_000u64, "eval_count": 2,
+                "eval_duration": 7_000_000u64, "context": [1, 2, 3, 4, 5, 9]})
+        );
+        let whole = json_of(&route.whole(&outcome("Hi there")));
+        assert_eq!(whole["response"], "Hi there");
+        assert_eq!(whole["done"], true);
+        let raw = Route::Generate {
+            model: "m".into(),
+            raw: true,
+        };
+        assert!(json_of(&raw.whole(&outcome("x"))).get("context").is_none());
+    }
+
+    #[test]
+    fn chat_chunks_carry_the_role_and_whole_tool_calls() {
+        let route = Route::Chat { model: "m".into() };
+        assert_eq!(
+            json_of(&route.text_chunk("Hi".into(), Vec::new())),
+            json!({"model": "m", "created_at": "T",
+                "message": {"role": "assistant", "content": "Hi"}, "done": false})
+        );
+        let last: Vec<Value> = route
+            .last_chunks(&tool_outcome("Checking."))
+            .iter()
+            .map(json_of)
+            .collect();
+        assert_eq!(last.len(), 3);
+        assert_eq!(
+            last[0]["message"],
+            json!({"role": "assistant", "content": "Checking."})
+        );
+        assert_eq!(
+            last[1],
+            json!({"model": "m", "created_at": "T", "done": false, "message": {
+                "role": "assistant", "content": "",
+                "tool_calls": [{"function": {"index": 0, "name": "get_weather",
+                    "arguments": {"city": "Paris"}}}]}})
+        );
+        assert_eq!(last[2]["done"], true);
+        assert_eq!(
+            last[2]["message"],
+            json!({"role": "assistant", "content": ""})
+        );
+        let whole = json_of(&route.whole(&tool_outcome("Checking.")));
+        assert_eq!(whole["message"]["content"], "Checking.");
+        assert_eq!(
+            whole["message"]["tool_calls"][0]["function"]["name"],
+            "get_weather"
+        );
+    }
+
+    #[test]
+    fn loads_and_unloads_answer_one_final_object() {
+        let route = Route::Chat { model: "m".into() };
+        let chunk = json_of(&route.loaded_chunk("unload", Duration::from_nanos(5)));
+        assert_eq!(
+            chunk,
+            json!({"model": "m", "created_at": "T",
+                "message": {"role": "assistant", "content": ""}, "done": true,
+                "done_reason": "unload", "total_duration": 5, "load_duration": 5,
+                "prompt_eval_count": 0, "prompt_eval_duration": 0, "eval_count": 0,
+                "eval_duration": 0})
+        );
+    }
+
+    #[test]
+    fn embed_bodies_translate_into_embed_requests() {
+        let request: OllamaEmbedRequest =
+            body(json!({"model": "m", "input": ["a", "b"], "truncate": false, "dimensions": 4}));
+        let texts = request
+            .input
+            .clone()
+            .map(EmbedInput::into_vec)
+            .unwrap_or_default();
+        let embed = embed_request(
+            &request.model,
+            None,
+            None,
+            texts,
+            request.truncate.unwrap_or(true),
+            request.dimensions,
+        )
+        .unwrap();
+        assert_eq!(embed.batch.texts, ["a", "b"]);
+        assert!(!embed.batch.truncate);
+        assert_eq!(embed.dimensions, Some(4));
+        assert_eq!(embed.name.display, "m:latest");
+    }
 }
