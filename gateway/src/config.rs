@@ -16,8 +16,8 @@ use hypura_scheduler::size::parse_size;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use crate::server::registry::{ModelPolicy, Pin};
-use crate::server::validation::{KeepAlive, ModelName};
+use crate::core::validation::{KeepAlive, ModelName};
+use crate::pool::registry::{ModelPolicy, Pin};
 
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PORT: u16 = 11434;

@@ -79,7 +79,7 @@ fn sha256_file(path: &Path) -> anyhow::Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(crate::server::registry::hex(&hasher.finalize()))
+    Ok(crate::pool::registry::hex(&hasher.finalize()))
 }
 
 /// The wheel's URL and sha256 among PyPI file entries: `urls` of the JSON
@@ -205,7 +205,7 @@ fn download(client: &reqwest::blocking::Client, url: &str, path: &Path) -> anyho
     }
     bar.finish_and_clear();
     file.sync_all().ok();
-    Ok(crate::server::registry::hex(&hasher.finalize()))
+    Ok(crate::pool::registry::hex(&hasher.finalize()))
 }
 
 /// Extracts `member` of the zip at `zip_path` into `dest`; returns its sha256.
@@ -231,7 +231,7 @@ pub fn extract(zip_path: &Path, member: &str, dest: &Path) -> anyhow::Result<Str
             .with_context(|| format!("writing {}", dest.display()))?;
     }
     out.sync_all().ok();
-    Ok(crate::server::registry::hex(&hasher.finalize()))
+    Ok(crate::pool::registry::hex(&hasher.finalize()))
 }
 
 #[cfg(test)]

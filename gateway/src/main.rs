@@ -1,15 +1,9 @@
-//! `hypura`: the command-line entry point.
+//! `hypura`: the command-line entry point (the subcommands live in `hypura::cli`).
 //!
-//! - `hypura inspect MODEL`: what a GGUF file holds (see `cli/inspect.rs`).
-//! - `hypura run MODEL`: generate text from a prompt or chat interactively (see `cli/run.rs`).
+//! - `hypura inspect MODEL`: what a GGUF file holds.
+//! - `hypura run MODEL`: generate text from a prompt or chat interactively.
 //! - `hypura serve [MODEL|DIR ...]`: Ollama- and OpenAI-compatible HTTP APIs over a pool of
-//!   models (see `cli/serve.rs`, `server/`); with no model, SmolLM2 is fetched (`fetch.rs`);
-//!   `--config FILE` reads the settings from TOML (`config.rs`).
-mod cli;
-mod config;
-mod fetch;
-mod server;
-
+//!   models; with no model, SmolLM2 is fetched; `--config FILE` reads the settings from TOML.
 use clap::Parser;
 
 fn main() {
@@ -20,8 +14,8 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
 
-    let args = cli::Cli::parse();
-    if let Err(e) = cli::dispatch(args) {
+    let args = hypura::cli::Cli::parse();
+    if let Err(e) = hypura::cli::dispatch(args) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

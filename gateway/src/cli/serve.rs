@@ -8,9 +8,9 @@ use clap::Args;
 use hypura_scheduler::size::parse_size;
 
 use crate::config::{self, Config, ModelConfig};
+use crate::core::validation::{KeepAlive, ModelName};
 use crate::fetch;
-use crate::server::registry::{EngineSettings, ModelInfo, Registry};
-use crate::server::validation::{KeepAlive, ModelName};
+use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
 use crate::server::{self, AppState, HttpSettings};
 
 #[derive(Args, Debug)]

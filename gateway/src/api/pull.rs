@@ -39,11 +39,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use utoipa::ToSchema;
 
-use super::body_bytes;
-use super::error::{ApiError, OllamaError};
-use super::registry::{hex, ModelInfo, Registry};
-use super::validation::{parse_json, ModelName};
-use super::AppState;
+use crate::core::error::{ApiError, OllamaError};
+use crate::core::validation::{parse_json, ModelName};
+use crate::pool::registry::{hex, ModelInfo, Registry};
+use crate::server::body_bytes;
+use crate::server::AppState;
 
 /// Least time between two progress lines of one transfer.
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
@@ -110,7 +110,7 @@ enum Job {
 /// Ollama's pull, over local paths and http(s) URLs of GGUF files.
 #[utoipa::path(post, path = "/api/pull", tag = "ollama", request_body = PullRequest,
     responses((status = 200, content_type = "application/x-ndjson", body = PullProgress),
-        (status = 400, body = super::error::OllamaErrorBody)))]
+        (status = 400, body = crate::core::error::OllamaErrorBody)))]
 pub async fn pull(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,

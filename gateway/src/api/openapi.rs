@@ -5,9 +5,10 @@ use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
-use super::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
-use super::validation::{OllamaOptions, StopSpec};
-use super::{ollama, openai, pull, AppState};
+use super::{ollama, openai, pull};
+use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
+use crate::core::validation::{OllamaOptions, StopSpec};
+use crate::server::AppState;
 
 #[derive(OpenApi)]
 #[openapi(

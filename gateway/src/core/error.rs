@@ -7,10 +7,11 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use llama_tiered::EngineError;
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
+
+use super::backend::BackendError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
@@ -84,20 +85,13 @@ impl ApiError {
     }
 }
 
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> Self {
-        let message = e.to_string();
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> Self {
         match e {
-            EngineError::InvalidArgument(_)
-            | EngineError::PromptTooLong { .. }
-            | EngineError::Template(_) => ApiError::BadRequest(message),
-            EngineError::QueueFull => ApiError::Unavailable(format!(
-                "{message}: the model's request queue is full, retry later"
-            )),
-            EngineError::ShuttingDown => ApiError::ShuttingDown(format!(
-                "{message}: the model is being unloaded or the server is stopping, retry"
-            )),
-            _ => ApiError::Internal(message),
+            BackendError::Invalid(m) => ApiError::BadRequest(m),
+            BackendError::Busy(m) => ApiError::Unavailable(m),
+            BackendError::ShuttingDown(m) => ApiError::ShuttingDown(m),
+            BackendError::Failed(m) => ApiError::Internal(m),
         }
     }
 }
@@ -116,12 +110,6 @@ pub struct OllamaErrorBody {
 impl From<ApiError> for OllamaError {
     fn from(e: ApiError) -> Self {
         OllamaError(e)
-    }
-}
-
-impl From<EngineError> for OllamaError {
-    fn from(e: EngineError) -> Self {
-        OllamaError(e.into())
     }
 }
 
@@ -159,12 +147,6 @@ impl From<ApiError> for OpenAiError {
     }
 }
 
-impl From<EngineError> for OpenAiError {
-    fn from(e: EngineError) -> Self {
-        OpenAiError(e.into())
-    }
-}
-
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
         (self.0.status(), Json(self.0.openai_body())).into_response()
@@ -176,22 +158,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn engine_errors_map_to_statuses() {
+    fn backend_errors_map_to_statuses() {
         let cases = [
-            (EngineError::QueueFull, StatusCode::SERVICE_UNAVAILABLE),
-            (EngineError::ShuttingDown, StatusCode::SERVICE_UNAVAILABLE),
             (
-                EngineError::PromptTooLong {
-                    prompt_tokens: 10,
-                    n_ctx: 8,
-                },
-                StatusCode::BAD_REQUEST,
+                BackendError::Busy("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
             ),
             (
-                EngineError::InvalidArgument("x".into()),
-                StatusCode::BAD_REQUEST,
+                BackendError::ShuttingDown("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
             ),
-            (EngineError::Decode(1), StatusCode::INTERNAL_SERVER_ERROR),
+            (BackendError::Invalid("x".into()), StatusCode::BAD_REQUEST),
+            (
+                BackendError::Failed("x".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
         ];
         for (e, status) in cases {
             assert_eq!(ApiError::from(e).status(), status);

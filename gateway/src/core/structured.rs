@@ -19,7 +19,7 @@ use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
 use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
 use serde_json::{json, Map, Value};
 
-use super::error::ApiError;
+use crate::core::error::ApiError;
 
 /// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
 /// JSON object, or a JSON Schema object. Returns the grammar.
@@ -197,7 +197,8 @@ fn check_ref(reference: &Value, root: &Value) -> Result<(), String> {
 }
 
 /// OpenAI's `tool_choice`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolChoice {
     /// The model decides (the default).
     Auto,

@@ -1,16 +1,16 @@
 //! Raw request pieces → checked values, before anything runs: JSON bodies,
 //! model names, `keep_alive` durations, Ollama `options` and OpenAI sampling
-//! fields → the engine's [`GenerateParams`]. Every failure is a 400 that says
+//! fields → [`GenerationParams`]. Every failure is a 400 that says
 //! which field was wrong and how.
 use std::time::Duration;
 
-use llama_tiered::engine::generate::GenerateParams;
 use llama_tiered::llama::SamplingParams;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::error::ApiError;
+use crate::core::error::ApiError;
+use crate::core::request::GenerationParams;
 
 /// Parses a JSON body whatever its content type (Ollama accepts bodies sent
 /// without one, e.g. by `curl -d`). Unknown fields are ignored; a known field
@@ -37,7 +37,7 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 /// A model name `[namespace/]model[:tag]` with the tag defaulted to `latest`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelName {
     /// `name:tag` as it should be shown (case kept).
     pub display: String,
@@ -100,7 +100,7 @@ impl ModelName {
 }
 
 /// How long a model stays loaded after its last request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KeepAlive {
     Forever,
     For(Duration),
@@ -252,18 +252,10 @@ pub struct OllamaOptions {
     pub num_keep: Option<i64>,
 }
 
-/// A checked generation request: the engine's parameters and the context
-/// window the client asked for (`None` = the server's).
-#[derive(Debug, Clone)]
-pub struct CheckedParams {
-    pub generate: GenerateParams,
-    pub num_ctx: Option<u32>,
-}
-
 impl OllamaOptions {
     /// Ollama's defaults: temperature 0.8, top_k 40, top_p 0.9, min_p 0,
     /// repeat_last_n 64, repeat_penalty 1.0, random seed, no limit.
-    pub fn to_params(&self) -> Result<CheckedParams, ApiError> {
+    pub fn to_params(&self) -> Result<GenerationParams, ApiError> {
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(0.8),
             top_k: self.top_k.unwrap_or(40),
@@ -295,16 +287,14 @@ impl OllamaOptions {
             }
             Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         };
-        Ok(CheckedParams {
-            generate: GenerateParams {
-                sampling,
-                max_tokens,
-                stop: self
-                    .stop
-                    .clone()
-                    .map(StopSpec::into_vec)
-                    .unwrap_or_default(),
-            },
+        Ok(GenerationParams {
+            sampling,
+            max_tokens,
+            stop: self
+                .stop
+                .clone()
+                .map(StopSpec::into_vec)
+                .unwrap_or_default(),
             num_ctx,
         })
     }
@@ -324,7 +314,7 @@ pub struct OpenAiSampling {
 }
 
 impl OpenAiSampling {
-    pub fn to_params(&self) -> Result<GenerateParams, ApiError> {
+    pub fn to_params(&self) -> Result<GenerationParams, ApiError> {
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
             top_k: 0,
@@ -354,7 +344,7 @@ impl OpenAiSampling {
                 )));
             }
         }
-        Ok(GenerateParams {
+        Ok(GenerationParams {
             sampling,
             max_tokens: self.max_tokens,
             stop: self
@@ -362,6 +352,7 @@ impl OpenAiSampling {
                 .clone()
                 .map(StopSpec::into_vec)
                 .unwrap_or_default(),
+            num_ctx: None,
         })
     }
 }
@@ -385,7 +376,7 @@ fn check_sampling(sampling: &SamplingParams, prefix: &str) -> Result<(), ApiErro
 /// prompt + reply fit in it.
 pub fn fit_to_context(
     prompt_tokens: usize,
-    params: &mut GenerateParams,
+    max_tokens: &mut Option<u32>,
     n_ctx: u32,
 ) -> Result<(), ApiError> {
     if prompt_tokens >= n_ctx as usize {
@@ -396,7 +387,7 @@ pub fn fit_to_context(
         )));
     }
     let room = (n_ctx as usize - prompt_tokens) as u32;
-    params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
+    *max_tokens = Some(max_tokens.map_or(room, |m| m.min(room)));
     Ok(())
 }
 
@@ -449,16 +440,16 @@ mod tests {
         )
         .unwrap();
         let p = o.to_params().unwrap();
-        assert_eq!(p.generate.max_tokens, Some(5));
-        assert_eq!(p.generate.sampling.temperature, 0.0);
-        assert_eq!(p.generate.sampling.seed, Some(42));
-        assert_eq!(p.generate.sampling.top_k, 40);
-        assert_eq!(p.generate.sampling.top_p, 0.9);
-        assert_eq!(p.generate.stop, vec!["\n"]);
+        assert_eq!(p.max_tokens, Some(5));
+        assert_eq!(p.sampling.temperature, 0.0);
+        assert_eq!(p.sampling.seed, Some(42));
+        assert_eq!(p.sampling.top_k, 40);
+        assert_eq!(p.sampling.top_p, 0.9);
+        assert_eq!(p.stop, vec!["\n"]);
         assert_eq!(p.num_ctx, Some(256));
         let p = OllamaOptions::default().to_params().unwrap();
-        assert_eq!(p.generate.max_tokens, None);
-        assert_eq!(p.generate.sampling.seed, None);
+        assert_eq!(p.max_tokens, None);
+        assert_eq!(p.sampling.seed, None);
     }
 
     #[test]
@@ -496,10 +487,10 @@ mod tests {
 
     #[test]
     fn context_fit_caps_max_tokens() {
-        let mut p = GenerateParams::default();
-        fit_to_context(10, &mut p, 16).unwrap();
-        assert_eq!(p.max_tokens, Some(6));
-        let err = fit_to_context(16, &mut p, 16).unwrap_err();
+        let mut max_tokens = None;
+        fit_to_context(10, &mut max_tokens, 16).unwrap();
+        assert_eq!(max_tokens, Some(6));
+        let err = fit_to_context(16, &mut max_tokens, 16).unwrap_err();
         assert!(err.to_string().contains("16 tokens"), "{err}");
     }
 }

@@ -31,11 +31,11 @@ use hypura_scheduler::budget::{Admission, Footprint, Move, Residency};
 use llama_tiered::tiered::footprint::{resident_weights, StreamFootprint};
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
-use super::error::ApiError;
-use super::residency::{
+use crate::core::error::ApiError;
+use crate::core::validation::{KeepAlive, ModelName};
+use crate::pool::residency::{
     full_params, streaming_params, BudgetedModel, FullPlacement, GlobalBudget, Terms,
 };
-use super::validation::{KeepAlive, ModelName};
 
 /// How every model is run (from the command line).
 #[derive(Debug, Clone)]

@@ -1,27 +1,9 @@
-//! The HTTP gateway: Ollama- and OpenAI-compatible routes over a pool of models.
-//!
-//! - [`registry`]: names → GGUF files; loaded models with keep-alive.
-//! - [`infer`]: prompts, submitting to a model's batch engine, event streams.
-//! - [`validation`]: request bodies, names, durations and options → checked values.
-//! - [`structured`]: `format` / `response_format` → grammars; `tools` → prompts and tool calls.
-//! - [`error`]: one error enum; its status and body per API family.
-//! - [`ollama`], [`openai`]: one file per API family; [`pull`]: `/api/pull`.
-//! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
+//! The HTTP application: the routes of every API family ([`crate::api`]) over
+//! one [`AppState`], and serving it until a signal.
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
 //! and echoed), tracing, panic → 500, CORS, body size limit, bearer auth (when
 //! an API key is set; `/`, `/api/version` and the docs stay open).
-pub mod error;
-pub mod infer;
-pub mod ollama;
-pub mod openai;
-pub mod openapi;
-pub mod pull;
-pub mod registry;
-pub mod residency;
-pub mod structured;
-pub mod validation;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,8 +20,9 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use self::error::{ApiError, OllamaError, OpenAiError};
-use self::registry::Registry;
+use crate::api::{ollama, openai, openapi, pull};
+use crate::core::error::{ApiError, OllamaError, OpenAiError};
+use crate::pool::registry::Registry;
 
 /// What every handler can reach.
 #[derive(Clone)]

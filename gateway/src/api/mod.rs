@@ -1,0 +1,12 @@
+//! The API dialects: translation only. Each turns its request bodies into the
+//! dialect-neutral [`crate::core::request`] types and the events of
+//! [`crate::core::infer`] into its wire format; neither imports the other.
+//!
+//! - [`ollama`]: `/`, `/api/*` (NDJSON streams).
+//! - [`openai`]: `/v1/*` (SSE streams).
+//! - [`pull`]: `/api/pull`.
+//! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
+pub mod ollama;
+pub mod openai;
+pub mod openapi;
+pub mod pull;

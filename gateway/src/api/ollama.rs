@@ -1,0 +1,1155 @@
+//! Ollama's API (`/`, `/api/*`), as its own docs and clients define it.
+//!
+//! Generation streams NDJSON (`application/x-ndjson`, one object a line) by
+//! default; `stream: false` answers one object, the final chunk with all the
+//! text. Durations are integer nanoseconds, timestamps RFC 3339 with
+//! nanoseconds, and every `model` field echoes the request's model string.
+use std::convert::Infallible;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures_util::StreamExt;
+use hypura_chat::ChatMessage;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
+
+use crate::core::error::{ApiError, OllamaError};
+use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::request::{
+    EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
+};
+use crate::core::structured::{self, ToolChoice};
+use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions};
+use crate::pool::registry::{ModelInfo, NamedModel};
+use crate::server::{body_bytes, AppState};
+
+/// The version reported to clients: dotted digits only (Open WebUI parses it).
+pub const OLLAMA_VERSION: &str = "0.12.0";
+
+type Result<T> = std::result::Result<T, OllamaError>;
+
+// ---------------------------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionResponse {
+    /// hypura's Ollama API level, `X.Y.Z`.
+    #[schema(example = "0.12.0")]
+    pub version: String,
+}
+
+/// What a model is, as Ollama describes it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelDetails {
+    pub parent_model: String,
+    #[schema(example = "gguf")]
+    pub format: String,
+    #[schema(example = "llama")]
+    pub family: String,
+    pub families: Vec<String>,
+    #[schema(example = "135M")]
+    pub parameter_size: String,
+    #[schema(example = "Q4_1")]
+    pub quantization_level: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TagModel {
+    /// `name:tag`.
+    #[schema(example = "SmolLM2-135M-Instruct.Q4_1:latest")]
+    pub name: String,
+    /// Same as `name`.
+    pub model: String,
+    pub modified_at: String,
+    /// File size in bytes.
+    pub size: u64,
+    pub digest: String,
+    pub details: ModelDetails,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TagsResponse {
+    pub models: Vec<TagModel>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PsModel {
+    pub name: String,
+    pub model: String,
+    /// Bytes of weights in memory.
+    pub size: u64,
+    pub digest: String,
+    pub details: ModelDetails,
+    /// When it unloads if idle (far future when kept forever).
+    pub expires_at: String,
+    /// Bytes of weights in GPU memory.
+    pub size_vram: u64,
+    /// Context per sequence, in tokens.
+    pub context_length: u32,
+    /// hypura: `full`, `partial` or `streaming` (see the global budget).
+    pub residency: String,
+    /// hypura: bytes of weights per tier (`stream` = left on disk, read on demand).
+    pub tier_bytes: crate::pool::registry::TierBytes,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PsResponse {
+    pub models: Vec<PsModel>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ShowRequest {
+    pub model: Option<String>,
+    /// Legacy spelling of `model` (OpenClaw sends it).
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShowResponse {
+    pub modelfile: String,
+    pub parameters: String,
+    /// The chat template (Jinja, from the GGUF).
+    pub template: String,
+    pub details: ModelDetails,
+    /// GGUF metadata; always has `<architecture>.context_length` when the file states it.
+    #[schema(value_type = Object)]
+    pub model_info: Map<String, Value>,
+    #[schema(example = json!(["completion"]))]
+    pub capabilities: Vec<String>,
+    pub modified_at: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct GenerateRequest {
+    #[schema(example = "SmolLM2-135M-Instruct.Q4_1:latest")]
+    pub model: String,
+    /// Empty or absent: load the model (or unload it with `keep_alive: 0`).
+    #[schema(example = "Why is the sky blue?")]
+    pub prompt: Option<String>,
+    /// Fill-in-the-middle suffix (not supported yet: must be empty).
+    pub suffix: Option<String>,
+    pub system: Option<String>,
+    /// A Jinja chat template overriding the model's.
+    pub template: Option<String>,
+    /// Send the prompt as is, without a template; no `context` is returned.
+    pub raw: Option<bool>,
+    /// Tokens returned by a previous call, to continue that conversation.
+    pub context: Option<Vec<i32>>,
+    pub images: Option<Vec<String>>,
+    /// `"json"` (any JSON object) or a JSON Schema: the reply is constrained to it by a grammar.
+    #[schema(value_type = Object)]
+    pub format: Option<Value>,
+    pub options: Option<OllamaOptions>,
+    /// Default true.
+    pub stream: Option<bool>,
+    /// Seconds or a duration (`"5m"`); 0 unloads after the request, negative keeps loaded.
+    #[schema(value_type = Object)]
+    pub keep_alive: Option<Value>,
+    /// Ask thinking models to think (`true`/`false`, or `"low"|"medium"|"high"`).
+    #[schema(value_type = Object)]
+    pub think: Option<Value>,
+}
+
+/// One chat message, Ollama style.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct Message {
+    #[schema(example = "user")]
+    pub role: String,
+    #[serde(default)]
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object)]
+    pub tool_calls: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ChatRequest {
+    pub model: String,
+    /// Empty or absent: load the model (or unload it with `keep_alive: 0`).
+    pub messages: Option<Vec<Message>>,
+    /// OpenAI-style function tools, for models whose template supports
+    /// them (others answer 400); calls come back in `message.tool_calls`.
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Option<Vec<Value>>,
+    /// `"json"` or a JSON Schema, as in `/api/generate`.
+    #[schema(value_type = Object)]
+    pub format: Option<Value>,
+    pub options: Option<OllamaOptions>,
+    pub stream: Option<bool>,
+    #[schema(value_type = Object)]
+    pub keep_alive: Option<Value>,
+    #[schema(value_type = Object)]
+    pub think: Option<Value>,
+}
+
+/// Fields of the last chunk (`done: true`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FinalStats {
+    /// `stop`, `length`, `load` or `unload`.
+    pub done_reason: String,
+    /// Nanoseconds from the request's arrival to its end.
+    pub total_duration: u64,
+    pub load_duration: u64,
+    pub prompt_eval_count: usize,
+    pub prompt_eval_duration: u64,
+    pub eval_count: usize,
+    pub eval_duration: u64,
+}
+
+/// One `/api/generate` chunk (the last one has `done: true` and the stats).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GenerateChunk {
+    pub model: String,
+    pub created_at: String,
+    pub response: String,
+    pub done: bool,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<FinalStats>,
+    /// Prompt and reply tokens, to continue with (absent for `raw`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<Vec<i32>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReplyMessage {
+    pub role: String,
+    pub content: String,
+    /// `[{"function": {"index", "name", "arguments": {…}}}]`, when the model called tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+/// One `/api/chat` chunk.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatChunk {
+    pub model: String,
+    pub created_at: String,
+    pub message: ReplyMessage,
+    pub done: bool,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<FinalStats>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = EmbedRequest)]
+pub struct OllamaEmbedRequest {
+    pub model: String,
+    #[schema(value_type = Object)]
+    pub input: Option<EmbedInput>,
+    /// Cut inputs longer than the context (default true); false makes them a 400.
+    pub truncate: Option<bool>,
+    /// Keep the first N dimensions (re-normalised).
+    pub dimensions: Option<usize>,
+    pub options: Option<OllamaOptions>,
+    #[schema(value_type = Object)]
+    pub keep_alive: Option<Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbedResponse {
+    pub model: String,
+    /// One L2-normalised vector per input.
+    pub embeddings: Vec<Vec<f32>>,
+    pub total_duration: u64,
+    pub load_duration: u64,
+    pub prompt_eval_count: usize,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct EmbeddingsRequest {
+    pub model: String,
+    pub prompt: Option<String>,
+    pub options: Option<OllamaOptions>,
+    #[schema(value_type = Object)]
+    pub keep_alive: Option<Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingsResponse {
+    pub embedding: Vec<f32>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct DeleteRequest {
+    pub model: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CopyRequest {
+    pub source: String,
+    pub destination: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Translation in: bodies → core requests
+// ---------------------------------------------------------------------------------------------
+
+pub fn rfc3339(t: SystemTime) -> String {
+    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Nanos, true)
+}
+
+fn now() -> String {
+    rfc3339(SystemTime::now())
+}
+
+pub fn details(info: &ModelInfo) -> ModelDetails {
+    ModelDetails {
+        parent_model: String::new(),
+        format: "gguf".into(),
+        family: info.architecture.clone(),
+        families: vec![info.architecture.clone()],
+        parameter_size: info.parameter_size.clone(),
+        quantization_level: info.quantization.clone(),
+    }
+}
+
+/// The model name of a request with both `model` and legacy `name`.
+fn either_name(model: Option<&str>, name: Option<&str>) -> Result<(String, ModelName)> {
+    let raw = model
+        .filter(|m| !m.is_empty())
+        .or(name)
+        .unwrap_or_default()
+        .to_string();
+    let parsed = ModelName::parse(&raw, "model")?;
+    Ok((raw, parsed))
+}
+
+fn resolve(state: &AppState, requested: &str, name: &ModelName) -> Result<NamedModel> {
+    state
+        .registry
+        .resolve(name)
+        .ok_or_else(|| ApiError::ModelNotFound(requested.to_string()).into())
+}
+
+fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => Ok(Some(KeepAlive::from_json(v)?)),
+    }
+}
+
+fn params(options: Option<&OllamaOptions>) -> Result<GenerationParams> {
+    Ok(options.cloned().unwrap_or_default().to_params()?)
+}
+
+/// `think`: true or a level asks for thinking, false turns it off.
+fn think(value: Option<&Value>) -> Result<Option<bool>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => {
+            Ok(Some(true))
+        }
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid think {other}: use true, false, \"low\", \"medium\" or \"high\""
+        ))
+        .into()),
+    }
+}
+
+fn no_images(images: Option<&Vec<String>>, requested: &str) -> Result<()> {
+    if images.is_some_and(|i| !i.is_empty()) {
+        return Err(
+            ApiError::bad_request(format!("\"{requested}\" does not support images")).into(),
+        );
+    }
+    Ok(())
+}
+
+/// `/api/generate` → an [`InferRequest`]: the prompt raw, or as a user turn
+/// after `system` for the chat template (or the `template` override), after
+/// the `context` of an earlier reply; no prompt and no context loads the model.
+pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
+    let name = ModelName::parse(&request.model, "model")?;
+    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
+    let grammar = structured::ollama_format(request.format.as_ref())?;
+    no_images(request.images.as_ref(), &request.model)?;
+    if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(
+            ApiError::bad_request("suffix (fill-in-the-middle) is not supported yet").into(),
+        );
+    }
+    let mut params = params(request.options.as_ref())?;
+    params.sampling.grammar = grammar;
+    let text = request.prompt.clone().unwrap_or_default();
+    let context = request.context.clone().unwrap_or_default();
+    let prompt = if text.is_empty() && context.is_empty() {
+        Prompt::Load
+    } else if request.raw.unwrap_or(false) {
+        Prompt::Text { text }
+    } else {
+        let mut messages = Vec::new();
+        if let Some(system) = &request.system {
+            messages.push(ChatMessage::new("system", system.as_str()));
+        }
+        messages.push(ChatMessage::new("user", text));
+        Prompt::Messages {
+            messages,
+            tools: None,
+            template_override: request.template.clone(),
+            template_extra: Map::new(),
+        }
+    };
+    let mut infer = InferRequest::new(&request.model, name, prompt, params);
+    infer.backend.context = context;
+    infer.keep_alive = keep_alive;
+    infer.think = think(request.think.as_ref())?;
+    Ok(infer)
+}
+
+/// `/api/chat` → an [`InferRequest`]; no messages loads the model.
+pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
+    let name = ModelName::parse(&request.model, "model")?;
+    let keep_alive = keep_alive(request.keep_alive.as_ref())?;
+    let mut params = params(request.options.as_ref())?;
+    params.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
+    let messages = request.messages.as_deref().unwrap_or_default();
+    let prompt = if messages.is_empty() {
+        Prompt::Load
+    } else {
+        Prompt::messages(chat_messages(messages, &request.model)?)
+    };
+    let mut infer = InferRequest::new(&request.model, name, prompt, params);
+    infer.tools = request.tools.clone().map(|definitions| ToolRequest {
+        definitions,
+        choice: ToolChoice::Auto,
+    });
+    infer.keep_alive = keep_alive;
+    infer.think = think(request.think.as_ref())?;
+    Ok(infer)
+}
+
+/// Converts Ollama messages for the chat template.
+fn chat_messages(messages: &[Message], requested: &str) -> Result<Vec<ChatMessage>> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if m.role.trim().is_empty() {
+                return Err(ApiError::bad_request(format!("messages[{i}].role is empty")).into());
+            }
+            no_images(m.images.as_ref(), requested)?;
+            let mut message = ChatMessage::new(m.role.as_str(), m.content.as_str());
+            message.tool_calls = structured::ollama_input_tool_calls(m.tool_calls.as_ref());
+            message.name = m.tool_name.clone();
+            Ok(message)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Translation out: events → NDJSON chunks
+// ---------------------------------------------------------------------------------------------
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+/// The statistics of the final chunk.
+pub fn final_stats(outcome: &Outcome) -> FinalStats {
+    let f = &outcome.finished;
+    FinalStats {
+        done_reason: f.finish_reason.as_str().to_string(),
+        total_duration: nanos(outcome.total_duration),
+        load_duration: nanos(outcome.load_duration),
+        prompt_eval_count: f.prompt_eval_tokens,
+        prompt_eval_duration: nanos(f.prompt_eval_duration),
+        eval_count: f.generated_tokens,
+        eval_duration: nanos(f.eval_duration),
+    }
+}
+
+fn ndjson_line<T: Serialize>(value: &T) -> Bytes {
+    let mut line = serde_json::to_vec(value).unwrap_or_else(|e| {
+        serde_json::to_vec(&json!({"error": format!("could not serialize a chunk: {e}")}))
+            .unwrap_or_default()
+    });
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// A chunk of either generation route.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Chunk {
+    Generate(GenerateChunk),
+    Chat(ChatChunk),
+}
+
+/// Which route's chunks a stream writes, for the model named as the client did.
+#[derive(Clone)]
+pub enum Route {
+    Generate { model: String, raw: bool },
+    Chat { model: String },
+}
+
+impl Route {
+    fn message(text: String, tool_calls: Vec<Value>) -> ReplyMessage {
+        ReplyMessage {
+            role: "assistant".into(),
+            content: text,
+            tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+        }
+    }
+
+    /// A chunk of the route: `stats` and `context` only on the final one.
+    fn chunk(
+        &self,
+        text: String,
+        tool_calls: Vec<Value>,
+        stats: Option<FinalStats>,
+        context: Option<Vec<i32>>,
+    ) -> Chunk {
+        let done = stats.is_some();
+        match self {
+            Route::Generate { model, .. } => Chunk::Generate(GenerateChunk {
+                model: model.clone(),
+                created_at: now(),
+                response: text,
+                done,
+                stats,
+                context,
+            }),
+            Route::Chat { model } => Chunk::Chat(ChatChunk {
+                model: model.clone(),
+                created_at: now(),
+                message: Self::message(text, tool_calls),
+                done,
+                stats,
+            }),
+        }
+    }
+
+    /// An intermediate chunk of text (or, on `/api/chat`, of whole tool calls).
+    pub fn text_chunk(&self, text: String, tool_calls: Vec<Value>) -> Chunk {
+        self.chunk(text, tool_calls, None, None)
+    }
+
+    /// The final chunk; `text` is empty and `tool_calls` too when streaming
+    /// (they were sent already).
+    pub fn final_chunk(&self, text: String, tool_calls: Vec<Value>, outcome: &Outcome) -> Chunk {
+        let context = match self {
+            Route::Generate { raw: false, .. } => Some(outcome.finished.context.clone()),
+            _ => None,
+        };
+        self.chunk(text, tool_calls, Some(final_stats(outcome)), context)
+    }
+
+    /// The one object answering a request without a prompt.
+    pub fn loaded_chunk(&self, done_reason: &str, took: Duration) -> Chunk {
+        let stats = FinalStats {
+            done_reason: done_reason.into(),
+            total_duration: nanos(took),
+            load_duration: nanos(took),
+            prompt_eval_count: 0,
+            prompt_eval_duration: 0,
+            eval_count: 0,
+            eval_duration: 0,
+        };
+        self.chunk(String::new(), Vec::new(), Some(stats), None)
+    }
+
+    /// The chunks a streamed reply ends with: what the tool filter held
+    /// back (text, then the calls whole), then the final chunk.
+    pub fn last_chunks(&self, outcome: &Outcome) -> Vec<Chunk> {
+        let mut chunks = Vec::new();
+        if let Some(reply) = &outcome.reply {
+            if !reply.content.is_empty() {
+                chunks.push(self.text_chunk(reply.content.clone(), Vec::new()));
+            }
+            if !reply.tool_calls.is_empty() {
+                let calls = structured::ollama_tool_calls(&reply.tool_calls);
+                chunks.push(self.text_chunk(String::new(), calls));
+            }
+        }
+        chunks.push(self.final_chunk(String::new(), Vec::new(), outcome));
+        chunks
+    }
+
+    /// The one object of a reply with `stream: false`.
+    pub fn whole(&self, outcome: &Outcome) -> Chunk {
+        let (text, calls) = match &outcome.reply {
+            Some(reply) => (
+                reply.content.clone(),
+                structured::ollama_tool_calls(&reply.tool_calls),
+            ),
+            None => (outcome.text.clone(), Vec::new()),
+        };
+        self.final_chunk(text, calls, outcome)
+    }
+}
+
+fn ndjson_response(body: Body) -> Response {
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+/// Streams a generation as NDJSON; a failure mid-stream is one `{"error"}` line.
+fn stream(generation: Generation, route: Route) -> Response {
+    let start = Some((generation, route));
+    let chunks = futures_util::stream::unfold(start, |state| async move {
+        let (mut generation, route) = state?;
+        match generation.next().await? {
+            InferEvent::Text(text) => {
+                let chunk = ndjson_line(&route.text_chunk(text, Vec::new()));
+                Some((chunk, Some((generation, route))))
+            }
+            InferEvent::Done(outcome) => {
+                let lines: Vec<u8> = route
+                    .last_chunks(&outcome)
+                    .iter()
+                    .flat_map(|c| ndjson_line(c).to_vec())
+                    .collect();
+                Some((Bytes::from(lines), None))
+            }
+            InferEvent::Error(e) => Some((ndjson_line(&json!({"error": e.to_string()})), None)),
+        }
+    });
+    ndjson_response(Body::from_stream(chunks.map(Ok::<_, Infallible>)))
+}
+
+/// Runs a request through [`infer`] and answers as the route does: NDJSON,
+/// one object with `stream: false`, one object for a load or unload.
+async fn respond(
+    state: &AppState,
+    request: InferRequest,
+    route: Route,
+    streaming: bool,
+    arrived: Instant,
+) -> Result<Response> {
+    let generation = match infer(&state.registry, request, arrived).await? {
+        Answer::Loaded { done_reason, took } => {
+            return Ok(Json(route.loaded_chunk(done_reason, took)).into_response())
+        }
+        Answer::Generating(generation) => *generation,
+    };
+    if streaming {
+        return Ok(stream(generation, route));
+    }
+    let outcome = generation.collect().await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        ndjson_line(&route.whole(&outcome)),
+    )
+        .into_response())
+}
+
+/// `/api/embed` and `/api/embeddings` → an [`EmbedRequest`].
+fn embed_request(
+    requested: &str,
+    keep_alive_value: Option<&Value>,
+    options: Option<&OllamaOptions>,
+    texts: Vec<String>,
+    truncate: bool,
+    dimensions: Option<usize>,
+) -> Result<EmbedRequest> {
+    let name = ModelName::parse(requested, "model")?;
+    let keep_alive = keep_alive(keep_alive_value)?;
+    params(options)?;
+    Ok(EmbedRequest {
+        requested: requested.to_string(),
+        name,
+        batch: EmbedBatch { texts, truncate },
+        dimensions,
+        keep_alive,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+// ---------------------------------------------------------------------------------------------
+
+/// Liveness: `Ollama is running` (clients probe it).
+#[utoipa::path(get, path = "/", tag = "ollama",
+    responses((status = 200, description = "The server is up", body = String, content_type = "text/plain")))]
+pub async fn root() -> &'static str {
+    "Ollama is running"
+}
+
+#[utoipa::path(get, path = "/api/version", tag = "ollama",
+    responses((status = 200, body = VersionResponse)))]
+pub async fn version() -> Json<VersionResponse> {
+    Json(VersionResponse {
+        version: OLLAMA_VERSION.into(),
+    })
+}
+
+/// Every model the server can run.
+#[utoipa::path(get, path = "/api/tags", tag = "ollama",
+    responses((status = 200, body = TagsResponse)))]
+pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
+    let models = state
+        .registry
+        .list()
+        .into_iter()
+        .map(|m| TagModel {
+            model: m.name.clone(),
+            name: m.name,
+            modified_at: rfc3339(m.info.modified),
+            size: m.info.file_bytes,
+            digest: m.info.digest.clone(),
+            details: details(&m.info),
+        })
+        .collect();
+    Json(TagsResponse { models })
+}
+
+/// The models in memory now.
+#[utoipa::path(get, path = "/api/ps", tag = "ollama",
+    responses((status = 200, body = PsResponse)))]
+pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
+    // Kept forever: a date far ahead, as Ollama writes it.
+    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
+    let models = state
+        .registry
+        .loaded()
+        .into_iter()
+        .map(|m| {
+            let (residency, tier_bytes) = state.registry.residency(&m);
+            PsModel {
+                name: m.name.clone(),
+                model: m.name.clone(),
+                size: tier_bytes.gpu + tier_bytes.ram,
+                digest: m.info.digest.clone(),
+                details: details(&m.info),
+                expires_at: rfc3339(m.expires_at().unwrap_or(forever)),
+                size_vram: tier_bytes.gpu,
+                context_length: m.n_ctx_per_seq,
+                residency: residency.to_string(),
+                tier_bytes,
+            }
+        })
+        .collect();
+    Json(PsResponse { models })
+}
+
+/// A model's template, parameters, metadata and capabilities (reads only the GGUF header).
+#[utoipa::path(post, path = "/api/show", tag = "ollama", request_body = ShowRequest,
+    responses((status = 200, body = ShowResponse), (status = 404, body = crate::core::error::OllamaErrorBody)))]
+pub async fn show(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<ShowResponse>> {
+    let request: ShowRequest = parse_json(&body_bytes(body)?)?;
+    let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
+    let named = resolve(&state, &requested, &name)?;
+    let info = &named.info;
+    let template = info
+        .chat_template
+        .clone()
+        .unwrap_or_else(|| llama_tiered::engine::prompt::CHATML_TEMPLATE.to_string());
+    let context = state
+        .registry
+        .settings()
+        .n_ctx_per_seq
+        .min(info.context_length.unwrap_or(u64::MAX).min(u32::MAX as u64) as u32);
+    Ok(Json(ShowResponse {
+        modelfile: format!(
+            "# Modelfile generated by hypura\nFROM {}\nPARAMETER num_ctx {context}\n",
+            named.path.display()
+        ),
+        parameters: format!("num_ctx {context}"),
+        template,
+        details: details(info),
+        model_info: info.model_info.clone(),
+        capabilities: info.capabilities.iter().map(|c| c.to_string()).collect(),
+        modified_at: rfc3339(info.modified),
+    }))
+}
+
+/// Completes a prompt (chat-templated unless `raw`).
+#[utoipa::path(post, path = "/api/generate", tag = "ollama", request_body = GenerateRequest,
+    responses(
+        (status = 200, description = "NDJSON chunks, or one object with stream: false", body = GenerateChunk, content_type = "application/x-ndjson"),
+        (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 404, body = crate::core::error::OllamaErrorBody),
+        (status = 503, description = "Queue full", body = crate::core::error::OllamaErrorBody)))]
+pub async fn generate(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let arrived = Instant::now();
+    let request: GenerateRequest = parse_json(&body_bytes(body)?)?;
+    let infer = generate_request(&request)?;
+    let route = Route::Generate {
+        model: request.model.clone(),
+        raw: request.raw.unwrap_or(false),
+    };
+    respond(
+        &state,
+        infer,
+        route,
+        request.stream.unwrap_or(true),
+        arrived,
+    )
+    .await
+}
+
+/// Continues a conversation with the model's chat template.
+#[utoipa::path(post, path = "/api/chat", tag = "ollama", request_body = ChatRequest,
+    responses(
+        (status = 200, description = "NDJSON chunks, or one object with stream: false", body = ChatChunk, content_type = "application/x-ndjson"),
+        (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 404, body = crate::core::error::OllamaErrorBody),
+        (status = 503, description = "Queue full", body = crate::core::error::OllamaErrorBody)))]
+pub async fn chat(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let arrived = Instant::now();
+    let request: ChatRequest = parse_json(&body_bytes(body)?)?;
+    let infer = chat_request(&request)?;
+    let route = Route::Chat {
+        model: request.model.clone(),
+    };
+    respond(
+        &state,
+        infer,
+        route,
+        request.stream.unwrap_or(true),
+        arrived,
+    )
+    .await
+}
+
+/// Embeddings, L2-normalised, one per input.
+#[utoipa::path(post, path = "/api/embed", tag = "ollama", request_body = OllamaEmbedRequest,
+    responses((status = 200, body = EmbedResponse), (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 404, body = crate::core::error::OllamaErrorBody)))]
+pub async fn embed(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<EmbedResponse>> {
+    let arrived = Instant::now();
+    let request: OllamaEmbedRequest = parse_json(&body_bytes(body)?)?;
+    let texts = request.input.map(EmbedInput::into_vec).unwrap_or_default();
+    let embed = embed_request(
+        &request.model,
+        request.keep_alive.as_ref(),
+        request.options.as_ref(),
+        texts,
+        request.truncate.unwrap_or(true),
+        request.dimensions,
+    )?;
+    let (embeddings, count, load) = infer::embed(&state.registry, embed).await?;
+    Ok(Json(EmbedResponse {
+        model: request.model,
+        embeddings,
+        total_duration: nanos(arrived.elapsed()),
+        load_duration: nanos(load),
+        prompt_eval_count: count,
+    }))
+}
+
+/// Legacy: one embedding for `prompt`.
+#[utoipa::path(post, path = "/api/embeddings", tag = "ollama", request_body = EmbeddingsRequest,
+    responses((status = 200, body = EmbeddingsResponse), (status = 404, body = crate::core::error::OllamaErrorBody)))]
+pub async fn embeddings(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<EmbeddingsResponse>> {
+    let request: EmbeddingsRequest = parse_json(&body_bytes(body)?)?;
+    let texts: Vec<String> = request
+        .prompt
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect();
+    let embed = embed_request(
+        &request.model,
+        request.keep_alive.as_ref(),
+        request.options.as_ref(),
+        texts,
+        true,
+        None,
+    )?;
+    let (embeddings, _, _) = infer::embed(&state.registry, embed).await?;
+    Ok(Json(EmbeddingsResponse {
+        embedding: embeddings.into_iter().next().unwrap_or_default(),
+    }))
+}
+
+/// Forgets a model name (the file on disk is never touched).
+#[utoipa::path(delete, path = "/api/delete", tag = "ollama", request_body = DeleteRequest,
+    responses((status = 200), (status = 404, body = crate::core::error::OllamaErrorBody)))]
+pub async fn delete_model(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<StatusCode> {
+    let request: DeleteRequest = parse_json(&body_bytes(body)?)?;
+    let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
+    state
+        .registry
+        .delete(&name)
+        .map_err(|_| ApiError::ModelNotFound(requested))?;
+    Ok(StatusCode::OK)
+}
+
+/// Gives a model a second name.
+#[utoipa::path(post, path = "/api/copy", tag = "ollama", request_body = CopyRequest,
+    responses((status = 200), (status = 404, body = crate::core::error::OllamaErrorBody)))]
+pub async fn copy(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<StatusCode> {
+    let request: CopyRequest = parse_json(&body_bytes(body)?)?;
+    let source = ModelName::parse(&request.source, "source")?;
+    let destination = ModelName::parse(&request.destination, "destination")?;
+    state
+        .registry
+        .copy(&source, destination)
+        .map_err(|_| ApiError::ModelNotFound(request.source.clone()))?;
+    Ok(StatusCode::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::core::infer::testing::{outcome, tool_outcome};
+
+    fn body<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        parse_json(value.to_string().as_bytes()).unwrap()
+    }
+
+    /// A chunk as JSON, its timestamp checked and blanked.
+    fn json_of(chunk: &Chunk) -> Value {
+        let mut value = serde_json::to_value(chunk).unwrap();
+        let created = value["created_at"].as_str().unwrap().to_string();
+        assert!(DateTime::parse_from_rfc3339(&created).is_ok(), "{created}");
+        value["created_at"] = json!("T");
+        value
+    }
+
+    #[test]
+    fn generate_translates_into_one_infer_request() {
+        let request: GenerateRequest = body(json!({
+            "model": "SmolLM2", "prompt": "Why?", "system": "Be brief.",
+            "options": {"num_predict": 5, "temperature": 0, "num_ctx": 256, "stop": ["\n"]},
+            "keep_alive": "10m", "context": [1, 2], "think": false,
+        }));
+        let infer = generate_request(&request).unwrap();
+        assert_eq!(infer.requested, "SmolLM2");
+        assert_eq!(infer.name.display, "SmolLM2:latest");
+        assert_eq!(
+            infer.backend.prompt,
+            Prompt::Messages {
+                messages: vec![
+                    ChatMessage::new("system", "Be brief."),
+                    ChatMessage::new("user", "Why?")
+                ],
+                tools: None,
+                template_override: None,
+                template_extra: Map::new(),
+            }
+        );
+        assert_eq!(infer.backend.context, vec![1, 2]);
+        let params = &infer.backend.params;
+        assert_eq!(params.max_tokens, Some(5));
+        assert_eq!(params.num_ctx, Some(256));
+        assert_eq!(params.stop, vec!["\n"]);
+        assert_eq!(params.sampling.temperature, 0.0);
+        assert_eq!(params.sampling.top_k, 40);
+        assert_eq!(
+            infer.keep_alive,
+            Some(KeepAlive::For(Duration::from_secs(600)))
+        );
+        assert_eq!(infer.think, Some(false));
+        assert!(infer.tools.is_none());
+    }
+
+    #[test]
+    fn generate_raw_is_text_and_no_prompt_is_a_load() {
+        let raw: GenerateRequest = body(json!({"model": "m", "prompt": "1 2 3", "raw": true}));
+        let prompt = generate_request(&raw).unwrap().backend.prompt;
+        assert_eq!(
+            prompt,
+            Prompt::Text {
+                text: "1 2 3".into()
+            }
+        );
+        let load: GenerateRequest = body(json!({"model": "m", "keep_alive": 0}));
+        let infer = generate_request(&load).unwrap();
+        assert_eq!(infer.backend.prompt, Prompt::Load);
+        assert!(infer.keep_alive.unwrap().is_zero());
+    }
+
+    #[test]
+    fn generate_refuses_what_it_cannot_do() {
+        for (request, message) in [
+            (
+                json!({"model": "m", "prompt": "x", "images": ["aGk="]}),
+                "\"m\" does not support images",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "suffix": "y"}),
+                "suffix (fill-in-the-middle) is not supported yet",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "think": "max"}),
+                "invalid think \"max\": use true, false, \"low\", \"medium\" or \"high\"",
+            ),
+            (json!({"model": "", "prompt": "x"}), "model is required"),
+        ] {
+            let e = generate_request(&body(request)).err().unwrap();
+            assert_eq!(e.0.status(), StatusCode::BAD_REQUEST);
+            assert_eq!(e.0.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn chat_translates_messages_and_tools() {
+        let tool = json!({"type": "function", "function": {"name": "f"}});
+        let request: ChatRequest = body(json!({
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+                {"role": "tool", "content": "42", "tool_name": "f"},
+            ],
+            "tools": [tool], "think": "high",
+        }));
+        let infer = chat_request(&request).unwrap();
+        let Prompt::Messages { messages, .. } = &infer.backend.prompt else {
+            panic!("{:?}", infer.backend.prompt)
+        };
+        assert_eq!(messages[0], ChatMessage::new("user", "hi"));
+        assert_eq!(
+            messages[1].tool_calls,
+            Some(json!([{"type": "function", "function": {"name": "f", "arguments": {}}}]))
+        );
+        assert_eq!(messages[2].name.as_deref(), Some("f"));
+        assert_eq!(
+            infer.tools,
+            Some(ToolRequest {
+                definitions: vec![tool],
+                choice: ToolChoice::Auto
+            })
+        );
+        assert_eq!(infer.think, Some(true));
+        let empty: ChatRequest = body(json!({"model": "m", "messages": []}));
+        assert_eq!(chat_request(&empty).unwrap().backend.prompt, Prompt::Load);
+    }
+
+    #[test]
+    fn generate_chunks_are_ollamas() {
+        let route = Route::Generate {
+            model: "SmolLM2".into(),
+            raw: false,
+        };
+        let text = json_of(&route.text_chunk("Hi".into(), Vec::new()));
+        assert_eq!(
+            text,
+            json!({"model": "SmolLM2", "created_at": "T", "response": "Hi", "done": false})
+        );
+        let last = route.last_chunks(&outcome("Hi there"));
+        assert_eq!(last.len(), 1);
+        assert_eq!(
+            json_of(&last[0]),
+            json!({"model": "SmolLM2", "created_at": "T", "response": "", "done": true,
+                "done_reason": "stop", "total_duration": 20_000_000u64,
+                "load_duration": 2_000_000u64, "prompt_eval_count": 3,
+                "prompt_eval_duration": 5_000_000u64, "eval_count": 2,
+                "eval_duration": 7_000_000u64, "context": [1, 2, 3, 4, 5, 9]})
+        );
+        let whole = json_of(&route.whole(&outcome("Hi there")));
+        assert_eq!(whole["response"], "Hi there");
+        assert_eq!(whole["done"], true);
+        let raw = Route::Generate {
+            model: "m".into(),
+            raw: true,
+        };
+        assert!(json_of(&raw.whole(&outcome("x"))).get("context").is_none());
+    }
+
+    #[test]
+    fn chat_chunks_carry_the_role_and_whole_tool_calls() {
+        let route = Route::Chat { model: "m".into() };
+        assert_eq!(
+            json_of(&route.text_chunk("Hi".into(), Vec::new())),
+            json!({"model": "m", "created_at": "T",
+                "message": {"role": "assistant", "content": "Hi"}, "done": false})
+        );
+        let last: Vec<Value> = route
+            .last_chunks(&tool_outcome("Checking."))
+            .iter()
+            .map(json_of)
+            .collect();
+        assert_eq!(last.len(), 3);
+        assert_eq!(
+            last[0]["message"],
+            json!({"role": "assistant", "content": "Checking."})
+        );
+        assert_eq!(
+            last[1],
+            json!({"model": "m", "created_at": "T", "done": false, "message": {
+                "role": "assistant", "content": "",
+                "tool_calls": [{"function": {"index": 0, "name": "get_weather",
+                    "arguments": {"city": "Paris"}}}]}})
+        );
+        assert_eq!(last[2]["done"], true);
+        assert_eq!(
+            last[2]["message"],
+            json!({"role": "assistant", "content": ""})
+        );
+        let whole = json_of(&route.whole(&tool_outcome("Checking.")));
+        assert_eq!(whole["message"]["content"], "Checking.");
+        assert_eq!(
+            whole["message"]["tool_calls"][0]["function"]["name"],
+            "get_weather"
+        );
+    }
+
+    #[test]
+    fn loads_and_unloads_answer_one_final_object() {
+        let route = Route::Chat { model: "m".into() };
+        let chunk = json_of(&route.loaded_chunk("unload", Duration::from_nanos(5)));
+        assert_eq!(
+            chunk,
+            json!({"model": "m", "created_at": "T",
+                "message": {"role": "assistant", "content": ""}, "done": true,
+                "done_reason": "unload", "total_duration": 5, "load_duration": 5,
+                "prompt_eval_count": 0, "prompt_eval_duration": 0, "eval_count": 0,
+                "eval_duration": 0})
+        );
+    }
+
+    #[test]
+    fn embed_bodies_translate_into_embed_requests() {
+        let request: OllamaEmbedRequest =
+            body(json!({"model": "m", "input": ["a", "b"], "truncate": false, "dimensions": 4}));
+        let texts = request
+            .input
+            .clone()
+            .map(EmbedInput::into_vec)
+            .unwrap_or_default();
+        let embed = embed_request(
+            &request.model,
+            None,
+            None,
+            texts,
+            request.truncate.unwrap_or(true),
+            request.dimensions,
+        )
+        .unwrap();
+        assert_eq!(embed.batch.texts, ["a", "b"]);
+        assert!(!embed.batch.truncate);
+        assert_eq!(embed.dimensions, Some(4));
+        assert_eq!(embed.name.display, "m:latest");
+    }
+}

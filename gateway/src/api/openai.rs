@@ -1,0 +1,1072 @@
+//! OpenAI's API (`/v1/*`): models, chat completions, completions, embeddings.
+//!
+//! Streams are SSE: `data: {json}\n\n` per chunk, all with one `id` and
+//! `created`; the first delta carries `role: "assistant"`, a last chunk with
+//! an empty delta carries `finish_reason`, then (with
+//! `stream_options.include_usage`) a chunk with `choices: []` and `usage`,
+//! then `data: [DONE]`. Errors are `{"error": {"message", "type", "param",
+//! "code"}}`, in a stream as one `data:` event.
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use futures_util::StreamExt;
+use hypura_chat::ChatMessage;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::core::error::{ApiError, OpenAiError};
+use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::request::{
+    EmbedBatch, EmbedInput, EmbedRequest, InferRequest, Prompt, ToolRequest,
+};
+use crate::core::structured::{self, ToolChoice};
+use crate::core::validation::{parse_json, ModelName, OpenAiSampling, StopSpec};
+use crate::server::{body_bytes, AppState};
+
+type Result<T> = std::result::Result<T, OpenAiError>;
+
+const SYSTEM_FINGERPRINT: &str = "fp_hypura";
+
+// ---------------------------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelObject {
+    #[schema(example = "SmolLM2-135M-Instruct.Q4_1:latest")]
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Unix seconds (the file's modification time).
+    pub created: u64,
+    pub owned_by: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    pub data: Vec<ModelObject>,
+}
+
+/// One content part: `{"type":"text","text"}` or `{"type":"image_url",…}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// A message's content: a string or a list of parts.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged, expecting = "expected a string or an array of content parts")]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatCompletionMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    #[schema(value_type = Object)]
+    pub content: Option<Content>,
+    pub name: Option<String>,
+    #[schema(value_type = Object)]
+    pub tool_calls: Option<Value>,
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatCompletionMessage>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<u32>,
+    /// Preferred over `max_tokens` when both are set.
+    pub max_completion_tokens: Option<u32>,
+    /// Default 1.0; 0 is greedy.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    #[schema(value_type = Object)]
+    pub stop: Option<StopSpec>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
+    /// "json_schema", "json_schema": {"name", "schema", "strict"}}`: the
+    /// reply is constrained by a grammar (the schema always, `strict` or not).
+    #[schema(value_type = Object)]
+    pub response_format: Option<Value>,
+    /// Function tools, for models whose template supports them (others answer 400).
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Option<Vec<Value>>,
+    /// `"auto"` (default), `"none"` (tools left out), `"required"` or
+    /// `{"type": "function", "function": {"name"}}` (a call forced by a grammar).
+    #[schema(value_type = Object)]
+    pub tool_choice: Option<Value>,
+    /// Only 1.
+    pub n: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    pub model: String,
+    /// A string, or a list holding one string.
+    #[schema(value_type = Object)]
+    pub prompt: Option<StopSpec>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Default 16, as OpenAI's.
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    #[schema(value_type = Object)]
+    pub stop: Option<StopSpec>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub suffix: Option<String>,
+    pub echo: Option<bool>,
+    pub n: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AssistantMessage {
+    pub role: String,
+    /// `null` when the model only called tools.
+    pub content: Option<String>,
+    /// `[{"id", "type": "function", "function": {"name", "arguments": "<JSON>"}}]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    /// `stop`, `length` or `tool_calls`.
+    pub finish_reason: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatCompletion {
+    #[schema(example = "chatcmpl-1a2b3c")]
+    pub id: String,
+    /// `chat.completion`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// The reply's tool calls, whole, each with its `index`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub finish_reason: Option<String>,
+}
+
+/// One SSE event of a streamed chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub text: String,
+    pub index: u32,
+    pub logprobs: Option<Value>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TextCompletion {
+    pub id: String,
+    /// `text_completion`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct EmbeddingRequest {
+    pub model: String,
+    #[schema(value_type = Object)]
+    pub input: EmbedInput,
+    /// `float` (default) or `base64` (little-endian f32).
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingObject {
+    /// `embedding`.
+    pub object: String,
+    /// A list of floats, or a base64 string of little-endian f32.
+    #[schema(value_type = Object)]
+    pub embedding: Value,
+    pub index: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingList {
+    pub object: String,
+    pub data: Vec<EmbeddingObject>,
+    pub model: String,
+    pub usage: EmbeddingUsage,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Translation in: bodies → core requests
+// ---------------------------------------------------------------------------------------------
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A fresh id: prefix, time and a process-wide counter.
+fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{nanos:x}{n:04x}")
+}
+
+fn model_name(model: &str) -> Result<ModelName> {
+    Ok(ModelName::parse(model, "model")?)
+}
+
+/// A message's content as text; images are refused (no vision models yet).
+fn content_text(content: Option<&Content>, i: usize) -> Result<String> {
+    let parts = match content {
+        None => return Ok(String::new()),
+        Some(Content::Text(t)) => return Ok(t.clone()),
+        Some(Content::Parts(parts)) => parts,
+    };
+    let mut text = String::new();
+    for part in parts {
+        match part.kind.as_str() {
+            "text" => text.push_str(part.text.as_deref().unwrap_or_default()),
+            "image_url" | "input_image" => {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}]: this model does not support images"
+                ))
+                .into())
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}]: unsupported content part type {other:?}"
+                ))
+                .into())
+            }
+        }
+    }
+    Ok(text)
+}
+
+fn chat_messages(messages: &[ChatCompletionMessage]) -> Result<Vec<ChatMessage>> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty").into());
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = content_text(m.content.as_ref(), i)?;
+            if m.role.trim().is_empty() {
+                return Err(ApiError::bad_request(format!("messages[{i}].role is empty")).into());
+            }
+            let mut message = ChatMessage::new(m.role.as_str(), content);
+            message.tool_calls = m.tool_calls.clone().filter(|v| !v.is_null());
+            message.name = m.name.clone();
+            message.tool_call_id = m.tool_call_id.clone();
+            Ok(message)
+        })
+        .collect()
+}
+
+fn only_one_choice(n: Option<u32>) -> Result<()> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad_request(format!("n must be 1, got {n}")).into()),
+    }
+}
+
+/// `/v1/chat/completions` → an [`InferRequest`].
+pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
+    let name = model_name(&request.model)?;
+    only_one_choice(request.n)?;
+    let grammar = structured::openai_response_format(request.response_format.as_ref())?;
+    let choice = ToolChoice::parse(request.tool_choice.as_ref())?;
+    let messages = chat_messages(&request.messages)?;
+    let sampling = OpenAiSampling {
+        temperature: request.temperature,
+        top_p: request.top_p,
+        seed: request.seed,
+        frequency_penalty: request.frequency_penalty,
+        presence_penalty: request.presence_penalty,
+        max_tokens: request.max_completion_tokens.or(request.max_tokens),
+        stop: request.stop.clone(),
+    };
+    let mut params = sampling.to_params()?;
+    params.sampling.grammar = grammar;
+    let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);
+    infer.tools = Some(ToolRequest {
+        definitions: request.tools.clone().unwrap_or_default(),
+        choice,
+    });
+    Ok(infer)
+}
+
+/// `/v1/completions` → an [`InferRequest`] with a raw text prompt.
+pub fn completion_request(request: &CompletionRequest) -> Result<InferRequest> {
+    let name = model_name(&request.model)?;
+    only_one_choice(request.n)?;
+    if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_request("suffix is not supported yet: omit it").into());
+    }
+    let text = match request.prompt.clone() {
+        None => String::new(),
+        Some(StopSpec::One(p)) => p,
+        Some(StopSpec::Many(mut v)) if v.len() == 1 => v.remove(0),
+        Some(StopSpec::Many(_)) => {
+            return Err(
+                ApiError::bad_request("prompt must be a string or a list of one string").into(),
+            )
+        }
+    };
+    if text.is_empty() {
+        return Err(ApiError::bad_request("prompt must not be empty").into());
+    }
+    let sampling = OpenAiSampling {
+        temperature: request.temperature,
+        top_p: request.top_p,
+        seed: request.seed,
+        frequency_penalty: request.frequency_penalty,
+        presence_penalty: request.presence_penalty,
+        max_tokens: Some(request.max_tokens.unwrap_or(16)),
+        stop: request.stop.clone(),
+    };
+    let params = sampling.to_params()?;
+    Ok(InferRequest::new(
+        &request.model,
+        name,
+        Prompt::Text { text },
+        params,
+    ))
+}
+
+/// `/v1/embeddings` → an [`EmbedRequest`], and whether vectors go out as base64.
+pub fn embedding_request(request: EmbeddingRequest) -> Result<(EmbedRequest, bool)> {
+    let name = model_name(&request.model)?;
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "encoding_format must be \"float\" or \"base64\", got {other:?}"
+            ))
+            .into())
+        }
+    };
+    let texts = request.input.into_vec();
+    if texts.is_empty() || texts.iter().any(String::is_empty) {
+        return Err(
+            ApiError::bad_request("input must be a non-empty string or list of them").into(),
+        );
+    }
+    let embed = EmbedRequest {
+        requested: request.model,
+        name,
+        batch: EmbedBatch {
+            texts,
+            truncate: true,
+        },
+        dimensions: request.dimensions,
+        keep_alive: None,
+    };
+    Ok((embed, base64))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Translation out: events → JSON and SSE
+// ---------------------------------------------------------------------------------------------
+
+pub fn usage(outcome: &Outcome) -> Usage {
+    let prompt_tokens = outcome.finished.prompt_tokens;
+    let completion_tokens = outcome.finished.generated_tokens;
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    }
+}
+
+/// OpenAI's `finish_reason`: `tool_calls` when the reply called tools.
+fn finish_reason(outcome: &Outcome) -> &'static str {
+    if outcome.called_tools() {
+        "tool_calls"
+    } else {
+        outcome.finished.finish_reason.as_str()
+    }
+}
+
+fn sse_event<T: Serialize>(value: &T) -> Bytes {
+    let json = serde_json::to_string(value).unwrap_or_else(|e| {
+        format!("{{\"error\":{{\"message\":\"{e}\",\"type\":\"api_error\"}}}}")
+    });
+    Bytes::from(format!("data: {json}\n\n"))
+}
+
+fn sse_response(body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// A whole chat reply (`stream` unset or false).
+pub fn chat_completion(model: &str, outcome: &Outcome) -> ChatCompletion {
+    let (content, tool_calls) = match &outcome.reply {
+        Some(reply) => (
+            reply.content.clone(),
+            structured::openai_tool_calls(&reply.tool_calls, false),
+        ),
+        None => (outcome.text.clone(), Vec::new()),
+    };
+    ChatCompletion {
+        id: new_id("chatcmpl"),
+        object: "chat.completion".into(),
+        created: unix_seconds(SystemTime::now()),
+        model: model.to_string(),
+        system_fingerprint: SYSTEM_FINGERPRINT.into(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: AssistantMessage {
+                role: "assistant".into(),
+                content: (tool_calls.is_empty() || !content.is_empty()).then_some(content),
+                tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+            },
+            finish_reason: finish_reason(outcome).into(),
+        }],
+        usage: usage(outcome),
+    }
+}
+
+/// A whole text completion; `echo` puts the prompt before the reply.
+pub fn text_completion(model: &str, outcome: &Outcome, echo: Option<&str>) -> TextCompletion {
+    TextCompletion {
+        id: new_id("cmpl"),
+        object: "text_completion".into(),
+        created: unix_seconds(SystemTime::now()),
+        model: model.to_string(),
+        system_fingerprint: SYSTEM_FINGERPRINT.into(),
+        choices: vec![CompletionChoice {
+            text: format!("{}{}", echo.unwrap_or_default(), outcome.text),
+            index: 0,
+            logprobs: None,
+            finish_reason: Some(outcome.finished.finish_reason.as_str().into()),
+        }],
+        usage: Some(usage(outcome)),
+    }
+}
+
+/// The embeddings response; `base64` writes each vector as little-endian f32.
+pub fn embedding_list(
+    model: String,
+    vectors: Vec<Vec<f32>>,
+    tokens: usize,
+    base64: bool,
+) -> EmbeddingList {
+    let data = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| EmbeddingObject {
+            object: "embedding".into(),
+            embedding: if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                Value::from(v)
+            },
+            index,
+        })
+        .collect();
+    EmbeddingList {
+        object: "list".into(),
+        data,
+        model,
+        usage: EmbeddingUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }
+}
+
+/// What differs between the chat and the text completion streams.
+#[derive(Clone)]
+pub struct StreamIds {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    chat: bool,
+}
+
+impl StreamIds {
+    pub fn new(prefix: &str, model: &str, options: Option<&StreamOptions>, chat: bool) -> Self {
+        StreamIds {
+            id: new_id(prefix),
+            created: unix_seconds(SystemTime::now()),
+            model: model.to_string(),
+            include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
+            chat,
+        }
+    }
+
+    /// The first event: a chat stream opens with the assistant's role.
+    pub fn head(&self) -> Option<Bytes> {
+        self.chat
+            .then(|| self.chunk(Some("assistant"), Some(String::new()), None))
+    }
+
+    pub fn chunk(
+        &self,
+        role: Option<&str>,
+        content: Option<String>,
+        finish: Option<&str>,
+    ) -> Bytes {
+        if self.chat {
+            let delta = Delta {
+                role: role.map(str::to_string),
+                content,
+                tool_calls: None,
+            };
+            self.chat_chunk(delta, finish)
+        } else {
+            sse_event(&TextCompletion {
+                id: self.id.clone(),
+                object: "text_completion".into(),
+                created: self.created,
+                model: self.model.clone(),
+                system_fingerprint: SYSTEM_FINGERPRINT.into(),
+                choices: vec![CompletionChoice {
+                    text: content.unwrap_or_default(),
+                    index: 0,
+                    logprobs: None,
+                    finish_reason: finish.map(str::to_string),
+                }],
+                usage: None,
+            })
+        }
+    }
+
+    /// A chat delta carrying the reply's tool calls.
+    fn tool_calls_chunk(&self, tool_calls: Vec<Value>) -> Bytes {
+        let delta = Delta {
+            role: None,
+            content: None,
+            tool_calls: Some(tool_calls),
+        };
+        self.chat_chunk(delta, None)
+    }
+
+    fn chat_chunk(&self, delta: Delta, finish: Option<&str>) -> Bytes {
+        sse_event(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT.into(),
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                finish_reason: finish.map(str::to_string),
+            }],
+            usage: None,
+        })
+    }
+
+    fn usage_chunk(&self, usage: Usage) -> Bytes {
+        let mut value = serde_json::json!({
+            "id": self.id,
+            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": [],
+        });
+        value["usage"] = serde_json::to_value(usage).unwrap_or(Value::Null);
+        sse_event(&value)
+    }
+
+    /// The events after the last text: what the tool filter held back (text,
+    /// then the calls whole), finish, usage, `[DONE]`.
+    pub fn tail(&self, outcome: &Outcome) -> Bytes {
+        let mut out = Vec::new();
+        if let Some(reply) = &outcome.reply {
+            if !reply.content.is_empty() {
+                out.extend_from_slice(&self.chunk(None, Some(reply.content.clone()), None));
+            }
+            if !reply.tool_calls.is_empty() {
+                let calls = structured::openai_tool_calls(&reply.tool_calls, true);
+                out.extend_from_slice(&self.tool_calls_chunk(calls));
+            }
+        }
+        out.extend_from_slice(&self.chunk(None, None, Some(finish_reason(outcome))));
+        if self.include_usage {
+            out.extend_from_slice(&self.usage_chunk(usage(outcome)));
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+
+    /// A failure mid-stream: one error event, then `[DONE]`.
+    pub fn error(&self, e: &ApiError) -> Bytes {
+        let mut out = sse_event(&e.openai_body()).to_vec();
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+}
+
+/// Streams a generation as SSE.
+fn stream(generation: Generation, ids: StreamIds) -> Response {
+    let first = ids.head();
+    let start = Some((generation, ids));
+    let events = futures_util::stream::unfold(start, |state| async move {
+        let (mut generation, ids) = state?;
+        match generation.next().await? {
+            InferEvent::Text(text) => {
+                let event = ids.chunk(None, Some(text), None);
+                Some((event, Some((generation, ids))))
+            }
+            InferEvent::Done(outcome) => Some((ids.tail(&outcome), None)),
+            InferEvent::Error(e) => Some((ids.error(&e), None)),
+        }
+    });
+    let events = futures_util::stream::iter(first).chain(events);
+    sse_response(Body::from_stream(events.map(Ok::<_, Infallible>)))
+}
+
+/// Runs a request through [`infer`]; OpenAI requests always carry a prompt.
+async fn generation(
+    state: &AppState,
+    request: InferRequest,
+    arrived: Instant,
+) -> Result<Generation> {
+    match infer(&state.registry, request, arrived).await? {
+        Answer::Generating(generation) => Ok(*generation),
+        Answer::Loaded { .. } => {
+            Err(ApiError::Internal("a request without a prompt reached generation".into()).into())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+// ---------------------------------------------------------------------------------------------
+
+fn model_object(name: String, modified: SystemTime) -> ModelObject {
+    ModelObject {
+        id: name,
+        object: "model".into(),
+        created: unix_seconds(modified),
+        owned_by: "hypura".into(),
+    }
+}
+
+/// Every model the server can run.
+#[utoipa::path(get, path = "/v1/models", tag = "openai", responses((status = 200, body = ModelList)))]
+pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+    let data = state
+        .registry
+        .list()
+        .into_iter()
+        .map(|m| model_object(m.name, m.info.modified))
+        .collect();
+    Json(ModelList {
+        object: "list".into(),
+        data,
+    })
+}
+
+/// One model.
+#[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
+    params(("id" = String, Path, description = "name:tag")),
+    responses((status = 200, body = ModelObject), (status = 404, body = crate::core::error::OpenAiErrorBody)))]
+pub async fn retrieve_model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelObject>> {
+    let name = model_name(&id)?;
+    let named = state
+        .registry
+        .resolve(&name)
+        .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
+    Ok(Json(model_object(named.name, named.info.modified)))
+}
+
+/// A chat reply, whole or streamed as SSE.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai", request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "A completion, or SSE chunks with stream: true", body = ChatCompletion),
+        (status = 400, body = crate::core::error::OpenAiErrorBody),
+        (status = 404, body = crate::core::error::OpenAiErrorBody),
+        (status = 503, body = crate::core::error::OpenAiErrorBody)))]
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let arrived = Instant::now();
+    let request: ChatCompletionRequest = parse_json(&body_bytes(body)?)?;
+    let infer = chat_request(&request)?;
+    let generation = generation(&state, infer, arrived).await?;
+    if request.stream.unwrap_or(false) {
+        let options = request.stream_options.as_ref();
+        let ids = StreamIds::new("chatcmpl", &request.model, options, true);
+        return Ok(stream(generation, ids));
+    }
+    let outcome = generation.collect().await?;
+    Ok(Json(chat_completion(&request.model, &outcome)).into_response())
+}
+
+/// A raw text completion (no chat template).
+#[utoipa::path(post, path = "/v1/completions", tag = "openai", request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "A completion, or SSE chunks with stream: true", body = TextCompletion),
+        (status = 400, body = crate::core::error::OpenAiErrorBody),
+        (status = 404, body = crate::core::error::OpenAiErrorBody)))]
+pub async fn completions(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let arrived = Instant::now();
+    let request: CompletionRequest = parse_json(&body_bytes(body)?)?;
+    let infer = completion_request(&request)?;
+    let generation = generation(&state, infer, arrived).await?;
+    if request.stream.unwrap_or(false) {
+        let options = request.stream_options.as_ref();
+        let ids = StreamIds::new("cmpl", &request.model, options, false);
+        return Ok(stream(generation, ids));
+    }
+    let outcome = generation.collect().await?;
+    let echo = match &request.prompt {
+        Some(StopSpec::One(p)) if request.echo.unwrap_or(false) => Some(p.as_str()),
+        Some(StopSpec::Many(v)) if request.echo.unwrap_or(false) => v.first().map(String::as_str),
+        _ => None,
+    };
+    Ok(Json(text_completion(&request.model, &outcome, echo)).into_response())
+}
+
+/// Embeddings (L2-normalised), as floats or base64 little-endian f32.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "openai", request_body = EmbeddingRequest,
+    responses((status = 200, body = EmbeddingList), (status = 400, body = crate::core::error::OpenAiErrorBody),
+        (status = 404, body = crate::core::error::OpenAiErrorBody)))]
+pub async fn embeddings(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<EmbeddingList>> {
+    let request: EmbeddingRequest = parse_json(&body_bytes(body)?)?;
+    let (embed, base64) = embedding_request(request)?;
+    let model = embed.requested.clone();
+    let (vectors, tokens, _) = infer::embed(&state.registry, embed).await?;
+    Ok(Json(embedding_list(model, vectors, tokens, base64)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::core::infer::testing::{outcome, tool_outcome};
+
+    fn body<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        parse_json(value.to_string().as_bytes()).unwrap()
+    }
+
+    /// The JSON of each `data:` event of an SSE body (`[DONE]` as a string).
+    fn events(bytes: &[u8]) -> Vec<Value> {
+        let text = std::str::from_utf8(bytes).unwrap();
+        assert!(text.ends_with("\n\n"), "{text:?}");
+        text.split_terminator("\n\n")
+            .map(|event| {
+                let data = event.strip_prefix("data: ").unwrap();
+                serde_json::from_str(data).unwrap_or_else(|_| Value::from(data))
+            })
+            .collect()
+    }
+
+    /// `id` and `created` checked and blanked.
+    fn blank(mut value: Value, prefix: &str) -> Value {
+        assert!(value["id"].as_str().unwrap().starts_with(prefix), "{value}");
+        assert!(value["created"].as_u64().unwrap() > 0);
+        value["id"] = json!("ID");
+        value["created"] = json!(0);
+        value
+    }
+
+    #[test]
+    fn chat_translates_into_one_infer_request() {
+        let request: ChatCompletionRequest = body(json!({
+            "model": "gpt-x", "max_tokens": 9, "max_completion_tokens": 7, "seed": 3,
+            "stop": "END", "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+            ],
+        }));
+        let infer = chat_request(&request).unwrap();
+        assert_eq!(infer.requested, "gpt-x");
+        let Prompt::Messages { messages, .. } = &infer.backend.prompt else {
+            panic!("{:?}", infer.backend.prompt)
+        };
+        assert_eq!(messages[0], ChatMessage::new("system", "Be brief."));
+        assert_eq!(messages[1], ChatMessage::new("user", "Hi there"));
+        assert_eq!(messages[2].tool_call_id.as_deref(), Some("call_1"));
+        let params = &infer.backend.params;
+        assert_eq!(params.max_tokens, Some(7));
+        assert_eq!(params.stop, vec!["END"]);
+        assert_eq!(params.sampling.temperature, 1.0);
+        assert_eq!(params.sampling.top_k, 0);
+        assert_eq!(params.sampling.seed, Some(3));
+        let tools = infer.tools.unwrap();
+        assert_eq!(tools.choice, ToolChoice::Required);
+        assert_eq!(tools.definitions.len(), 1);
+    }
+
+    #[test]
+    fn chat_refuses_what_it_cannot_do() {
+        for (request, message) in [
+            (
+                json!({"model": "m", "messages": []}),
+                "messages must not be empty",
+            ),
+            (
+                json!({"model": "m", "n": 2, "messages": [{"role": "user", "content": "x"}]}),
+                "n must be 1, got 2",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0]: this model does not support images",
+            ),
+            (
+                json!({"model": "m", "temperature": 3, "messages": [{"role": "user", "content": "x"}]}),
+                "temperature must be between 0 and 2, got 3",
+            ),
+        ] {
+            let e = chat_request(&body(request)).err().unwrap();
+            assert_eq!(e.0.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(e.0.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn completions_take_one_raw_prompt() {
+        let request: CompletionRequest = body(json!({"model": "m", "prompt": ["1 2 3"]}));
+        let infer = completion_request(&request).unwrap();
+        assert_eq!(
+            infer.backend.prompt,
+            Prompt::Text {
+                text: "1 2 3".into()
+            }
+        );
+        assert_eq!(infer.backend.params.max_tokens, Some(16));
+        let two: CompletionRequest = body(json!({"model": "m", "prompt": ["a", "b"]}));
+        assert!(completion_request(&two).is_err());
+    }
+
+    #[test]
+    fn a_whole_chat_reply_is_openais() {
+        let reply = serde_json::to_value(chat_completion("gpt-x", &outcome("Hello"))).unwrap();
+        assert_eq!(
+            blank(reply, "chatcmpl-"),
+            json!({"id": "ID", "object": "chat.completion", "created": 0, "model": "gpt-x",
+                "system_fingerprint": "fp_hypura",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
+                    "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        );
+        let tools = serde_json::to_value(chat_completion("m", &tool_outcome(""))).unwrap();
+        assert_eq!(tools["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(
+            tools["choices"][0]["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                "type": "function", "function": {"name": "get_weather",
+                "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+    }
+
+    #[test]
+    fn a_chat_stream_opens_with_the_role_and_ends_with_usage_and_done() {
+        let options = StreamOptions {
+            include_usage: Some(true),
+        };
+        let ids = StreamIds::new("chatcmpl", "gpt-x", Some(&options), true);
+        let head = events(&ids.head().unwrap());
+        let text = events(&ids.chunk(None, Some("Hi".into()), None));
+        let tail = events(&ids.tail(&outcome("Hi")));
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "ID", "object": "chat.completion.chunk", "created": 0,
+                "model": "gpt-x", "system_fingerprint": "fp_hypura",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        };
+        assert_eq!(
+            blank(head[0].clone(), "chatcmpl-"),
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null)
+        );
+        assert_eq!(
+            blank(text[0].clone(), "chatcmpl-"),
+            chunk(json!({"content": "Hi"}), Value::Null)
+        );
+        assert_eq!(tail.len(), 3);
+        assert_eq!(
+            blank(tail[0].clone(), "chatcmpl-"),
+            chunk(json!({}), json!("stop"))
+        );
+        assert_eq!(
+            blank(tail[1].clone(), "chatcmpl-"),
+            json!({"id": "ID", "object": "chat.completion.chunk", "created": 0,
+                "model": "gpt-x", "system_fingerprint": "fp_hypura", "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        );
+        assert_eq!(tail[2], "[DONE]");
+        let ids_of = |v: &Value| v["id"].clone();
+        assert_eq!(
+            ids_of(&head[0]),
+            ids_of(&tail[1]),
+            "one id for the whole stream"
+        );
+    }
+
+    #[test]
+    fn a_streamed_tool_call_comes_whole_with_its_index() {
+        let ids = StreamIds::new("chatcmpl", "m", None, true);
+        let tail = events(&ids.tail(&tool_outcome("")));
+        assert_eq!(tail.len(), 3, "{tail:?}");
+        assert_eq!(
+            tail[0]["choices"][0]["delta"],
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+        assert_eq!(tail[1]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(tail[2], "[DONE]");
+    }
+
+    #[test]
+    fn text_completions_stream_and_answer_as_text_completion() {
+        let ids = StreamIds::new("cmpl", "m", None, false);
+        assert!(ids.head().is_none());
+        let text = blank(
+            events(&ids.chunk(None, Some("4".into()), None))[0].clone(),
+            "cmpl-",
+        );
+        assert_eq!(
+            text,
+            json!({"id": "ID", "object": "text_completion", "created": 0, "model": "m",
+                "system_fingerprint": "fp_hypura",
+                "choices": [{"text": "4", "index": 0, "logprobs": null, "finish_reason": null}]})
+        );
+        let whole =
+            serde_json::to_value(text_completion("m", &outcome(" 4"), Some("2+2="))).unwrap();
+        assert_eq!(whole["choices"][0]["text"], "2+2= 4");
+        assert_eq!(whole["usage"]["total_tokens"], 5);
+    }
+
+    #[test]
+    fn errors_mid_stream_are_one_event_then_done() {
+        let ids = StreamIds::new("chatcmpl", "m", None, true);
+        let out = events(&ids.error(&ApiError::Internal("boom".into())));
+        assert_eq!(
+            out,
+            vec![
+                json!({"error": {"message": "boom", "type": "api_error", "param": null, "code": null}}),
+                json!("[DONE]")
+            ]
+        );
+    }
+
+    #[test]
+    fn embeddings_translate_and_encode_base64() {
+        let request: EmbeddingRequest =
+            body(json!({"model": "e", "input": "hello", "encoding_format": "base64"}));
+        let (embed, base64) = embedding_request(request).unwrap();
+        assert!(base64);
+        assert_eq!(embed.batch.texts, ["hello"]);
+        assert!(embed.batch.truncate);
+        let list = serde_json::to_value(embedding_list("e".into(), vec![vec![1.0, 0.0]], 2, true))
+            .unwrap();
+        assert_eq!(
+            list,
+            json!({"object": "list", "model": "e",
+                "data": [{"object": "embedding", "embedding": "AACAPwAAAAA=", "index": 0}],
+                "usage": {"prompt_tokens": 2, "total_tokens": 2}})
+        );
+        let empty: EmbeddingRequest = body(json!({"model": "e", "input": []}));
+        assert!(embedding_request(empty).is_err());
+    }
+}

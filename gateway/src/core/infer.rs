@@ -1,0 +1,709 @@
+//! The one inference path: every generation of every API family goes
+//! through [`infer`], every embedding through [`embed`].
+//!
+//! [`infer`] resolves the model once through the pool, checks the request
+//! against the model's facts (tools, thinking), has the pool admit it (load,
+//! budget), submits it to the model's [`ModelBackend`] (once more if that
+//! backend was stopping under it) and hands back a [`Generation`]: its events
+//! through the tool-call filter, ending in one [`InferEvent::Done`] with the
+//! final usage or one [`InferEvent::Error`]. Dropping a [`Generation`]
+//! (client gone) drops the backend's stream, which cancels the request.
+//! [`finish`] records the end of every generation, whichever way it ends.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use hypura_chat::tools::{ParsedReply, ToolStream};
+
+use super::backend::{BackendEvent, EventStream, FinishReason, Finished, ModelBackend};
+use super::error::ApiError;
+use super::request::{EmbedRequest, InferRequest, Prompt};
+use super::structured::{prepare_tools, Tools};
+use crate::pool::registry::{ModelInfo, Registry};
+
+/// What [`infer`] answers.
+pub enum Answer {
+    /// The model is generating: read its events.
+    Generating(Box<Generation>),
+    /// A request without a prompt loaded the model (`"load"`) or, with a zero
+    /// keep-alive, unloaded it (`"unload"`).
+    Loaded {
+        done_reason: &'static str,
+        took: Duration,
+    },
+}
+
+/// A model held for one request, behind its backend.
+pub struct BackendLease {
+    /// Dropping it lets the pool unload the model (after its keep-alive).
+    pub backend: Arc<dyn ModelBackend>,
+    /// Time this request spent loading the model (zero when it was loaded).
+    pub load_duration: Duration,
+}
+
+/// Runs `request` on its model. `arrived` is when the request reached the
+/// server: durations reported to clients count from it.
+pub async fn infer(
+    pool: &Registry,
+    mut request: InferRequest,
+    arrived: Instant,
+) -> Result<Answer, ApiError> {
+    let named = pool
+        .resolve(&request.name)
+        .ok_or_else(|| ApiError::ModelNotFound(request.requested.clone()))?;
+    let tools = check_tools(&mut request, &named.info)?;
+    check_thinking(&mut request, &named.info)?;
+    if request.backend.prompt == Prompt::Load {
+        return load_or_unload(pool, &request).await;
+    }
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let lease = pool
+            .backend(&request.requested, &request.name, request.keep_alive)
+            .await?;
+        match Generation::start(lease, &request, tools.clone(), arrived).await {
+            // A keep-alive expiry raced this request: a second lease gets a fresh load.
+            Err(ApiError::ShuttingDown(_)) if attempt == 1 => continue,
+            other => return other.map(|g| Answer::Generating(Box::new(g))),
+        }
+    }
+}
+
+/// Checks the request's tools against the model's template; when some take
+/// part, puts them in the prompt and their markers and grammar in the sampling.
+fn check_tools(request: &mut InferRequest, info: &ModelInfo) -> Result<Option<Tools>, ApiError> {
+    let Some(offered) = &request.tools else {
+        return Ok(None);
+    };
+    let tools = prepare_tools(
+        Some(offered.definitions.as_slice()),
+        &offered.choice,
+        info.chat_template.as_deref(),
+        &request.requested,
+    )?;
+    if let Some(tools) = &tools {
+        tools.apply(&mut request.backend.params.sampling)?;
+        if let Prompt::Messages { tools: slot, .. } = &mut request.backend.prompt {
+            *slot = Some(tools.definitions.clone());
+        }
+    }
+    Ok(tools)
+}
+
+/// `think: true` needs a model that thinks; the template learns the choice
+/// through `enable_thinking` (models that do not think ignore `false`).
+fn check_thinking(request: &mut InferRequest, info: &ModelInfo) -> Result<(), ApiError> {
+    let Some(wants) = request.think else {
+        return Ok(());
+    };
+    if !info.capabilities.contains(&"thinking") {
+        if wants {
+            return Err(ApiError::bad_request(format!(
+                "\"{}\" does not support thinking",
+                request.requested
+            )));
+        }
+        return Ok(());
+    }
+    if let Prompt::Messages { template_extra, .. } = &mut request.backend.prompt {
+        template_extra.insert("enable_thinking".into(), wants.into());
+    }
+    Ok(())
+}
+
+/// No prompt: load the model, or unload it with a zero keep-alive.
+async fn load_or_unload(pool: &Registry, request: &InferRequest) -> Result<Answer, ApiError> {
+    let started = Instant::now();
+    let done_reason = if request.keep_alive.is_some_and(|k| k.is_zero()) {
+        pool.unload(&request.name);
+        "unload"
+    } else {
+        drop(
+            pool.backend(&request.requested, &request.name, request.keep_alive)
+                .await?,
+        );
+        "load"
+    };
+    Ok(Answer::Loaded {
+        done_reason,
+        took: started.elapsed(),
+    })
+}
+
+/// What a [`Generation`] yields, in order: text, then one `Done` or `Error`.
+#[derive(Debug)]
+pub enum InferEvent {
+    Text(String),
+    Done(Box<Outcome>),
+    Error(ApiError),
+}
+
+/// The end of a generation, as the dialects report it.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub finished: Finished,
+    /// With tools: the reply parsed into content and calls. Streaming, only
+    /// the text the filter held back; collected, the whole reply.
+    pub reply: Option<ParsedReply>,
+    /// The whole text of the reply (all `Text` pieces).
+    pub text: String,
+    pub load_duration: Duration,
+    /// From the request's arrival to its end.
+    pub total_duration: Duration,
+    /// From submission to the start of its prompt's evaluation.
+    pub queued_for: Option<Duration>,
+    /// From the request's arrival to its first token.
+    pub time_to_first_token: Option<Duration>,
+}
+
+impl Outcome {
+    /// The tool calls of the reply (none without tools).
+    pub fn called_tools(&self) -> bool {
+        self.reply
+            .as_ref()
+            .is_some_and(|r| !r.tool_calls.is_empty())
+    }
+}
+
+/// One request running on a model.
+pub struct Generation {
+    events: EventStream,
+    /// Holds the model until the response is over.
+    lease: BackendLease,
+    tools: Option<Tools>,
+    filter: Option<ToolStream>,
+    text: String,
+    model: String,
+    arrived: Instant,
+    queued_for: Option<Duration>,
+    time_to_first_token: Option<Duration>,
+    /// Set once [`finish`] recorded this generation.
+    recorded: bool,
+}
+
+impl Generation {
+    /// Submits `request` to the leased backend.
+    pub async fn start(
+        lease: BackendLease,
+        request: &InferRequest,
+        tools: Option<Tools>,
+        arrived: Instant,
+    ) -> Result<Generation, ApiError> {
+        let events = lease.backend.generate(request.backend.clone()).await?;
+        Ok(Generation {
+            events,
+            lease,
+            filter: tools.as_ref().map(Tools::stream),
+            tools,
+            text: String::new(),
+            model: request.requested.clone(),
+            arrived,
+            queued_for: None,
+            time_to_first_token: None,
+            recorded: false,
+        })
+    }
+
+    /// The next event, the tool-call filter applied: text it holds back (a
+    /// call may be starting) is not yielded, empty pieces are skipped, and
+    /// `Done` carries what it held, parsed. `None` after `Done` or `Error`.
+    pub async fn next(&mut self) -> Option<InferEvent> {
+        loop {
+            return Some(match self.next_unfiltered().await? {
+                InferEvent::Text(text) => {
+                    let text = match self.filter.as_mut() {
+                        Some(filter) => filter.push(&text),
+                        None => text,
+                    };
+                    if text.is_empty() {
+                        continue;
+                    }
+                    InferEvent::Text(text)
+                }
+                InferEvent::Done(mut outcome) => {
+                    outcome.reply = self.filter.take().map(ToolStream::finish);
+                    InferEvent::Done(outcome)
+                }
+                error => error,
+            });
+        }
+    }
+
+    /// Runs to the end: the whole reply (parsed when tools take part).
+    pub async fn collect(mut self) -> Result<Outcome, ApiError> {
+        while let Some(event) = self.next_unfiltered().await {
+            match event {
+                InferEvent::Text(_) => {}
+                InferEvent::Done(mut outcome) => {
+                    outcome.reply = self.tools.as_ref().map(|t| t.parse(&outcome.text));
+                    return Ok(*outcome);
+                }
+                InferEvent::Error(e) => return Err(e),
+            }
+        }
+        Err(ApiError::Internal(
+            "generation ended without a result".into(),
+        ))
+    }
+
+    /// The backend's next event, timings noted and the end recorded.
+    async fn next_unfiltered(&mut self) -> Option<InferEvent> {
+        if self.recorded {
+            return None;
+        }
+        loop {
+            let event = self.events.next().await;
+            return Some(match event {
+                Some(BackendEvent::Started { queued_for }) => {
+                    self.queued_for = Some(queued_for);
+                    continue;
+                }
+                Some(BackendEvent::FirstToken) => {
+                    self.time_to_first_token = Some(self.arrived.elapsed());
+                    continue;
+                }
+                Some(BackendEvent::Text(text)) => {
+                    self.text.push_str(&text);
+                    InferEvent::Text(text)
+                }
+                Some(BackendEvent::Done(finished)) => {
+                    let outcome = self.outcome(finished);
+                    self.record(Ended::Finished(outcome.finished.finish_reason));
+                    InferEvent::Done(Box::new(outcome))
+                }
+                Some(BackendEvent::Error(e)) => {
+                    self.record(Ended::Failed);
+                    InferEvent::Error(e.into())
+                }
+                None => {
+                    self.record(Ended::Failed);
+                    InferEvent::Error(ApiError::Internal(
+                        "the engine dropped the request without an answer".into(),
+                    ))
+                }
+            });
+        }
+    }
+
+    fn outcome(&self, finished: Finished) -> Outcome {
+        Outcome {
+            finished,
+            reply: None,
+            text: self.text.clone(),
+            load_duration: self.lease.load_duration,
+            total_duration: self.arrived.elapsed(),
+            queued_for: self.queued_for,
+            time_to_first_token: self.time_to_first_token,
+        }
+    }
+
+    fn record(&mut self, ended: Ended) {
+        self.recorded = true;
+        finish(&GenerationRecord {
+            model: &self.model,
+            ended,
+            load: self.lease.load_duration,
+            queued: self.queued_for,
+            time_to_first_token: self.time_to_first_token,
+            total: self.arrived.elapsed(),
+        });
+    }
+}
+
+impl Drop for Generation {
+    /// A generation dropped before its end was cancelled (client gone): it
+    /// is recorded too.
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.record(Ended::Cancelled);
+        }
+    }
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Finished(FinishReason),
+    /// The backend failed.
+    Failed,
+    /// Dropped before its end (client gone).
+    Cancelled,
+}
+
+/// What [`finish`] records of one generation.
+#[derive(Debug)]
+pub struct GenerationRecord<'a> {
+    /// The model as the client named it.
+    pub model: &'a str,
+    pub ended: Ended,
+    pub load: Duration,
+    /// Time in the model's queue (`None`: it never started).
+    pub queued: Option<Duration>,
+    /// From arrival to the first token (`None`: no token came).
+    pub time_to_first_token: Option<Duration>,
+    /// From arrival to the end.
+    pub total: Duration,
+}
+
+/// Records the end of a generation: the one place every generation, of
+/// every dialect, ends (metrics hook in here).
+pub fn finish(record: &GenerationRecord<'_>) {
+    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+    tracing::info!(
+        target: "hypura::generation",
+        model = record.model,
+        ended = ?record.ended,
+        load_ms = record.load.as_secs_f64() * 1e3,
+        queued_ms = ?ms(record.queued),
+        ttft_ms = ?ms(record.time_to_first_token),
+        total_ms = record.total.as_secs_f64() * 1e3,
+        "generation ended"
+    );
+}
+
+/// Embeds `request`'s texts: one L2-normalised vector each (cut to the first
+/// `dimensions` when asked), the tokens they took, and the load time.
+pub async fn embed(
+    pool: &Registry,
+    request: EmbedRequest,
+) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
+    let lease = pool
+        .backend(&request.requested, &request.name, request.keep_alive)
+        .await?;
+    let (mut vectors, tokens) = if request.batch.texts.is_empty() {
+        (Vec::new(), 0)
+    } else {
+        let output = lease.backend.embed(request.batch).await?;
+        (output.vectors, output.prompt_tokens)
+    };
+    shorten(&mut vectors, request.dimensions)?;
+    Ok((vectors, tokens, lease.load_duration))
+}
+
+/// Keeps the first `n` dimensions and normalises again.
+pub fn shorten(vectors: &mut [Vec<f32>], n: Option<usize>) -> Result<(), ApiError> {
+    let Some(n) = n else { return Ok(()) };
+    if n == 0 {
+        return Err(ApiError::bad_request("dimensions must be at least 1"));
+    }
+    for v in vectors.iter_mut() {
+        if n < v.len() {
+            v.truncate(n);
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if norm > 0.0 {
+                v.iter_mut().for_each(|x| *x /= norm);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Outcomes for the dialects' translation tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::time::Duration;
+
+    use hypura_chat::tools::{ParsedReply, ToolCall};
+    use serde_json::json;
+
+    use super::Outcome;
+    use crate::core::backend::{FinishReason, Finished};
+
+    /// A finished reply of `text` (3 prompt tokens, 2 generated, EOG 9 in the context).
+    pub fn outcome(text: &str) -> Outcome {
+        Outcome {
+            finished: Finished {
+                finish_reason: FinishReason::Stop,
+                prompt_tokens: 3,
+                generated_tokens: 2,
+                prompt_eval_tokens: 3,
+                prompt_eval_duration: Duration::from_millis(5),
+                eval_duration: Duration::from_millis(7),
+                context: vec![1, 2, 3, 4, 5, 9],
+            },
+            reply: None,
+            text: text.to_string(),
+            load_duration: Duration::from_millis(2),
+            total_duration: Duration::from_millis(20),
+            queued_for: Some(Duration::from_millis(1)),
+            time_to_first_token: Some(Duration::from_millis(10)),
+        }
+    }
+
+    /// A reply that called `get_weather` with `{"city": "Paris"}` after `content`.
+    pub fn tool_outcome(content: &str) -> Outcome {
+        let mut outcome = outcome("");
+        let arguments = json!({"city": "Paris"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        outcome.reply = Some(ParsedReply {
+            content: content.to_string(),
+            tool_calls: vec![ToolCall {
+                name: "get_weather".into(),
+                arguments,
+                id: Some("call_1".into()),
+            }],
+        });
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures_util::future::BoxFuture;
+    use futures_util::FutureExt;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    use super::*;
+    use crate::core::backend::{BackendError, BackendStatus, EmbedOutput};
+    use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams};
+    use crate::core::structured::ToolChoice;
+    use crate::core::validation::ModelName;
+
+    /// A backend that plays back scripted events through a channel the test
+    /// keeps, so it can see the stream being dropped.
+    struct FakeBackend {
+        script: Mutex<Option<Result<Vec<BackendEvent>, BackendError>>>,
+        /// The sending half of the last generation's stream.
+        sender: Mutex<Option<mpsc::UnboundedSender<BackendEvent>>>,
+        /// The last request submitted.
+        submitted: Mutex<Option<BackendRequest>>,
+    }
+
+    impl FakeBackend {
+        fn new(script: Result<Vec<BackendEvent>, BackendError>) -> Arc<FakeBackend> {
+            Arc::new(FakeBackend {
+                script: Mutex::new(Some(script)),
+                sender: Mutex::new(None),
+                submitted: Mutex::new(None),
+            })
+        }
+
+        fn stream_dropped(&self) -> bool {
+            let sender = self.sender.lock().unwrap();
+            sender.as_ref().is_some_and(|tx| tx.is_closed())
+        }
+    }
+
+    impl ModelBackend for FakeBackend {
+        fn generate(
+            &self,
+            request: BackendRequest,
+        ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
+            *self.submitted.lock().unwrap() = Some(request);
+            let script = self.script.lock().unwrap().take().unwrap_or(Ok(Vec::new()));
+            let result = script.map(|events| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                for event in events {
+                    tx.send(event).unwrap();
+                }
+                // The sender stays open: the stream ends only with the script's last event.
+                *self.sender.lock().unwrap() = Some(tx);
+                UnboundedReceiverStream::new(rx).boxed()
+            });
+            std::future::ready(result).boxed()
+        }
+
+        fn embed(&self, _: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
+            std::future::ready(Err(BackendError::Failed("no embeddings".into()))).boxed()
+        }
+
+        fn count_tokens(&self, text: &str) -> Result<usize, BackendError> {
+            Ok(text.split_whitespace().count())
+        }
+
+        fn status(&self) -> BackendStatus {
+            BackendStatus {
+                context_length: 64,
+                active: 0,
+                queued: 0,
+            }
+        }
+    }
+
+    fn finished() -> Finished {
+        testing::outcome("").finished
+    }
+
+    fn request() -> InferRequest {
+        let name = ModelName::parse("fake", "model").unwrap();
+        let prompt = Prompt::Text { text: "hi".into() };
+        InferRequest::new("fake", name, prompt, GenerationParams::default())
+    }
+
+    async fn start(
+        backend: &Arc<FakeBackend>,
+        tools: Option<Tools>,
+    ) -> Result<Generation, ApiError> {
+        let lease = BackendLease {
+            backend: Arc::clone(backend) as Arc<dyn ModelBackend>,
+            load_duration: Duration::from_millis(3),
+        };
+        Generation::start(lease, &request(), tools, Instant::now()).await
+    }
+
+    fn text(s: &str) -> BackendEvent {
+        BackendEvent::Text(s.into())
+    }
+
+    fn started() -> BackendEvent {
+        BackendEvent::Started {
+            queued_for: Duration::from_millis(4),
+        }
+    }
+
+    #[tokio::test]
+    async fn events_come_in_order_and_done_carries_the_usage() {
+        let script = vec![
+            started(),
+            BackendEvent::FirstToken,
+            text("Hel"),
+            text("lo"),
+            BackendEvent::Done(finished()),
+        ];
+        let backend = FakeBackend::new(Ok(script));
+        let mut generation = start(&backend, None).await.unwrap();
+        let mut texts = Vec::new();
+        let outcome = loop {
+            match generation.next().await.unwrap() {
+                InferEvent::Text(t) => texts.push(t),
+                InferEvent::Done(outcome) => break outcome,
+                InferEvent::Error(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(texts, ["Hel", "lo"]);
+        assert!(generation.next().await.is_none(), "nothing after Done");
+        assert_eq!(outcome.text, "Hello");
+        assert_eq!(outcome.finished, finished());
+        assert_eq!(outcome.queued_for, Some(Duration::from_millis(4)));
+        assert!(outcome.time_to_first_token.is_some());
+        assert_eq!(outcome.load_duration, Duration::from_millis(3));
+        assert!(outcome.reply.is_none());
+        let submitted = backend.submitted.lock().unwrap().clone().unwrap();
+        assert_eq!(submitted, request().backend);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_generation_cancels_the_backend_stream() {
+        let backend = FakeBackend::new(Ok(vec![started(), BackendEvent::FirstToken, text("a")]));
+        let mut generation = start(&backend, None).await.unwrap();
+        assert!(matches!(generation.next().await, Some(InferEvent::Text(t)) if t == "a"));
+        assert!(!backend.stream_dropped());
+        drop(generation);
+        assert!(
+            backend.stream_dropped(),
+            "the backend must see the cancellation"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_before_submission_is_the_backends_status() {
+        let backend = FakeBackend::new(Err(BackendError::Busy("queue full".into())));
+        let e = start(&backend, None).await.err().unwrap();
+        assert!(
+            matches!(&e, ApiError::Unavailable(m) if m == "queue full"),
+            "{e:?}"
+        );
+        let backend = FakeBackend::new(Err(BackendError::Invalid("too long".into())));
+        let e = start(&backend, None).await.err().unwrap();
+        assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn an_error_after_the_first_token_ends_the_stream() {
+        let script = vec![
+            started(),
+            BackendEvent::FirstToken,
+            text("par"),
+            BackendEvent::Error(BackendError::Failed("decode failed".into())),
+        ];
+        let backend = FakeBackend::new(Ok(script));
+        let mut generation = start(&backend, None).await.unwrap();
+        assert!(matches!(generation.next().await, Some(InferEvent::Text(t)) if t == "par"));
+        match generation.next().await {
+            Some(InferEvent::Error(ApiError::Internal(m))) => assert_eq!(m, "decode failed"),
+            other => panic!("{other:?}"),
+        }
+        assert!(generation.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_ends_without_done_is_an_error() {
+        let backend = FakeBackend::new(Ok(vec![started()]));
+        let mut generation = start(&backend, None).await.unwrap();
+        // The scripted sender closes with the backend's stream state.
+        backend.sender.lock().unwrap().take();
+        assert!(matches!(
+            generation.next().await,
+            Some(InferEvent::Error(ApiError::Internal(_)))
+        ));
+    }
+
+    #[tokio::test]
+    async fn collect_returns_the_whole_text() {
+        let script = vec![
+            started(),
+            BackendEvent::FirstToken,
+            text("a"),
+            text("b"),
+            BackendEvent::Done(finished()),
+        ];
+        let backend = FakeBackend::new(Ok(script));
+        let outcome = start(&backend, None)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(outcome.text, "ab");
+        assert_eq!(outcome.finished.generated_tokens, 2);
+    }
+
+    fn hermes_tools() -> Tools {
+        let tool = serde_json::json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+        let template = "{% if tools %}<tool_call>{% endif %}";
+        prepare_tools(Some(&[tool]), &ToolChoice::Auto, Some(template), "fake")
+            .unwrap()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn tool_calls_are_held_back_and_parsed_at_the_end() {
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let script = vec![
+            started(),
+            BackendEvent::FirstToken,
+            text("Let me check. "),
+            text(call),
+            BackendEvent::Done(finished()),
+        ];
+        let backend = FakeBackend::new(Ok(script.clone()));
+        let mut generation = start(&backend, Some(hermes_tools())).await.unwrap();
+        let mut texts = String::new();
+        let outcome = loop {
+            match generation.next().await.unwrap() {
+                InferEvent::Text(t) => texts.push_str(&t),
+                InferEvent::Done(outcome) => break outcome,
+                InferEvent::Error(e) => panic!("{e}"),
+            }
+        };
+        assert!(!texts.contains("<tool_call>"), "{texts}");
+        let reply = outcome.reply.unwrap();
+        assert_eq!(reply.tool_calls.len(), 1);
+        assert_eq!(reply.tool_calls[0].name, "get_weather");
+        assert_eq!(reply.tool_calls[0].arguments["city"], "Paris");
+
+        let backend = FakeBackend::new(Ok(script));
+        let generation = start(&backend, Some(hermes_tools())).await.unwrap();
+        let outcome = generation.collect().await.unwrap();
+        let reply = outcome.reply.unwrap();
+        assert_eq!(reply.content, "Let me check.");
+        assert_eq!(reply.tool_calls[0].name, "get_weather");
+    }
+}

@@ -1,0 +1,166 @@
+//! The dialect-neutral requests every API family translates into.
+//!
+//! An [`InferRequest`] holds everything a generation needs and nothing of the
+//! wire format it came in: the Ollama and OpenAI routes both build one, it is
+//! validated once ([`crate::core::infer::infer`] checks it against the model's
+//! facts), and the part a model needs ([`BackendRequest`]) crosses the
+//! [`crate::core::backend::ModelBackend`] boundary. Every type here is
+//! serializable so a runner process or a remote backend can take it as is.
+use hypura_chat::ChatMessage;
+use llama_tiered::llama::SamplingParams;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use super::structured::ToolChoice;
+use super::validation::{KeepAlive, ModelName};
+
+/// What to generate after: the backend renders templates and tokenizes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prompt {
+    /// No prompt: load the model (or unload it with a zero keep-alive).
+    Load,
+    /// A conversation, rendered with the model's chat template (or
+    /// `template_override`, a Jinja chat template).
+    Messages {
+        messages: Vec<ChatMessage>,
+        /// An OpenAI `tools` array for the template (`None`: no tools take part).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tools: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        template_override: Option<String>,
+        /// Extra template variables (`enable_thinking`).
+        #[serde(default, skip_serializing_if = "Map::is_empty")]
+        template_extra: Map<String, Value>,
+    },
+    /// Text tokenized as is (BOS added when the model wants it, special-token text parsed).
+    Text { text: String },
+    /// Token ids, submitted unchanged.
+    Tokens(Vec<i32>),
+}
+
+impl Prompt {
+    /// A conversation without tools, override or extra variables.
+    pub fn messages(messages: Vec<ChatMessage>) -> Prompt {
+        Prompt::Messages {
+            messages,
+            tools: None,
+            template_override: None,
+            template_extra: Map::new(),
+        }
+    }
+}
+
+/// How to sample and when to stop, checked ([`crate::core::validation`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationParams {
+    /// Temperature, top-k/p, penalties, seed, and the grammar (from `format`,
+    /// `response_format` or a forced tool call), already converted.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (`None`: until the context is full).
+    pub max_tokens: Option<u32>,
+    /// Generation ends before the first of these strings (not returned).
+    pub stop: Vec<String>,
+    /// Context window for this request, in tokens (`None`: the model's per-sequence
+    /// context; larger values are capped at it).
+    pub num_ctx: Option<u32>,
+}
+
+/// What a model generates from: the part of an [`InferRequest`] a
+/// [`crate::core::backend::ModelBackend`] needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackendRequest {
+    pub prompt: Prompt,
+    /// Tokens of an earlier reply (Ollama's `context`) the prompt continues:
+    /// submitted first, and the new prompt then begins without BOS.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<i32>,
+    pub params: GenerationParams,
+}
+
+/// Tools offered to the model, not yet checked against its template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolRequest {
+    /// OpenAI-style function tools (`{"type": "function", "function": {…}}`).
+    pub definitions: Vec<Value>,
+    pub choice: ToolChoice,
+}
+
+/// One generation, whichever API family asked for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferRequest {
+    /// The model name as the client sent it (echoed in every response).
+    pub requested: String,
+    /// The parsed name the pool resolves.
+    pub name: ModelName,
+    pub backend: BackendRequest,
+    /// Tools; replies are parsed into tool calls when some take part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolRequest>,
+    /// Ollama's `think`: `Some(true)` asks a thinking model to think (400 for
+    /// others); `Some(false)` turns thinking off where the template allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think: Option<bool>,
+    /// How long the model stays loaded afterwards (`None`: its default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive: Option<KeepAlive>,
+    /// Higher is served first when the budget is short (0: normal).
+    #[serde(default)]
+    pub priority: i32,
+}
+
+impl InferRequest {
+    /// A request with the given prompt and parameters, and nothing else set.
+    pub fn new(requested: &str, name: ModelName, prompt: Prompt, params: GenerationParams) -> Self {
+        InferRequest {
+            requested: requested.to_string(),
+            name,
+            backend: BackendRequest {
+                prompt,
+                context: Vec::new(),
+                params,
+            },
+            tools: None,
+            think: None,
+            keep_alive: None,
+            priority: 0,
+        }
+    }
+}
+
+/// Texts to embed, whichever API family asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedRequest {
+    pub requested: String,
+    pub name: ModelName,
+    pub batch: EmbedBatch,
+    /// Keep the first N dimensions (re-normalised).
+    pub dimensions: Option<usize>,
+    pub keep_alive: Option<KeepAlive>,
+}
+
+/// What a backend embeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedBatch {
+    pub texts: Vec<String>,
+    /// Cut texts longer than the context (else they are an error).
+    pub truncate: bool,
+}
+
+/// A string or several: embedding `input`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
+pub enum EmbedInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl EmbedInput {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            EmbedInput::One(s) => vec![s],
+            EmbedInput::Many(v) => v,
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! hypura's gateway as a library: the `hypura` binary (`main.rs`) only parses
+//! its command line and calls [`cli::dispatch`].
+//!
+//! The way of a request, one module a step:
+//! - [`api`]: one file per API family (Ollama, OpenAI) translating bodies
+//!   into a [`core::request::InferRequest`] and events back into the wire
+//!   format; `/api/pull`; the OpenAPI document.
+//! - [`core`]: the dialect-neutral request, its validation, structured
+//!   output and tools, the [`core::backend::ModelBackend`] trait every model
+//!   is reached through, and [`core::infer`], the one inference path.
+//! - [`pool`]: model names → sources, loaded models with keep-alive, the
+//!   global memory budget and its moves, and the in-process llama-tiered
+//!   backend ([`pool::local`]).
+//! - [`server`]: the axum application (routes, auth, CORS, limits) and its
+//!   graceful shutdown.
+//! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
+//!   the default model's download.
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod core;
+pub mod fetch;
+pub mod pool;
+pub mod server;

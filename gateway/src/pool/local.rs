@@ -1,0 +1,361 @@
+//! The in-process llama-tiered engine behind [`ModelBackend`]: the only
+//! place in the gateway that touches a `Model` (tokenizer, BOS, EOG) or a
+//! [`BatchEngine`].
+//!
+//! Cancellation: the engine's sink sends into a channel whose receiver lives
+//! in the event stream. When the stream is dropped (client gone) the next
+//! send fails, the sink returns `false` and the engine frees the slot;
+//! dropping it also calls [`BatchEngine::cancel`] so a request still waiting
+//! for a slot or in prompt evaluation ends at once.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use hypura_chat::{ChatMessage, ChatTemplate, RenderOptions};
+use llama_tiered::engine::generate::{self, Completion, GenerateParams};
+use llama_tiered::engine::prompt;
+use llama_tiered::engine::{BatchEngine, GenerateRequest, GenerationEvent, RequestId};
+use llama_tiered::llama::Model;
+use llama_tiered::EngineError;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+
+use super::registry::{LoadedModel, ModelLease};
+use crate::core::backend::{
+    BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, FinishReason, Finished,
+    ModelBackend,
+};
+use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams, Prompt};
+use crate::core::validation::fit_to_context;
+
+/// A model loaded in this process, held by one request's lease: the model
+/// stays loaded while this lives.
+pub struct LocalBackend {
+    lease: ModelLease,
+}
+
+impl LocalBackend {
+    pub fn new(lease: ModelLease) -> Arc<dyn ModelBackend> {
+        Arc::new(LocalBackend { lease })
+    }
+}
+
+impl ModelBackend for LocalBackend {
+    fn generate(
+        &self,
+        request: BackendRequest,
+    ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
+        let submitted = prompt_tokens(&self.lease, &request)
+            .and_then(|tokens| submit(&self.lease, tokens, &request.params));
+        std::future::ready(submitted.map(events)).boxed()
+    }
+
+    fn embed(&self, batch: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
+        let model = self.lease.model();
+        let engine = self.lease.engine.clone();
+        async move {
+            tokio::task::spawn_blocking(move || embed(&model, &engine, batch))
+                .await
+                .map_err(|e| BackendError::Failed(format!("embedding task failed: {e}")))?
+        }
+        .boxed()
+    }
+
+    fn count_tokens(&self, text: &str) -> Result<usize, BackendError> {
+        Ok(prompt::tokenize_raw(&self.lease.model(), text)?.len())
+    }
+
+    fn status(&self) -> BackendStatus {
+        let status = self.lease.engine.status();
+        BackendStatus {
+            context_length: self.lease.n_ctx_per_seq,
+            active: status.active,
+            queued: status.queued,
+        }
+    }
+}
+
+impl From<EngineError> for BackendError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::InvalidArgument(_)
+            | EngineError::PromptTooLong { .. }
+            | EngineError::Template(_) => BackendError::Invalid(message),
+            EngineError::QueueFull => BackendError::Busy(format!(
+                "{message}: the model's request queue is full, retry later"
+            )),
+            EngineError::ShuttingDown => BackendError::ShuttingDown(format!(
+                "{message}: the model is being unloaded or the server is stopping, retry"
+            )),
+            _ => BackendError::Failed(message),
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> BackendError {
+    BackendError::Invalid(message.into())
+}
+
+/// The request's tokens: its `context` (checked against the vocabulary),
+/// then the prompt (without BOS when it continues a context).
+fn prompt_tokens(model: &LoadedModel, request: &BackendRequest) -> Result<Vec<i32>, BackendError> {
+    let context = &request.context;
+    let n_vocab = model.model().n_vocab() as i32;
+    if let Some(bad) = context.iter().find(|&&t| t < 0 || t >= n_vocab) {
+        return Err(invalid(format!(
+            "context holds token {bad}, outside the vocabulary of {n_vocab} tokens"
+        )));
+    }
+    let continuing = !context.is_empty();
+    let new_tokens = match &request.prompt {
+        Prompt::Load => return Err(invalid("a load request has no prompt to generate from")),
+        Prompt::Tokens(tokens) => tokens.clone(),
+        Prompt::Text { text } if continuing => model.model().tokenize(text, false, true)?,
+        Prompt::Text { text } => prompt::tokenize_raw(&model.model(), text)?,
+        Prompt::Messages {
+            messages,
+            tools,
+            template_override,
+            template_extra,
+        } => {
+            let mut tokens = chat_prompt(
+                model,
+                messages,
+                template_override.as_deref(),
+                template_extra.clone(),
+                tools.as_ref(),
+            )?;
+            // The conversation already began with BOS.
+            let bos = model.model().token_bos();
+            if continuing && bos.is_some() && tokens.first().copied() == bos {
+                tokens.remove(0);
+            }
+            tokens
+        }
+    };
+    Ok([context.as_slice(), &new_tokens].concat())
+}
+
+/// Renders `messages` (and `tools`, an OpenAI tools array) with the
+/// model's template (or `template_override`, a Jinja chat template) and
+/// tokenizes the result.
+fn chat_prompt(
+    model: &LoadedModel,
+    messages: &[ChatMessage],
+    template_override: Option<&str>,
+    extra: Map<String, Value>,
+    tools: Option<&Value>,
+) -> Result<Vec<i32>, BackendError> {
+    let custom;
+    let template = match template_override {
+        Some(source) => {
+            let text = |t: Option<i32>| t.and_then(|t| model.model().token_text(t));
+            let bos = text(model.model().token_bos()).unwrap_or_default();
+            let eos = text(model.model().token_eos()).unwrap_or_default();
+            custom = ChatTemplate::new(source, &bos, &eos)
+                .map_err(|e| invalid(format!("template: {e}")))?;
+            &custom
+        }
+        None => model.template.as_ref().map_err(|e| {
+            invalid(format!(
+                "the model's chat template cannot be used ({e}): send raw prompts or a \
+                 `template` override"
+            ))
+        })?,
+    };
+    let options = RenderOptions {
+        extra,
+        tools: tools.cloned(),
+        ..RenderOptions::default()
+    };
+    let rendered = template
+        .render(messages, &options)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(prompt::tokenize_chat(&model.model(), &rendered)?)
+}
+
+/// One request submitted to the engine: its events, and the guard that
+/// cancels it when dropped before its end.
+struct Running {
+    events: mpsc::UnboundedReceiver<GenerationEvent>,
+    guard: CancelOnDrop,
+    model: Arc<Model>,
+    prompt: Vec<i32>,
+    submitted: Instant,
+    started: bool,
+}
+
+struct CancelOnDrop {
+    engine: BatchEngine,
+    id: RequestId,
+    finished: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.engine.cancel(self.id);
+        }
+    }
+}
+
+/// Submits `prompt` to the leased model. The prompt must fit the context
+/// window: the model's per-sequence context, or `num_ctx` when smaller.
+fn submit(
+    lease: &ModelLease,
+    prompt: Vec<i32>,
+    params: &GenerationParams,
+) -> Result<Running, BackendError> {
+    if prompt.is_empty() {
+        return Err(invalid("the prompt is empty after tokenization"));
+    }
+    let n_ctx = params
+        .num_ctx
+        .map_or(lease.n_ctx_per_seq, |n| n.min(lease.n_ctx_per_seq));
+    let mut generate = GenerateParams {
+        sampling: params.sampling.clone(),
+        max_tokens: params.max_tokens,
+        stop: params.stop.clone(),
+    };
+    fit_to_context(prompt.len(), &mut generate.max_tokens, n_ctx)
+        .map_err(|e| invalid(e.to_string()))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        prompt: prompt.clone(),
+        params: generate,
+    };
+    let sink = Box::new(move |event: GenerationEvent| tx.send(event).is_ok());
+    let id = lease.engine.submit(request, sink)?;
+    Ok(Running {
+        events: rx,
+        guard: CancelOnDrop {
+            engine: lease.engine.clone(),
+            id,
+            finished: false,
+        },
+        model: lease.model(),
+        prompt,
+        submitted: Instant::now(),
+        started: false,
+    })
+}
+
+/// The engine's events as [`BackendEvent`]s, `Started` and `FirstToken` included.
+fn events(running: Running) -> EventStream {
+    futures_util::stream::unfold(Some(running), |state| async move {
+        let mut running = state?;
+        let (events, ended) = running.next_events().await;
+        Some((events, (!ended).then_some(running)))
+    })
+    .flat_map(futures_util::stream::iter)
+    .boxed()
+}
+
+impl Running {
+    /// The events one engine event becomes, and whether it was the last.
+    ///
+    /// The engine reports no slot start of its own yet: `Started` is sent
+    /// with its first event, so `queued_for` includes the prompt's evaluation.
+    async fn next_events(&mut self) -> (Vec<BackendEvent>, bool) {
+        let mut out = Vec::new();
+        let event = self.events.recv().await;
+        if !self.started && !matches!(event, Some(GenerationEvent::Error(_)) | None) {
+            self.started = true;
+            out.push(BackendEvent::Started {
+                queued_for: self.submitted.elapsed(),
+            });
+            let sampled = match &event {
+                Some(GenerationEvent::Done(c)) => !c.tokens.is_empty(),
+                _ => true,
+            };
+            if sampled {
+                out.push(BackendEvent::FirstToken);
+            }
+        }
+        let last = match event {
+            Some(GenerationEvent::Text(text)) => {
+                out.push(BackendEvent::Text(text));
+                return (out, false);
+            }
+            Some(GenerationEvent::Done(completion)) => {
+                BackendEvent::Done(self.finished(completion))
+            }
+            Some(GenerationEvent::Error(e)) => BackendEvent::Error(e.into()),
+            None => BackendEvent::Error(BackendError::Failed(
+                "the engine dropped the request without an answer".into(),
+            )),
+        };
+        self.guard.finished = true;
+        out.push(last);
+        (out, true)
+    }
+
+    fn finished(&self, completion: Completion) -> Finished {
+        // The end-of-generation token is not text: it is not counted.
+        let eog = completion
+            .tokens
+            .last()
+            .is_some_and(|&t| self.model.is_eog(t));
+        let t = completion.timings;
+        Finished {
+            finish_reason: match completion.finish_reason {
+                generate::FinishReason::Stop => FinishReason::Stop,
+                generate::FinishReason::Length => FinishReason::Length,
+                generate::FinishReason::Cancelled => FinishReason::Cancelled,
+            },
+            prompt_tokens: self.prompt.len(),
+            generated_tokens: completion.tokens.len() - usize::from(eog),
+            prompt_eval_tokens: t.prompt_tokens,
+            prompt_eval_duration: seconds(t.prompt_eval_seconds),
+            eval_duration: seconds(t.eval_seconds),
+            context: [self.prompt.as_slice(), &completion.tokens].concat(),
+        }
+    }
+}
+
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()
+}
+
+/// Most tokens per embedded text: the engine's embedding context
+/// (`llama_tiered::batch`, 512 tokens or the model's training context).
+const EMBED_MAX_TOKENS: usize = 512;
+
+/// Embeds each text (cut to the context unless `truncate` is off) as one vector.
+fn embed(
+    model: &Model,
+    engine: &BatchEngine,
+    batch: EmbedBatch,
+) -> Result<EmbedOutput, BackendError> {
+    let limit = EMBED_MAX_TOKENS.min(model.n_ctx_train().max(1) as usize);
+    let mut inputs = Vec::with_capacity(batch.texts.len());
+    let mut token_count = 0;
+    for (i, text) in batch.texts.into_iter().enumerate() {
+        // As the engine tokenizes texts to embed: BOS as the model wants, specials as text.
+        let tokens = model.tokenize(&text, true, false)?;
+        if tokens.len() > limit {
+            if !batch.truncate {
+                return Err(invalid(format!(
+                    "input {i} has {} tokens, more than the context of {limit}: shorten it \
+                     or set truncate: true",
+                    tokens.len()
+                )));
+            }
+            // A few tokens of margin: the cut text may tokenize a little differently.
+            let end = limit.saturating_sub(8).max(1);
+            let start = usize::from(model.token_bos() == tokens.first().copied());
+            inputs.push(model.detokenize(&tokens[start..end.max(start)], false));
+            token_count += end;
+        } else {
+            token_count += tokens.len();
+            inputs.push(text);
+        }
+    }
+    let vectors = engine.embed(&inputs)?;
+    Ok(EmbedOutput {
+        vectors,
+        prompt_tokens: token_count,
+    })
+}

@@ -1,0 +1,31 @@
+//! The model pool: names → sources, the models loaded now, the global memory
+//! budget and the moves between residencies.
+//!
+//! - [`registry`]: `name:tag` → model source and facts; loaded models with keep-alive; leases.
+//! - [`residency`]: the global budget (promotions, demotions, placements).
+//! - [`local`]: the in-process llama-tiered engine behind [`crate::core::backend::ModelBackend`].
+pub mod local;
+pub mod registry;
+pub mod residency;
+
+use crate::core::error::ApiError;
+use crate::core::infer::BackendLease;
+use crate::core::validation::{KeepAlive, ModelName};
+
+impl registry::Registry {
+    /// The model named `name`, loaded (or admitted under the budget) and
+    /// held for one request, behind its [`crate::core::backend::ModelBackend`].
+    /// `keep_alive` (default: the model's) applies after the request.
+    pub async fn backend(
+        &self,
+        requested: &str,
+        name: &ModelName,
+        keep_alive: Option<KeepAlive>,
+    ) -> Result<BackendLease, ApiError> {
+        let lease = self.acquire(requested, name, keep_alive).await?;
+        Ok(BackendLease {
+            load_duration: lease.load_duration,
+            backend: local::LocalBackend::new(lease),
+        })
+    }
+}
