@@ -1,7 +1,6 @@
 //! A real `hypura serve` on a free loopback port, for route tests.
 #![allow(dead_code)]
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
