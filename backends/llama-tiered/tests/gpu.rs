@@ -9,7 +9,9 @@ use llama_tiered::generate::{generate, GenerateParams};
 use llama_tiered::gguf::GgufFile;
 use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
 use llama_tiered::synth::{self, SynthSpec};
-use llama_tiered::tiered::{gpu, GpuShare, Mode, Placement, Tier, TieredModel, TieredParams};
+use llama_tiered::tiered::{
+    gpu, GpuShare, Mode, Placement, PlannedLoad, Tier, TieredModel, TieredParams,
+};
 use llama_tiered::{prompt, test_models};
 
 fn temp_path(name: &str) -> PathBuf {
@@ -32,11 +34,18 @@ fn tiny_mixtral() -> &'static Path {
     PATH.get_or_init(|| tiny("mixtral.gguf", SynthSpec::tiny_mixtral().with_layers(4)))
 }
 
+/// The planner's placement of `path` with `mode` and `share` fixed.
 fn placed(path: &Path, mode: Mode, share: GpuShare) -> (GgufFile, Placement) {
     let file = GgufFile::open(path).unwrap();
-    let mut placement = Placement::for_mode(&file, mode).unwrap();
-    gpu::assign(&mut placement, &file, share);
+    let placement = PlannedLoad::fixed(&file, mode, share, None)
+        .unwrap()
+        .placement;
     (file, placement)
+}
+
+fn planned(path: &Path, mode: Mode, share: GpuShare) -> Option<PlannedLoad> {
+    let file = GgufFile::open(path).unwrap();
+    Some(PlannedLoad::fixed(&file, mode, share, None).unwrap())
 }
 
 fn is_ffn(name: &str) -> bool {
@@ -231,8 +240,7 @@ fn a_gpu_placement_without_a_gpu_is_a_clear_error() {
         let err = TieredModel::load(
             &test_models::smollm2(),
             &TieredParams {
-                mode: Some(mode),
-                gpu: share,
+                plan: planned(&test_models::smollm2(), mode, share),
                 ..Default::default()
             },
         )
@@ -259,8 +267,7 @@ fn gpu_shares_decode_and_streaming_matches_ram_on_the_same_devices() {
         TieredModel::load(
             path,
             &TieredParams {
-                mode: Some(mode),
-                gpu,
+                plan: planned(path, mode, gpu),
                 no_repack: true,
                 cache_dir: Some(temp_path("cache")),
                 ..Default::default()

@@ -16,6 +16,7 @@ pub mod infer;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod planner;
 pub mod pull;
 pub mod registry;
 pub mod residency;

@@ -22,6 +22,26 @@ pub fn smollm2() -> PathBuf {
     path
 }
 
+/// The saved profile of the GPU machine (`config/profiles/h200.json`).
+pub fn h200_profile() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/profiles/h200.json")
+}
+
+/// A cache directory holding a measured hardware profile, so that servers
+/// under test plan with it and never measure this machine in the
+/// background (their placements do not depend on it: no GPU unless given
+/// a budget, and under a budget every residency's placement is fixed).
+pub fn profile_cache_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hypura-test-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(h200_profile(), dir.join("profile.json")).unwrap();
+        dir
+    })
+    .clone()
+}
+
 /// A running server; killed when dropped.
 pub struct Server {
     child: Option<Child>,
@@ -49,9 +69,16 @@ impl Server {
 
     /// [`Server::start_with`] logging at `rust_log` (its `RUST_LOG`).
     pub fn start_logging(args: &[String], rust_log: &str) -> Server {
+        Self::start_in(args, rust_log, &profile_cache_dir())
+    }
+
+    /// [`Server::start_logging`] with `cache_dir` as its `HYPURA_CACHE_DIR`
+    /// (where it finds the hardware profile it plans with).
+    pub fn start_in(args: &[String], rust_log: &str, cache_dir: &Path) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hypura"))
             .args(args)
             .env("RUST_LOG", rust_log)
+            .env("HYPURA_CACHE_DIR", cache_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
