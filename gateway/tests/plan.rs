@@ -395,7 +395,7 @@ fn serve_logs_the_placement_inspect_plans_for_the_same_inputs() {
 
     // Under budgets: what the planner gives the model alone under them is
     // logged at start, and each residency's placement as it loads.
-    let ram = (200u64 << 20).to_string();
+    let ram = (1u64 << 30).to_string();
     let budgets = ["--gpu-budget", "0", "--ram-budget", ram.as_str()];
     let server = serve(&budgets);
     let logged = logged_placement(&server.log(), common::MODEL, "alone under the budgets");
