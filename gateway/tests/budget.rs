@@ -12,7 +12,7 @@ use hypura_gguf::GgufFile;
 use hypura_synth as synth;
 use llama_tiered::engine::BatchConfig;
 use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{context_memory, Mode, TieredParams};
+use llama_tiered::tiered::{context_memory, GpuShare, Mode, PlannedLoad, TieredParams};
 use serde_json::{json, Value};
 
 const CONTEXT: u32 = 512;
@@ -34,8 +34,9 @@ fn contexts(path: &Path, mode: Mode) -> u64 {
         n_threads: 0,
         queue_limit: 1,
     };
+    let plan = PlannedLoad::fixed(&file, mode, GpuShare::None, None).unwrap();
     let params = TieredParams {
-        mode: Some(mode),
+        plan: Some(plan),
         no_repack: true,
         ..Default::default()
     };

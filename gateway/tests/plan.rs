@@ -312,3 +312,128 @@ fn bench_reports_measured_beside_predicted_in_each_mode() {
         "{r}"
     );
 }
+
+/// The JSON of the server's placement line for `model` at `residency`
+/// (`hypura: placement of MODEL (RESIDENCY): ... | plan {json}`).
+fn logged_placement(log: &str, model: &str, residency: &str) -> Value {
+    let marker = format!("placement of {model} ({residency}):");
+    let line = log
+        .lines()
+        .find(|l| l.contains(&marker))
+        .unwrap_or_else(|| panic!("no `{marker}` in the log:\n{log}"));
+    let json = line.split("| plan ").nth(1).expect("the plan as JSON");
+    serde_json::from_str(json).expect("one JSON object")
+}
+
+/// Every key the server logs has the value `inspect --plan --json` prints.
+fn assert_same_placement(logged: &Value, planned: &Value) {
+    let logged = logged.as_object().expect("an object");
+    for key in [
+        "mode",
+        "tier_bytes",
+        "gpu_layers",
+        "stream_cache_bytes",
+        "prefetch_depth_layers",
+        "predicted_tokens_per_second",
+    ] {
+        assert!(logged.contains_key(key), "{key} not logged: {logged:?}");
+    }
+    for (key, value) in logged {
+        assert_eq!(
+            &planned[key], value,
+            "{key}: served {logged:?}, inspected {planned}"
+        );
+    }
+}
+
+fn generate_one(server: &common::Server) {
+    let body = serde_json::json!({
+        "model": common::MODEL,
+        "prompt": "The capital of France is",
+        "raw": true,
+        "stream": false,
+        "options": {"temperature": 0, "num_predict": 2}
+    });
+    server.post_json("/api/generate", body, 200);
+}
+
+#[test]
+fn serve_logs_the_placement_inspect_plans_for_the_same_inputs() {
+    let model = common::smollm2();
+    let profile = h200();
+    let serve = |extra: &[&str]| {
+        let mut args: Vec<String> = [
+            "serve",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--context",
+            "1024",
+            "--parallel",
+            "2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        common::Server::start_with(&args)
+    };
+    let inputs = ["--context", "1024", "--parallel", "2"];
+
+    // No budget: the model loads in the planner's placement, no GPU unless
+    // given a budget (so `inspect` is asked with `--gpu-budget 0`).
+    let server = serve(&[]);
+    generate_one(&server);
+    let logged = logged_placement(&server.log(), common::MODEL, "no budget");
+    let planned = plan(&model, &[&inputs[..], &["--gpu-budget", "0"]].concat());
+    assert_same_placement(&logged, &planned);
+    assert_eq!(logged["mode"], "full-resident");
+    assert_eq!(logged["sequences"], 2);
+    drop(server);
+
+    // Under budgets: what the planner gives the model alone under them is
+    // logged at start, and each residency's placement as it loads.
+    let ram = (1u64 << 30).to_string();
+    let budgets = ["--gpu-budget", "0", "--ram-budget", ram.as_str()];
+    let server = serve(&budgets);
+    let logged = logged_placement(&server.log(), common::MODEL, "alone under the budgets");
+    let planned = plan(&model, &[&inputs[..], &budgets[..]].concat());
+    assert_same_placement(&logged, &planned);
+    generate_one(&server);
+    let log = server.log();
+    let loaded = ["streaming", "partial", "full"]
+        .iter()
+        .find(|r| log.contains(&format!("placement of {} ({r}):", common::MODEL)))
+        .unwrap_or_else(|| panic!("no residency's placement logged:\n{log}"));
+    let logged = logged_placement(&log, common::MODEL, loaded);
+    let file = hypura_gguf::GgufFile::open(&model).unwrap();
+    let b = &logged["tier_bytes"];
+    let sum: u64 = ["gpu", "ram", "stream"]
+        .iter()
+        .map(|t| b[t].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, file.tensor_bytes(), "{logged}");
+}
+
+#[test]
+fn serve_without_a_profile_plans_with_an_estimate_and_says_so() {
+    let cache = scratch().join("empty-cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let model = common::smollm2();
+    let args: Vec<String> = ["serve", model.to_str().unwrap(), "--port", "0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let server = common::Server::start_in(&args, "warn,llama.cpp=error", &cache);
+    let log = server.log();
+    assert!(log.contains("planning with an estimate"), "{log}");
+    assert!(log.contains("in the background"), "{log}");
+    generate_one(&server);
+    let logged = logged_placement(&server.log(), common::MODEL, "no budget");
+    assert_eq!(logged["mode"], "full-resident");
+    // The measurement dies with the server; its scratch files with the folder.
+    drop(server);
+    std::fs::remove_dir_all(&cache).ok();
+}

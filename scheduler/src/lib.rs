@@ -6,12 +6,15 @@
 //! - [`roles`]: what a tensor does (attention, norm, experts, ...), judged from its name.
 //! - [`size`]: byte sizes as people write them (`512MiB`, `8GiB`).
 //! - [`profile`]: the measured hardware profile the planner reads.
-//! - [`plan`]: the placement planner (tier per tensor, mode, cache sizes, predicted speed).
+//! - [`plan`]: the placement planner (tier per tensor, mode, cache sizes, predicted speed):
+//!   [`plan::plan`] is the one function every placement comes from.
+//! - [`gpu`]: the GPU tier by rule (`-ngl N`, a byte budget) and llama.cpp's `n_gpu_layers`.
 //! - [`cost`]: the decode cost model the planner prices plans with.
 //! - [`budget`]: one memory budget across models: admission, promotion, demotion.
 
 pub mod budget;
 pub mod cost;
+pub mod gpu;
 pub mod plan;
 pub mod profile;
 pub mod roles;

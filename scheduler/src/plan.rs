@@ -27,6 +27,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{self, Bottleneck, Overlap, Prediction, Rates, TokenTraffic};
+pub use crate::gpu::GpuShare;
 use crate::profile::HardwareProfile;
 use crate::roles::{classify, layer_index, TensorRole};
 use crate::size::format_bytes;
@@ -226,17 +227,42 @@ impl Budgets {
     }
 }
 
-/// Everything the planner takes.
+/// What the caller of [`plan`] sets: the budgets, the contexts, and what it
+/// fixes instead of leaving it to the planner. A fixed quantity is the
+/// caller's to fit: the planner prices it but checks only what it chooses
+/// (the server's budget policy, for one, charges each residency itself).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanSettings {
+    pub budgets: Budgets,
+    /// Context per sequence in tokens (the KV cache of every sequence counts
+    /// against the budgets).
+    pub context_tokens: u32,
+    /// Sequences decoded together (0 counts as 1).
+    pub sequences: u32,
+    /// Plan only this mode (`None`: the fastest that fits).
+    pub mode: Option<Mode>,
+    /// The GPU's share by rule (`None`: the planner prices every GPU prefix
+    /// of its value-per-byte order within the GPU budget).
+    pub gpu: Option<GpuShare>,
+    /// The stream cache (`None`: what the RAM budget leaves).
+    pub stream_cache_bytes: Option<u64>,
+}
+
+impl PlanSettings {
+    /// Tokens of KV cache over all sequences.
+    pub fn kv_tokens(&self) -> u32 {
+        self.context_tokens.saturating_mul(self.sequences.max(1))
+    }
+}
+
+/// Everything the planner takes: the model (its tensors and facts), the
+/// machine, and the caller's settings.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanRequest<'a> {
     pub tensors: &'a [PlanTensor],
     pub facts: ModelFacts,
-    pub budgets: Budgets,
-    /// Context size in tokens (its KV cache counts against the budgets).
-    pub context_tokens: u32,
     pub profile: &'a HardwareProfile,
-    /// Plan only this mode (`None`: the fastest that fits).
-    pub mode: Option<Mode>,
+    pub settings: PlanSettings,
 }
 
 /// Bytes of weights per tier.
@@ -261,7 +287,11 @@ pub struct Plan {
     pub tier_bytes: TierBytes,
     pub gpu_budget_bytes: u64,
     pub ram_budget_bytes: u64,
+    /// Context per sequence, and sequences.
     pub context_tokens: u32,
+    pub sequences: u32,
+    /// llama.cpp's `n_gpu_layers` for these tiers ([`crate::gpu::gpu_layers`]).
+    pub gpu_layers: u32,
     /// KV cache bytes, and the part held in GPU memory.
     pub kv_cache_bytes: u64,
     pub kv_cache_gpu_bytes: u64,
@@ -286,6 +316,66 @@ impl Plan {
 
     pub fn bottleneck(&self) -> Bottleneck {
         self.prediction.bottleneck
+    }
+}
+
+/// The headline of a plan (everything but the per-tensor tiers and the
+/// cost model's terms): what `hypura serve` logs for each placement it
+/// loads, and what `hypura inspect --plan --json` prints for the same inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PlanSummary {
+    pub mode: Mode,
+    pub tier_bytes: TierBytes,
+    pub gpu_layers: u32,
+    pub stream_cache_bytes: u64,
+    pub prefetch_depth_layers: u32,
+    pub kv_cache_bytes: u64,
+    pub kv_cache_gpu_bytes: u64,
+    pub context_tokens: u32,
+    pub sequences: u32,
+    pub gpu_budget_bytes: u64,
+    pub ram_budget_bytes: u64,
+    pub predicted_tokens_per_second: f64,
+    pub bottleneck: Bottleneck,
+}
+
+impl Plan {
+    pub fn summary(&self) -> PlanSummary {
+        PlanSummary {
+            mode: self.mode,
+            tier_bytes: self.tier_bytes,
+            gpu_layers: self.gpu_layers,
+            stream_cache_bytes: self.stream_cache_bytes,
+            prefetch_depth_layers: self.prefetch_depth_layers,
+            kv_cache_bytes: self.kv_cache_bytes,
+            kv_cache_gpu_bytes: self.kv_cache_gpu_bytes,
+            context_tokens: self.context_tokens,
+            sequences: self.sequences,
+            gpu_budget_bytes: self.gpu_budget_bytes,
+            ram_budget_bytes: self.ram_budget_bytes,
+            predicted_tokens_per_second: self.prediction.tokens_per_second,
+            bottleneck: self.prediction.bottleneck,
+        }
+    }
+}
+
+impl fmt::Display for PlanSummary {
+    /// One line: `dense-ffn-streaming: GPU 0 B, RAM 40.1 MiB, STREAM 52.0 MiB,
+    /// 0 GPU layers, cache 3.5 MiB, prefetch 1 layers, 31.2 tok/s predicted`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = &self.tier_bytes;
+        write!(
+            f,
+            "{}: GPU {}, RAM {}, STREAM {}, {} GPU layers, cache {}, prefetch {} layers, {:.2} tok/s predicted",
+            self.mode,
+            format_bytes(b.gpu),
+            format_bytes(b.ram),
+            format_bytes(b.stream),
+            self.gpu_layers,
+            format_bytes(self.stream_cache_bytes),
+            self.prefetch_depth_layers,
+            self.predicted_tokens_per_second
+        )
     }
 }
 
@@ -479,8 +569,8 @@ fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64,
 /// GPU↔CPU hand-overs per token when `on_gpu[i]` items are on the GPU:
 /// the token walks embedding (CPU) → each layer's attention → its FFN → output.
 /// Streamed tensors run on the CPU.
-fn crossings(items: &[Item], on_gpu: usize, s: &Streamed, req: &PlanRequest) -> u32 {
-    if on_gpu == 0 {
+fn crossings(items: &[Item], on_gpu: &[bool], s: &Streamed, req: &PlanRequest) -> u32 {
+    if !on_gpu.contains(&true) {
         return 0;
     }
     let n = req.facts.n_layer as usize;
@@ -494,7 +584,7 @@ fn crossings(items: &[Item], on_gpu: usize, s: &Streamed, req: &PlanRequest) -> 
     }
     let mut output_on_gpu = false;
     for (i, item) in items.iter().enumerate() {
-        let gpu = i < on_gpu;
+        let gpu = on_gpu[i];
         match item.layer.map(|l| l as usize) {
             Some(l) if l < n => {
                 let slot = if item.ffn { &mut ffn[l] } else { &mut attn[l] };
@@ -536,8 +626,8 @@ pub fn plan(req: &PlanRequest) -> Result<Plan, PlanError> {
     if req.tensors.is_empty() {
         return Err(PlanError::Empty);
     }
-    let (gpu_budget, ram_budget) = req.budgets.effective(req.profile);
-    let modes: Vec<Mode> = match req.mode {
+    let (gpu_budget, ram_budget) = req.settings.budgets.effective(req.profile);
+    let modes: Vec<Mode> = match req.settings.mode {
         Some(mode) => {
             check_applicable(req, mode)?;
             vec![mode]
@@ -576,10 +666,49 @@ fn check_applicable(req: &PlanRequest, mode: Mode) -> Result<(), PlanError> {
     }))
 }
 
-/// The fastest feasible GPU prefix of `mode`, or `None` if nothing fits.
+/// One way to hold a mode's resident items: which are on the GPU, and the
+/// stream cache beside them, priced.
+struct Candidate {
+    on_gpu: Vec<bool>,
+    cache: u64,
+    prediction: Prediction,
+    hit: f64,
+    nvme: f64,
+    slots: u64,
+}
+
+/// The items a fixed GPU share puts on the GPU ([`crate::gpu::assign`]
+/// moves a layer's non-FFN tensors together, so an item never splits).
+fn fixed_gpu_items(req: &PlanRequest, mode: Mode, items: &[Item], share: GpuShare) -> Vec<bool> {
+    let mut tiers: BTreeMap<String, Tier> = req
+        .tensors
+        .iter()
+        .map(|t| {
+            let tier = if is_streamed(mode, &t.name) {
+                Tier::Stream
+            } else {
+                Tier::Ram
+            };
+            (t.name.clone(), tier)
+        })
+        .collect();
+    crate::gpu::assign(req.tensors, req.facts.n_layer, &mut tiers, share);
+    items
+        .iter()
+        .map(|item| {
+            item.tensors
+                .iter()
+                .all(|&t| tiers.get(&req.tensors[t].name) == Some(&Tier::Gpu))
+        })
+        .collect()
+}
+
+/// The fastest feasible candidate of `mode` (every GPU prefix, or the fixed
+/// share), or `None` if nothing fits.
 fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64) -> Option<Plan> {
+    let settings = &req.settings;
     let n_layer = req.facts.n_layer.max(1);
-    let kv_total = req.facts.kv_bytes(req.context_tokens);
+    let kv_total = req.facts.kv_bytes(settings.kv_tokens());
     let kv_per_layer = kv_total / u64::from(n_layer);
     let (items, embeddings) = resident_items(req, mode, kv_per_layer);
     let s = streamed(req, mode);
@@ -601,52 +730,85 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         Mode::DenseFfnStreaming => Overlap::ReadAhead,
     };
 
-    let mut best: Option<(usize, u64, Prediction, f64, f64, u64, u64)> = None;
-    let (mut gpu_bytes, mut gpu_touched) = (0u64, 0f64);
-    let mut gpu_layers = std::collections::BTreeSet::new();
-    for k in 0..=items.len() {
-        if k > 0 {
-            gpu_bytes += items[k - 1].bytes();
-            gpu_touched += items[k - 1].touched;
-            gpu_layers.extend(items[k - 1].layer);
+    // `None`: over the GPU budget (later prefixes are too); `Some(None)`:
+    // RAM too short for this one.
+    let evaluate = |on_gpu: Vec<bool>, check_gpu: bool| -> Option<Option<Candidate>> {
+        let (mut gpu_bytes, mut gpu_touched) = (0u64, 0f64);
+        let mut gpu_layers = std::collections::BTreeSet::new();
+        for (item, _) in items.iter().zip(&on_gpu).filter(|(_, &g)| g) {
+            gpu_bytes += item.bytes();
+            gpu_touched += item.touched;
+            gpu_layers.extend(item.layer);
         }
-        if gpu_bytes > gpu_budget {
-            break;
+        if check_gpu && gpu_bytes > gpu_budget {
+            return None;
         }
-        let ram_resident = all_bytes - gpu_bytes + embedding_bytes + kv_unplaced;
-        let Some(cache) = ram_budget.checked_sub(ram_resident) else {
-            continue;
+        let cache = match settings.stream_cache_bytes {
+            _ if mode == Mode::FullResident => 0,
+            Some(fixed) => fixed,
+            None => {
+                let ram_resident = all_bytes - gpu_bytes + embedding_bytes + kv_unplaced;
+                match ram_budget.checked_sub(ram_resident) {
+                    Some(cache) if cache >= min_cache => cache.min(s.bytes),
+                    _ => return Some(None),
+                }
+            }
         };
-        if mode != Mode::FullResident && cache < min_cache {
-            continue;
+        if mode == Mode::FullResident && settings.stream_cache_bytes.is_none() {
+            let ram_resident = all_bytes - gpu_bytes + embedding_bytes + kv_unplaced;
+            if ram_resident > ram_budget {
+                return Some(None);
+            }
         }
-        let cache = cache.min(s.bytes);
-        let (hit, nvme, slots, misses) = stream_traffic(&s, mode, cache);
+        let (hit, nvme, slots, misses) = stream_traffic(&s, mode, cache.min(s.bytes));
         let traffic = TokenTraffic {
             gpu_bytes: gpu_touched,
             ram_bytes: all_touched - gpu_touched + embedding_touched + s.touched,
             nvme_bytes: nvme,
             misses,
-            crossings: crossings(&items, k, &s, req),
+            crossings: crossings(&items, &on_gpu, &s, req),
             crossing_bytes: u64::from(req.facts.n_embd) * 4,
             n_layer: req.facts.n_layer,
             gpu_layers: gpu_layers.len() as u32,
         };
-        let p = cost::predict(&traffic, &rates, overlap);
-        // Ties go to more GPU (later k): it leaves RAM for the system.
-        if best
-            .as_ref()
-            .is_none_or(|b| p.seconds_per_token <= b.2.seconds_per_token)
-        {
-            best = Some((k, cache, p, hit, nvme, slots, gpu_bytes));
+        let prediction = cost::predict(&traffic, &rates, overlap);
+        Some(Some(Candidate {
+            on_gpu,
+            cache,
+            prediction,
+            hit,
+            nvme,
+            slots,
+        }))
+    };
+
+    let best = match settings.gpu {
+        Some(share) => evaluate(fixed_gpu_items(req, mode, &items, share), false).flatten(),
+        None => {
+            let mut best: Option<Candidate> = None;
+            for k in 0..=items.len() {
+                let on_gpu = (0..items.len()).map(|i| i < k).collect();
+                let Some(candidate) = evaluate(on_gpu, true) else {
+                    break;
+                };
+                // Ties go to more GPU (later k): it leaves RAM for the system.
+                if let Some(c) = candidate {
+                    let faster = best.as_ref().is_none_or(|b| {
+                        c.prediction.seconds_per_token <= b.prediction.seconds_per_token
+                    });
+                    if faster {
+                        best = Some(c);
+                    }
+                }
+            }
+            best
         }
-    }
-    let (k, cache, prediction, hit, nvme, slots, _) = best?;
+    }?;
 
     let mut tiers = BTreeMap::new();
     let mut tier_bytes = TierBytes::default();
-    for (i, item) in items.iter().enumerate() {
-        let tier = if i < k { Tier::Gpu } else { Tier::Ram };
+    for (item, &gpu) in items.iter().zip(&best.on_gpu) {
+        let tier = if gpu { Tier::Gpu } else { Tier::Ram };
         for &t in &item.tensors {
             tiers.insert(req.tensors[t].name.clone(), tier);
         }
@@ -660,23 +822,35 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         tiers.insert(t.name.clone(), Tier::Stream);
         tier_bytes.stream += t.bytes;
     }
-    let kv_cache_gpu_bytes = items[..k].iter().map(|i| i.kv_bytes).sum();
+    let kv_cache_gpu_bytes = items
+        .iter()
+        .zip(&best.on_gpu)
+        .filter(|(_, &g)| g)
+        .map(|(i, _)| i.kv_bytes)
+        .sum();
+    let gpu_layers = crate::gpu::gpu_layers(
+        req.tensors.iter().map(|t| t.name.as_str()),
+        &tiers,
+        req.facts.n_layer,
+    );
     Some(Plan {
         mode,
         tiers,
         tier_bytes,
         gpu_budget_bytes: gpu_budget,
         ram_budget_bytes: ram_budget,
-        context_tokens: req.context_tokens,
+        context_tokens: settings.context_tokens,
+        sequences: settings.sequences.max(1),
+        gpu_layers,
         kv_cache_bytes: kv_total,
         kv_cache_gpu_bytes,
-        stream_cache_bytes: if mode == Mode::FullResident { 0 } else { cache },
-        pool_slots: slots,
-        prefetch_depth_layers: prefetch_depth(mode, &s, slots, &prediction, &rates),
-        expected_hit_rate: hit,
-        nvme_bytes_per_token: nvme,
+        stream_cache_bytes: best.cache,
+        pool_slots: best.slots,
+        prefetch_depth_layers: prefetch_depth(mode, &s, best.slots, &best.prediction, &rates),
+        expected_hit_rate: best.hit,
+        nvme_bytes_per_token: best.nvme,
         rates,
-        prediction,
+        prediction: best.prediction,
     })
 }
 
@@ -710,7 +884,7 @@ fn prefetch_depth(mode: Mode, s: &Streamed, slots: u64, p: &Prediction, rates: &
 
 /// The error for a model that fits no mode: the leanest mode's minimum.
 fn does_not_fit(req: &PlanRequest, modes: &[Mode], gpu_budget: u64, ram_budget: u64) -> PlanError {
-    let kv = req.facts.kv_bytes(req.context_tokens);
+    let kv = req.facts.kv_bytes(req.settings.kv_tokens());
     let budget = gpu_budget + ram_budget;
     let leanest = modes
         .iter()
@@ -729,7 +903,7 @@ fn does_not_fit(req: &PlanRequest, modes: &[Mode], gpu_budget: u64, ram_budget: 
         format_bytes(minimum),
         format_bytes(resident),
         format_bytes(kv),
-        req.context_tokens
+        req.settings.kv_tokens()
     );
     if cache > 0 {
         detail.push_str(&format!(
@@ -854,13 +1028,15 @@ mod tests {
         PlanRequest {
             tensors,
             facts,
-            budgets: Budgets {
-                gpu_bytes: Some(gpu),
-                ram_bytes: Some(ram),
-            },
-            context_tokens: 4096,
             profile,
-            mode: None,
+            settings: PlanSettings {
+                budgets: Budgets {
+                    gpu_bytes: Some(gpu),
+                    ram_bytes: Some(ram),
+                },
+                context_tokens: 4096,
+                ..Default::default()
+            },
         }
     }
 
@@ -926,9 +1102,9 @@ mod tests {
         };
         let gpu = resident + f.kv_bytes(4096);
         let mut req = request(&tensors, f, &p, gpu, 64 * GIB);
-        req.mode = Some(Mode::FullResident);
+        req.settings.mode = Some(Mode::FullResident);
         let full = plan(&req).unwrap().prediction;
-        req.mode = Some(Mode::ExpertStreaming);
+        req.settings.mode = Some(Mode::ExpertStreaming);
         // Streamed experts run on the CPU too: the same hand-overs, the same time.
         assert_eq!(
             plan(&req).unwrap().prediction.pcie_seconds,
@@ -1072,10 +1248,80 @@ mod tests {
         let tensors = model(2, 1024, 4096, 256, 0);
         let p = profile(None);
         let mut req = request(&tensors, facts(2, 0), &p, 0, 64 * GIB);
-        req.mode = Some(Mode::ExpertStreaming);
+        req.settings.mode = Some(Mode::ExpertStreaming);
         assert!(matches!(plan(&req), Err(PlanError::ModeNotApplicable(_))));
-        req.mode = Some(Mode::DenseFfnStreaming);
+        req.settings.mode = Some(Mode::DenseFfnStreaming);
         assert_eq!(plan(&req).unwrap().mode, Mode::DenseFfnStreaming);
+    }
+
+    #[test]
+    fn sequences_multiply_the_kv_cache() {
+        let tensors = model(2, 1024, 4096, 256, 0);
+        let p = profile(None);
+        let mut req = request(&tensors, facts(2, 0), &p, 0, 64 * GIB);
+        let one = plan(&req).unwrap();
+        req.settings.sequences = 4;
+        let four = plan(&req).unwrap();
+        assert_eq!(four.kv_cache_bytes, 4 * one.kv_cache_bytes);
+        assert_eq!((four.context_tokens, four.sequences), (4096, 4));
+    }
+
+    #[test]
+    fn a_fixed_placement_is_priced_not_checked() {
+        // The server's residencies: mode, GPU share and cache all fixed, in
+        // budgets they do not fit (its budget policy charges them itself).
+        let tensors = model(4, 4096, 14336, 1024, 8);
+        let p = profile(Some(80 * GIB));
+        let mut req = request(&tensors, facts(4, 8), &p, 0, 1 << 20);
+        req.settings.mode = Some(Mode::ExpertStreaming);
+        req.settings.gpu = Some(GpuShare::None);
+        req.settings.stream_cache_bytes = Some(12345);
+        let streaming = plan(&req).unwrap();
+        assert_eq!(streaming.stream_cache_bytes, 12345);
+        assert_eq!(streaming.tier_bytes.gpu, 0);
+        assert_eq!(streaming.gpu_layers, 0);
+        assert!(streaming.predicted_tokens_per_second() > 0.0);
+
+        req.settings.mode = Some(Mode::FullResident);
+        req.settings.gpu = Some(GpuShare::Layers(99));
+        req.settings.stream_cache_bytes = Some(0);
+        let full = plan(&req).unwrap();
+        assert_eq!(full.stream_cache_bytes, 0);
+        assert_eq!(full.gpu_layers, 5, "every layer and the output");
+        let embeddings: u64 = tensors
+            .iter()
+            .filter(|t| t.role == TensorRole::Embedding)
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(full.tier_bytes.ram, embeddings);
+        assert_eq!(full.kv_cache_gpu_bytes, full.kv_cache_bytes);
+        // The same share with the RAM left to the planner must fit.
+        req.settings.stream_cache_bytes = None;
+        assert!(matches!(plan(&req), Err(PlanError::DoesNotFit { .. })));
+    }
+
+    #[test]
+    fn a_fixed_gpu_share_takes_the_tensors_of_its_rule() {
+        let tensors = model(4, 1024, 4096, 256, 0);
+        let p = profile(Some(80 * GIB));
+        let mut req = request(&tensors, facts(4, 0), &p, 0, 64 * GIB);
+        req.settings.gpu = Some(GpuShare::Layers(3));
+        let placed = plan(&req).unwrap();
+        assert_eq!(placed.mode, Mode::FullResident);
+        let mut expected: BTreeMap<String, Tier> = tensors
+            .iter()
+            .map(|t| (t.name.clone(), Tier::Ram))
+            .collect();
+        crate::gpu::assign(&tensors, 4, &mut expected, GpuShare::Layers(3));
+        assert_eq!(placed.tiers, expected);
+        assert_eq!(placed.gpu_layers, 3);
+        // Free, the same budgets give the planner's own GPU prefix instead.
+        req.settings.gpu = None;
+        let free = plan(&req).unwrap();
+        assert_eq!(
+            free.gpu_layers,
+            crate::gpu::gpu_layers(tensors.iter().map(|t| t.name.as_str()), &free.tiers, 4)
+        );
     }
 
     #[test]

@@ -98,7 +98,78 @@ impl DiskProfile {
     }
 }
 
+/// What [`HardwareProfile::estimated`] writes in `measured_at`: nothing was measured.
+pub const NOT_MEASURED: &str = "not measured";
+
+/// Speeds assumed before anything is measured, low for their kind (a
+/// plan made with them errs towards predicting too little, never towards
+/// placing more than fits: sizes are always this machine's own).
+pub mod assumed {
+    pub const CPU_Q4K_MATVEC_GBPS: f64 = 10.0;
+    pub const RAM_READ_GBPS: f64 = 10.0;
+    pub const GPU_Q4K_MATVEC_GBPS: f64 = 200.0;
+    pub const HOST_TO_DEVICE_PINNED_GBPS: f64 = 10.0;
+    pub const HOST_TO_DEVICE_PAGEABLE_GBPS: f64 = 5.0;
+    pub const DISK_READ_GBPS: f64 = 0.5;
+}
+
+impl GpuProfile {
+    /// A GPU of known memory at [`assumed`] speeds.
+    pub fn estimated(name: String, description: String, total_bytes: u64, free_bytes: u64) -> Self {
+        GpuProfile {
+            name,
+            description,
+            total_bytes,
+            free_bytes,
+            q4k_matvec_gbps: assumed::GPU_Q4K_MATVEC_GBPS,
+            host_to_device_pinned_gbps: assumed::HOST_TO_DEVICE_PINNED_GBPS,
+            host_to_device_pageable_gbps: assumed::HOST_TO_DEVICE_PAGEABLE_GBPS,
+        }
+    }
+}
+
 impl HardwareProfile {
+    /// This machine's sizes (threads, RAM, GPUs) with [`assumed`] speeds:
+    /// what a server plans with until `hypura profile` has measured it.
+    pub fn estimated(
+        host: String,
+        threads: u32,
+        ram_total_bytes: u64,
+        ram_available_bytes: u64,
+        gpus: Vec<GpuProfile>,
+    ) -> HardwareProfile {
+        HardwareProfile {
+            version: PROFILE_VERSION,
+            measured_at: NOT_MEASURED.into(),
+            host,
+            cpu: CpuProfile {
+                model: "unknown".into(),
+                threads,
+                q4k_matvec_gbps: assumed::CPU_Q4K_MATVEC_GBPS,
+            },
+            ram: RamProfile {
+                total_bytes: ram_total_bytes,
+                available_bytes: ram_available_bytes,
+                read_gbps: assumed::RAM_READ_GBPS,
+            },
+            gpus,
+            disk: DiskProfile {
+                path: String::new(),
+                o_direct: true,
+                reads: vec![DiskReadPoint {
+                    block_bytes: 1 << 20,
+                    queue_depth: 4,
+                    gbps: assumed::DISK_READ_GBPS,
+                }],
+            },
+        }
+    }
+
+    /// Whether this profile was measured (not [`HardwareProfile::estimated`]).
+    pub fn is_measured(&self) -> bool {
+        self.measured_at != NOT_MEASURED
+    }
+
     /// Total GPU memory over all GPUs.
     pub fn gpu_total_bytes(&self) -> u64 {
         self.gpus.iter().map(|g| g.total_bytes).sum()

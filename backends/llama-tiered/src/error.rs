@@ -15,6 +15,9 @@ pub enum EngineError {
     Context(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The planner found no placement (e.g. the model does not fit the budgets).
+    #[error(transparent)]
+    Plan(#[from] hypura_scheduler::plan::PlanError),
     #[error("the prompt has {prompt_tokens} tokens but the context holds {n_ctx}: shorten it or raise the context size")]
     PromptTooLong { prompt_tokens: usize, n_ctx: u32 },
     #[error("the context is full: no KV cache slot left for the batch")]

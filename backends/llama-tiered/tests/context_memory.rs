@@ -9,7 +9,7 @@ use hypura_gguf::GgufFile;
 use hypura_synth::{self as synth, SynthSpec};
 use llama_tiered::llama::{gpu_devices, Batch, ContextParams};
 use llama_tiered::tiered::{
-    context_memory, ContextMemory, GpuShare, Mode, TieredModel, TieredParams,
+    context_memory, ContextMemory, GpuShare, Mode, PlannedLoad, TieredModel, TieredParams,
 };
 use llama_tiered::{test_models, EngineError};
 
@@ -174,8 +174,10 @@ fn the_prediction_matches_what_a_real_context_allocates() {
 
 #[test]
 fn a_streamed_placement_is_measured_as_loaded() {
+    let file = GgufFile::open(test_models::smollm2()).unwrap();
+    let plan = PlannedLoad::fixed(&file, Mode::DenseFfnStreaming, GpuShare::None, None);
     let streamed = TieredParams {
-        mode: Some(Mode::DenseFfnStreaming),
+        plan: Some(plan.unwrap()),
         ..Default::default()
     };
     let (predicted, real) = predicted_and_real(&streamed, &four_sequences(2048));
@@ -256,9 +258,9 @@ fn gpu_placements_are_measured_as_loaded() {
         (Mode::FullResident, GpuShare::Layers(3)),
         (Mode::DenseFfnStreaming, GpuShare::Layers(99)),
     ] {
+        let file = GgufFile::open(&path).unwrap();
         let params = TieredParams {
-            mode: Some(mode),
-            gpu,
+            plan: Some(PlannedLoad::fixed(&file, mode, gpu, None).unwrap()),
             ..Default::default()
         };
         let predicted = context_memory(&path, &params, std::slice::from_ref(&context)).unwrap();

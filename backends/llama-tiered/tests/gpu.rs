@@ -11,7 +11,9 @@ use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
 use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
 use llama_tiered::test_models;
-use llama_tiered::tiered::{gpu, GpuShare, Mode, Placement, Tier, TieredModel, TieredParams};
+use llama_tiered::tiered::{
+    gpu, GpuShare, Mode, Placement, PlannedLoad, Tier, TieredModel, TieredParams,
+};
 
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hypura-gpu-{}-{name}", std::process::id()))
@@ -33,11 +35,18 @@ fn tiny_mixtral() -> &'static Path {
     PATH.get_or_init(|| tiny("mixtral.gguf", SynthSpec::tiny_mixtral().with_layers(4)))
 }
 
+/// The planner's placement of `path` with `mode` and `share` fixed.
 fn placed(path: &Path, mode: Mode, share: GpuShare) -> (GgufFile, Placement) {
     let file = GgufFile::open(path).unwrap();
-    let mut placement = Placement::for_mode(&file, mode).unwrap();
-    gpu::assign(&mut placement, &file, share);
+    let placement = PlannedLoad::fixed(&file, mode, share, None)
+        .unwrap()
+        .placement;
     (file, placement)
+}
+
+fn planned(path: &Path, mode: Mode, share: GpuShare) -> Option<PlannedLoad> {
+    let file = GgufFile::open(path).unwrap();
+    Some(PlannedLoad::fixed(&file, mode, share, None).unwrap())
 }
 
 fn is_ffn(name: &str) -> bool {
@@ -232,8 +241,7 @@ fn a_gpu_placement_without_a_gpu_is_a_clear_error() {
         let err = TieredModel::load(
             &test_models::smollm2(),
             &TieredParams {
-                mode: Some(mode),
-                gpu: share,
+                plan: planned(&test_models::smollm2(), mode, share),
                 ..Default::default()
             },
         )
@@ -260,8 +268,7 @@ fn gpu_shares_decode_and_streaming_matches_ram_on_the_same_devices() {
         TieredModel::load(
             path,
             &TieredParams {
-                mode: Some(mode),
-                gpu,
+                plan: planned(path, mode, gpu),
                 no_repack: true,
                 cache_dir: Some(temp_path("cache")),
                 ..Default::default()

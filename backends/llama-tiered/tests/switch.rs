@@ -12,7 +12,7 @@ use llama_tiered::engine::prompt;
 use llama_tiered::engine::{BatchConfig, BatchEngine, GenerateRequest, GenerationEvent};
 use llama_tiered::llama::{json_schema_to_grammar, Model, ModelParams, SamplingParams};
 use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{Mode, TieredModel, TieredParams};
+use llama_tiered::tiered::{GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
 use llama_tiered::{test_models, EngineError};
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -38,10 +38,12 @@ fn full(path: &Path) -> Arc<Model> {
 
 /// Dense FFN streamed through the smallest cache it allows.
 fn streamed(path: &Path) -> TieredModel {
-    let footprint = StreamFootprint::of(&GgufFile::open(path).unwrap());
+    let file = GgufFile::open(path).unwrap();
+    let footprint = StreamFootprint::of(&file);
+    let budget = footprint.resident_bytes + footprint.minimum_cache_bytes;
+    let plan = PlannedLoad::fixed(&file, Mode::DenseFfnStreaming, GpuShare::None, Some(budget));
     let params = TieredParams {
-        mode: Some(Mode::DenseFfnStreaming),
-        ram_budget_bytes: Some(footprint.resident_bytes + footprint.minimum_cache_bytes),
+        plan: Some(plan.expect("a fixed plan")),
         no_repack: true,
         prefetch: true,
         cache_dir: Some(std::env::temp_dir().join(format!("hypura-switch-{}", std::process::id()))),

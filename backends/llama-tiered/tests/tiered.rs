@@ -8,7 +8,9 @@ use hypura_synth::{self as synth, SynthSpec};
 use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
 use llama_tiered::llama::{Batch, Context, ContextParams, SamplingParams};
-use llama_tiered::tiered::{Mode, Streamer, Tier, TieredModel, TieredParams};
+use llama_tiered::tiered::{
+    GpuShare, Mode, PlannedLoad, Streamer, Tier, TieredModel, TieredParams,
+};
 use llama_tiered::{test_models, EngineError};
 
 const PROMPT: &str = "The history of the city of Paris begins";
@@ -46,6 +48,16 @@ fn tiny_llama_q4k() -> &'static Path {
     })
 }
 
+/// The planner's placement with `mode` fixed, no GPU, and `ram_budget_bytes`
+/// for weights (resident + stream cache; `None`: everything cached).
+fn planned(
+    file: &GgufFile,
+    mode: Mode,
+    ram_budget_bytes: Option<u64>,
+) -> Result<PlannedLoad, EngineError> {
+    PlannedLoad::fixed(file, mode, GpuShare::None, ram_budget_bytes)
+}
+
 /// Loads with weights in file layout (no CPU repacking), so every mode runs
 /// the same kernels and results can be compared bit for bit. (SmolLM2's
 /// Q4_1 has no repacked form; the synthetic Q4_K models do.)
@@ -60,9 +72,9 @@ fn load_with(
     prefetch: bool,
 ) -> TieredModel {
     // Co-activation statistics go to a scratch folder, never the user's cache.
+    let file = GgufFile::open(path).unwrap();
     let params = TieredParams {
-        mode: Some(mode),
-        ram_budget_bytes,
+        plan: Some(planned(&file, mode, ram_budget_bytes).expect("a fixed plan")),
         no_repack: true,
         prefetch,
         cache_dir: Some(temp_path("cache")),
@@ -336,11 +348,17 @@ fn a_model_file_truncated_after_load_gives_a_clear_error() {
 fn a_budget_below_one_layer_is_refused_with_the_minimum() {
     let path = smollm2_moe();
     let probe = load(path, Mode::ExpertStreaming, None);
+    let file = GgufFile::open(path).unwrap();
+    let plan = planned(
+        &file,
+        Mode::ExpertStreaming,
+        Some(probe.resident_bytes + 1000),
+    )
+    .unwrap();
     let err = TieredModel::load(
         path,
         &TieredParams {
-            mode: Some(Mode::ExpertStreaming),
-            ram_budget_bytes: Some(probe.resident_bytes + 1000),
+            plan: Some(plan),
             ..Default::default()
         },
     )
@@ -351,15 +369,10 @@ fn a_budget_below_one_layer_is_refused_with_the_minimum() {
 
 #[test]
 fn expert_streaming_needs_experts() {
-    let err = TieredModel::load(
-        &test_models::smollm2(),
-        &TieredParams {
-            mode: Some(Mode::ExpertStreaming),
-            ..Default::default()
-        },
-    )
-    .err()
-    .expect("dense model");
+    let file = GgufFile::open(test_models::smollm2()).unwrap();
+    let err = planned(&file, Mode::ExpertStreaming, None)
+        .err()
+        .expect("dense model");
     assert!(err.to_string().contains("mixture-of-experts"), "{err}");
 }
 
@@ -471,8 +484,9 @@ fn coactivation_statistics_survive_a_restart() {
         path,
     )
     .unwrap();
+    let file = GgufFile::open(path).unwrap();
     let params = TieredParams {
-        mode: Some(Mode::ExpertStreaming),
+        plan: Some(planned(&file, Mode::ExpertStreaming, None).unwrap()),
         no_repack: true,
         cache_dir: Some(cache.clone()),
         ..Default::default()

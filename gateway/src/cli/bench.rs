@@ -9,11 +9,10 @@ use clap::Args;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::size::format_bytes;
 use llama_tiered::llama::{Batch, ContextParams};
-use llama_tiered::tiered::{Mode, StreamStats, TieredModel, TieredParams};
+use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 
 use super::inspect::{self, PlanOptions};
-use super::run::planned_load;
 
 /// The fixed prompt, repeated until it has the asked number of tokens.
 const PROMPT: &str = "The history of computing is a story of memory: how much of it there was, \
@@ -78,15 +77,15 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         gpu_budget: args.gpu_budget,
         ram_budget: args.ram_budget,
         context: args.context,
+        parallel: 1,
         mode: args.mode,
     };
     let plan = inspect::make_plan(&file, &loaded.profile, &options)
         .with_context(|| format!("planning {}", args.model.display()))?;
     let params = TieredParams {
-        ram_budget_bytes: Some(plan.ram_budget_bytes),
         no_repack: true,
         prefetch: true,
-        plan: Some(planned_load(&file, &plan)?),
+        plan: Some(PlannedLoad::from_plan(&file, &plan)?),
         ..Default::default()
     };
     let load_started = Instant::now();

@@ -7,11 +7,11 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use hypura_gguf::inspect::ModelReport;
 use hypura_gguf::GgufFile;
-use hypura_scheduler::plan::{self, Budgets, Plan, PlanRequest};
+use hypura_scheduler::plan::{Budgets, Plan, PlanSettings};
 use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
 use hypura_scheduler::size::format_bytes;
 use llama_tiered::hwprobe;
-use llama_tiered::tiered::{placement, Mode};
+use llama_tiered::tiered::{plan_file, Mode};
 use serde_json::json;
 
 #[derive(Args, Debug)]
@@ -37,6 +37,10 @@ pub struct InspectArgs {
     /// (capped at the model's training length).
     #[arg(long, default_value_t = 4096)]
     context: u32,
+    /// Sequences decoded together, each with its own context's KV cache
+    /// (`hypura serve --parallel`).
+    #[arg(long, default_value_t = 1, requires = "plan")]
+    parallel: u32,
     /// Plan for the machine of this saved profile (default: this machine's,
     /// cached by `hypura profile`).
     #[arg(long, requires = "plan")]
@@ -67,14 +71,14 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
 }
 
 /// A hardware profile and where it came from.
-pub(super) struct LoadedProfile {
+pub(crate) struct LoadedProfile {
     pub profile: HardwareProfile,
     pub path: PathBuf,
 }
 
 /// The profile at `explicit`, else the cached one of this machine; `None`
 /// when neither exists (`hypura profile` has not run).
-pub(super) fn find_profile(explicit: Option<&Path>) -> anyhow::Result<Option<LoadedProfile>> {
+pub(crate) fn find_profile(explicit: Option<&Path>) -> anyhow::Result<Option<LoadedProfile>> {
     let path = match explicit {
         Some(p) => p.to_path_buf(),
         None => {
@@ -121,6 +125,7 @@ pub(super) struct PlanOptions {
     pub gpu_budget: Option<u64>,
     pub ram_budget: Option<u64>,
     pub context: u32,
+    pub parallel: u32,
     pub mode: Option<Mode>,
 }
 
@@ -141,20 +146,17 @@ pub(super) fn make_plan(
     profile: &HardwareProfile,
     options: &PlanOptions,
 ) -> anyhow::Result<Plan> {
-    let (tensors, facts) = placement::plan_inputs(file)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", file.path().display()))?;
-    let request = PlanRequest {
-        tensors: &tensors,
-        facts,
+    let settings = PlanSettings {
         budgets: Budgets {
             gpu_bytes: options.gpu_budget,
             ram_bytes: options.ram_budget,
         },
         context_tokens: effective_context(file, options.context),
-        profile,
+        sequences: options.parallel,
         mode: options.mode,
+        ..Default::default()
     };
-    Ok(plan::plan(&request)?)
+    Ok(plan_file(file, profile, settings)?)
 }
 
 fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
@@ -163,6 +165,7 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         gpu_budget: args.gpu_budget,
         ram_budget: args.ram_budget,
         context: args.context,
+        parallel: args.parallel,
         mode: args.mode,
     };
     let plan = make_plan(file, &loaded.profile, &options)
@@ -200,6 +203,8 @@ pub(super) fn plan_json(plan: &Plan) -> serde_json::Value {
         "gpu_budget_bytes": plan.gpu_budget_bytes,
         "ram_budget_bytes": plan.ram_budget_bytes,
         "context_tokens": plan.context_tokens,
+        "sequences": plan.sequences,
+        "gpu_layers": plan.gpu_layers,
         "kv_cache_bytes": plan.kv_cache_bytes,
         "kv_cache_gpu_bytes": plan.kv_cache_gpu_bytes,
         "stream_cache_bytes": plan.stream_cache_bytes,
@@ -232,14 +237,18 @@ fn plan_table(plan: &Plan, model: &Path, loaded: &LoadedProfile) -> String {
             format_bytes(plan.ram_budget_bytes)
         ),
     );
-    line("GPU weights", format_bytes(b.gpu));
+    line(
+        "GPU weights",
+        format!("{} ({} GPU layers)", format_bytes(b.gpu), plan.gpu_layers),
+    );
     line("RAM weights", format_bytes(b.ram));
     line("STREAM weights", format_bytes(b.stream));
     line(
         "KV cache",
         format!(
-            "{} for {} tokens ({} on GPU)",
+            "{} for {} × {} tokens ({} on GPU)",
             format_bytes(plan.kv_cache_bytes),
+            plan.sequences,
             plan.context_tokens,
             format_bytes(plan.kv_cache_gpu_bytes)
         ),

@@ -8,6 +8,8 @@ mod serve;
 
 use clap::{Parser, Subcommand};
 
+pub(crate) use inspect::find_profile;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "hypura",

@@ -8,11 +8,12 @@ use anyhow::Context as _;
 use clap::Args;
 use hypura_chat::ChatMessage;
 use hypura_gguf::GgufFile;
-use hypura_scheduler::plan::Plan;
+use hypura_scheduler::plan::{Budgets, PlanSettings};
 use llama_tiered::engine::generate::{generate, Completion, GenerateParams};
 use llama_tiered::engine::prompt;
+use llama_tiered::hwprobe;
 use llama_tiered::llama::{Context, ContextParams, SamplingParams};
-use llama_tiered::tiered::{GpuShare, Mode, Placement, PlannedLoad, TieredModel, TieredParams};
+use llama_tiered::tiered::{plan_file, GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
 use serde_json::json;
 
 use super::inspect;
@@ -64,11 +65,11 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
     /// full-resident, expert-streaming or dense-ffn-streaming (default: the
-    /// planner's choice from this machine's profile (`hypura profile`) and
-    /// the budgets; without a profile, from the model and --ram-budget).
+    /// planner's choice from this machine's profile (`hypura profile`, else
+    /// an estimate) and the budgets).
     #[arg(long)]
     mode: Option<Mode>,
-    /// Most RAM for weights, e.g. 512MiB or 8GiB (resident tensors + stream cache).
+    /// Most RAM for weights, KV cache and stream cache, e.g. 512MiB or 8GiB.
     #[arg(long, value_parser = parse_size)]
     ram_budget: Option<u64>,
     /// Print streaming statistics on stderr after the reply.
@@ -87,12 +88,12 @@ pub struct RunArgs {
     #[arg(long)]
     repack: bool,
     /// Put N layers' resident weights on the GPU as llama.cpp's -ngl N counts
-    /// them: the output layer, then the last N-1 layers (99: all; 0: none,
-    /// without planning). Needs a CUDA build of llama.cpp.
+    /// them: the output layer, then the last N-1 layers (99: all; 0: none).
+    /// Needs a CUDA build of llama.cpp.
     #[arg(long, conflicts_with = "gpu_budget")]
     gpu_layers: Option<u32>,
-    /// Most GPU memory for weights, e.g. 20GiB: attention, norms and output
-    /// first, then FFN / expert weights from the last layer.
+    /// Most GPU memory for weights and KV cache, e.g. 20GiB (default: the
+    /// profile's free GPU memory less 1 GiB; none without a measured profile).
     #[arg(long, value_parser = parse_size)]
     gpu_budget: Option<u64>,
 }
@@ -183,61 +184,45 @@ fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
     model.with_context(|| format!("loading {}", path.display()))
 }
 
-/// Load options. With no `--mode` and no `--gpu-layers`, the planner
-/// decides (tier per tensor, cache size) from this machine's cached profile;
-/// without a profile, the simple rule of `choose_mode` and `--gpu-budget`.
+/// Load options: the planner's placement (`--mode` and `--gpu-layers` fix
+/// what they name, the budgets bound the rest) on this machine's cached
+/// profile, else on an estimated one (this machine's sizes, assumed speeds).
 fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
-    let mut params = TieredParams {
-        mode: args.mode,
-        ram_budget_bytes: args.ram_budget,
-        no_repack: !args.repack,
-        prefetch: !args.no_prefetch,
-        cache_dir: None,
-        gpu: match (args.gpu_layers, args.gpu_budget) {
-            (Some(n), _) => GpuShare::Layers(n),
-            (None, Some(bytes)) => GpuShare::BudgetBytes(bytes),
-            (None, None) => GpuShare::None,
-        },
-        plan: None,
-        read_queue_depth: args.read_queue_depth,
-    };
-    if args.mode.is_some() || args.gpu_layers.is_some() {
-        return Ok(params);
-    }
-    let loaded = match inspect::find_profile(None) {
-        Ok(Some(loaded)) => loaded,
-        Ok(None) => return Ok(params),
+    let (profile, measured) = match inspect::find_profile(None) {
+        Ok(Some(loaded)) => (loaded.profile, true),
+        Ok(None) => (hwprobe::estimated(), false),
         Err(e) => {
-            tracing::warn!("not planning: {e:#}");
-            return Ok(params);
+            tracing::warn!("planning with an estimated profile: {e:#}");
+            (hwprobe::estimated(), false)
         }
     };
     let file = GgufFile::open(&args.model)?;
-    let options = inspect::PlanOptions {
-        gpu_budget: args.gpu_budget,
-        ram_budget: args.ram_budget,
-        context: args.context,
-        mode: None,
+    let settings = PlanSettings {
+        budgets: Budgets {
+            // Without a measured profile the GPU is used only when asked
+            // for, as before profiles existed.
+            gpu_bytes: args.gpu_budget.or((!measured).then_some(0)),
+            ram_bytes: args.ram_budget,
+        },
+        context_tokens: inspect::effective_context(&file, args.context),
+        sequences: 1,
+        mode: args.mode,
+        gpu: args.gpu_layers.map(GpuShare::Layers),
+        stream_cache_bytes: None,
     };
-    let plan = inspect::make_plan(&file, &loaded.profile, &options)
+    let plan = plan_file(&file, &profile, settings)
         .with_context(|| format!("planning {}", args.model.display()))?;
     tracing::info!(
-        "plan: {}, {:.2} tok/s predicted ({})",
-        plan.mode,
-        plan.prediction.tokens_per_second,
-        plan.prediction.bottleneck
+        "plan{}: {}",
+        if measured { "" } else { " (estimated profile)" },
+        plan.summary()
     );
-    params.gpu = GpuShare::None;
-    params.plan = Some(planned_load(&file, &plan)?);
-    Ok(params)
-}
-
-/// The engine's view of a plan.
-pub(super) fn planned_load(file: &GgufFile, plan: &Plan) -> anyhow::Result<PlannedLoad> {
-    Ok(PlannedLoad {
-        placement: Placement::from_plan(file, plan).map_err(anyhow::Error::msg)?,
-        stream_cache_bytes: plan.stream_cache_bytes,
-        prefetch_depth_layers: plan.prefetch_depth_layers,
+    Ok(TieredParams {
+        plan: Some(PlannedLoad::from_plan(&file, &plan)?),
+        no_repack: !args.repack,
+        prefetch: !args.no_prefetch,
+        cache_dir: None,
+        read_queue_depth: args.read_queue_depth,
     })
 }
 

@@ -10,6 +10,7 @@ use hypura_scheduler::size::parse_size;
 use crate::config::{self, Config, ModelConfig};
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::fetch;
+use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
 use crate::server::{self, AppState, HttpSettings};
 
@@ -64,6 +65,10 @@ pub struct ServeArgs {
     /// Host RAM all models together may use (`64GiB`, `512MiB`, bytes) [default: no limit].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     ram_budget: Option<u64>,
+    /// Plan placements with this saved hardware profile [default: the one `hypura profile`
+    /// cached; without one, an estimate while this machine is measured in the background].
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
 }
 
 /// A numeric flag checked as its configuration key is.
@@ -86,6 +91,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .parallel
         .or(file.parallel)
         .unwrap_or(config::DEFAULT_PARALLEL);
+    let profile = ServerProfile::resolve(args.profile.as_deref())?;
     let registry = Registry::new(EngineSettings {
         n_ctx_per_seq: args
             .context
@@ -109,6 +115,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or(config::DEFAULT_KEEP_ALIVE),
         gpu_budget_bytes: args.gpu_budget.or(file.gpu_budget_bytes),
         ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
+        profile: Arc::clone(&profile),
     });
     let mut count = 0;
     for (i, model) in file.models.iter().enumerate() {
@@ -158,6 +165,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .or(file.max_body_bytes)
             .unwrap_or(config::DEFAULT_MAX_BODY_BYTES),
     };
+    // Only once every model is registered: a server that fails to start
+    // measures nothing.
+    profile.measure_in_background();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -5,6 +5,7 @@
 //! - [`residency`]: the global budget (promotions, demotions, placements).
 //! - [`local`]: the in-process llama-tiered engine behind [`crate::core::backend::ModelBackend`].
 pub mod local;
+pub mod planner;
 pub mod registry;
 pub mod residency;
 

@@ -20,7 +20,7 @@ use hypura_gguf::inspect::file_type_name;
 use hypura_gguf::{GgufFile, GgufValue};
 use llama_tiered::engine::prompt;
 use llama_tiered::engine::{BatchConfig, BatchEngine};
-use llama_tiered::llama::{Model, ModelParams};
+use llama_tiered::llama::Model;
 use moka::sync::Cache;
 use moka::Expiry;
 use serde_json::{Map, Value};
@@ -28,13 +28,16 @@ use sha2::{Digest, Sha256};
 
 use hypura_gguf::GgufFile as HeaderFile;
 use hypura_scheduler::budget::{Admission, Footprint, Move, Residency};
-use llama_tiered::tiered::footprint::{resident_weights, StreamFootprint};
+use hypura_scheduler::plan::{Budgets, PlanSettings};
+use hypura_scheduler::profile::HardwareProfile;
+use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
 use crate::core::error::ApiError;
 use crate::core::validation::{KeepAlive, ModelName};
+use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
-    full_params, streaming_params, BudgetedModel, FullPlacement, GlobalBudget, Terms,
+    full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, Terms,
 };
 
 /// How every model is run (from the command line).
@@ -54,6 +57,8 @@ pub struct EngineSettings {
     pub gpu_budget_bytes: Option<u64>,
     /// Host RAM all models together may use, in bytes (`None`: no limit set).
     pub ram_budget_bytes: Option<u64>,
+    /// The hardware profile every placement is planned with.
+    pub profile: Arc<ServerProfile>,
 }
 
 /// The residency floor of a model: the budget scheduler never demotes it below
@@ -763,18 +768,44 @@ fn batch_config(named: &NamedModel, settings: &EngineSettings) -> BatchConfig {
     }
 }
 
+/// What the planner is asked for a model whatever its placement: the
+/// server's budgets and the model's contexts. The GPU is used only when
+/// given a budget (`--gpu-budget`); making it the default is this line.
+fn plan_settings(named: &NamedModel, settings: &EngineSettings) -> PlanSettings {
+    let config = batch_config(named, settings);
+    PlanSettings {
+        budgets: Budgets {
+            gpu_bytes: Some(settings.gpu_budget_bytes.unwrap_or(0)),
+            ram_bytes: settings.ram_budget_bytes,
+        },
+        context_tokens: config.n_ctx_per_seq,
+        sequences: config.n_parallel,
+        ..Default::default()
+    }
+}
+
 /// What the budget needs to know of a model: its streaming placement, and
 /// the full placement (as many layers on the GPU as the GPU budget holds
-/// beside their KV cache and compute buffers), each with what its contexts
-/// hold, measured by llama.cpp without loading any weight.
+/// beside their KV cache and compute buffers), both the planner's, each with
+/// what its contexts hold, measured by llama.cpp without loading any weight.
 fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<BudgetedModel, String> {
     let file = HeaderFile::open(named.path.as_path()).map_err(|e| e.to_string())?;
     let footprint = StreamFootprint::of(&file);
     let contexts = batch_config(named, settings).contexts(n_ctx_train(named));
+    let base = plan_settings(named, settings);
+    let profile = settings.profile.get();
+    let named_error = |e: String| format!("{}: {e}", named.name);
+    let plan = |s| plan_model(&named.path, &profile, s).map_err(named_error);
     let measure = |params| {
         context_memory(&named.path, &params, &contexts).map_err(|e| format!("{}: {e}", named.name))
     };
-    let streaming = measure(streaming_params(&footprint, footprint.minimum_cache_bytes))?;
+    log_plan_alone(named, &profile, base);
+    let (_, params) = plan(streaming_settings(
+        base,
+        &footprint,
+        footprint.minimum_cache_bytes,
+    ))?;
+    let streaming = measure(params)?;
     let gpu_budget = settings.gpu_budget_bytes.unwrap_or(0);
     let has_gpu = gpu_budget > 0 && !llama_tiered::llama::gpu_devices().is_empty();
     let full = if footprint.mode == Mode::FullResident {
@@ -785,18 +816,20 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
         } else {
             GpuShare::None
         };
-        let mut contexts = measure(full_params(gpu))?;
+        let (mut full_plan, params) = plan(full_settings(base, gpu))?;
+        let mut contexts = measure(params)?;
         if contexts.gpu_bytes > 0 {
             // Room beside the weights for what the contexts put on the GPU
             // (fewer layers there only shrinks it).
             gpu = GpuShare::BudgetBytes(gpu_budget.saturating_sub(contexts.gpu_bytes));
-            contexts = measure(full_params(gpu))?;
+            let (replanned, params) = plan(full_settings(base, gpu))?;
+            full_plan = replanned;
+            contexts = measure(params)?;
         }
-        let (gpu_weights, ram_weights) =
-            resident_weights(&file, &full_params(gpu)).map_err(|e| e.to_string())?;
+        let weights = &full_plan.tier_bytes;
         Some(FullPlacement {
             gpu,
-            weights: Footprint::new(gpu_weights, ram_weights),
+            weights: Footprint::new(weights.gpu, weights.ram),
             contexts: Footprint::new(contexts.gpu_bytes, contexts.ram_bytes),
         })
     };
@@ -805,7 +838,19 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
         footprint,
         streaming_contexts: streaming.ram_bytes + streaming.gpu_bytes,
         full,
+        settings: base,
+        profile: Arc::clone(&settings.profile),
     })
+}
+
+/// Logs what the planner would choose for a model alone under the server's
+/// budgets (what `hypura inspect --plan` shows for them); the budget policy
+/// then shares the budgets between models by residency.
+fn log_plan_alone(named: &NamedModel, profile: &HardwareProfile, base: PlanSettings) {
+    match plan_model(&named.path, profile, base) {
+        Ok((plan, _)) => log_placement(&named.name, "alone under the budgets", &plan),
+        Err(e) => eprintln!("hypura: {} alone under the budgets: {e}", named.name),
+    }
 }
 
 /// Carries out the budget's moves: cache resizes at once (a promotion then
@@ -883,8 +928,9 @@ fn switch_placement(
     budgeted: &BudgetedModel,
     level: Residency,
 ) -> Result<(), String> {
-    let tiered =
-        TieredModel::load(&model.path, &budgeted.load_params(level)).map_err(|e| e.to_string())?;
+    let (plan, params) = budgeted.load_params(&model.path, level)?;
+    log_placement(&model.name, &level.to_string(), &plan);
+    let tiered = TieredModel::load(&model.path, &params).map_err(|e| e.to_string())?;
     model
         .engine
         .switch_model(Arc::clone(&tiered.model), tiered.hook())
@@ -905,8 +951,9 @@ fn switch_placement(
     Ok(())
 }
 
-/// Loads a model: whole into RAM, or (under a budget) in the placement of
-/// `budgeted`'s residency.
+/// Loads a model in the planner's placement: for the server's budgets and
+/// the model's contexts, or (under a global budget) for `budgeted`'s
+/// residency.
 fn load(
     named: &NamedModel,
     settings: &EngineSettings,
@@ -918,28 +965,31 @@ fn load(
     };
     // Same kernels as `hypura run` and every streaming mode: no CPU repacking,
     // so a prompt gets the same tokens whichever way the model is held.
-    let (model, streamer, hook) = match &budgeted {
+    let (plan, params, level) = match &budgeted {
         None => {
-            let params = ModelParams {
-                no_repack: true,
-                ..Default::default()
-            };
-            let model = Model::load(&named.path, params).map_err(|e| failed(&e))?;
-            (Arc::new(model), None, None)
+            let profile = settings.profile.get();
+            let (plan, params) = plan_model(&named.path, &profile, plan_settings(named, settings))
+                .map_err(|e| failed(&e))?;
+            (plan, params, None)
         }
         Some((budgeted, level)) => {
-            let params = budgeted.load_params(*level);
-            let tiered = TieredModel::load(&named.path, &params).map_err(|e| failed(&e))?;
-            let hook = tiered.hook();
-            let streamer = tiered.streamer.clone();
-            if *level > Residency::Streaming {
-                if let Some(s) = streamer.clone() {
-                    std::thread::spawn(move || s.fill());
-                }
-            }
-            (Arc::clone(&tiered.model), streamer, hook)
+            let (plan, params) = budgeted
+                .load_params(&named.path, *level)
+                .map_err(|e| failed(&e))?;
+            (plan, params, Some(*level))
         }
     };
+    let residency = level.map_or("no budget".to_string(), |l| l.to_string());
+    log_placement(&named.name, &residency, &plan);
+    let tiered = TieredModel::load(&named.path, &params).map_err(|e| failed(&e))?;
+    let hook = tiered.hook();
+    let streamer = tiered.streamer.clone();
+    if level.is_some_and(|l| l > Residency::Streaming) {
+        if let Some(s) = streamer.clone() {
+            std::thread::spawn(move || s.fill());
+        }
+    }
+    let model = Arc::clone(&tiered.model);
     let mut config = batch_config(named, settings);
     config.n_ctx_per_seq = config.n_ctx_per_seq.min(model.n_ctx_train().max(16));
     let n_ctx_per_seq = config.n_ctx_per_seq;

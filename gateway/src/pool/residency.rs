@@ -31,9 +31,12 @@ use std::time::{Duration, Instant};
 use hypura_scheduler::budget::{
     Admission, BudgetPolicy, Footprint, ModelId, ModelSpec, Move, PolicyConfig, Residency,
 };
+use hypura_scheduler::plan::{Plan, PlanSettings};
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{GpuShare, Mode, TieredParams};
 use tokio::sync::Notify;
+
+use super::planner::{plan_model, ServerProfile};
 
 /// The full placement of a model that streams otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +60,11 @@ pub struct BudgetedModel {
     /// `None` for a model that cannot stream: `full` is then its streaming
     /// placement with a full cache.
     pub full: Option<FullPlacement>,
+    /// What the planner is asked for this model whatever its residency
+    /// (budgets, context, sequences); each residency fixes the rest.
+    pub settings: PlanSettings,
+    /// The profile its placements are planned with.
+    pub profile: Arc<ServerProfile>,
 }
 
 impl BudgetedModel {
@@ -92,12 +100,23 @@ impl BudgetedModel {
         }
     }
 
-    /// How to load the model at `level`.
-    pub fn load_params(&self, level: Residency) -> TieredParams {
+    /// What the planner is asked for the placement of `level`: its mode,
+    /// GPU share and stream cache fixed (the budget policy charges them).
+    pub fn plan_settings(&self, level: Residency) -> PlanSettings {
         match self.full {
-            Some(full) if level == Residency::Full => full_params(full.gpu),
-            _ => streaming_params(&self.footprint, self.cache_bytes(level)),
+            Some(full) if level == Residency::Full => full_settings(self.settings, full.gpu),
+            _ => streaming_settings(self.settings, &self.footprint, self.cache_bytes(level)),
         }
+    }
+
+    /// The planner's placement of the model at `path` for `level`, and how
+    /// to load it.
+    pub fn load_params(
+        &self,
+        path: &std::path::Path,
+        level: Residency,
+    ) -> Result<(Plan, TieredParams), String> {
+        plan_model(path, &self.profile.get(), self.plan_settings(level))
     }
 
     /// Weight bytes per tier at `level`: `(gpu, ram, stream)`, the stream
@@ -119,26 +138,29 @@ impl BudgetedModel {
     }
 }
 
-/// The streaming placement with a stream cache of `cache_bytes`.
-pub fn streaming_params(footprint: &StreamFootprint, cache_bytes: u64) -> TieredParams {
-    TieredParams {
+/// The streaming placement with a stream cache of `cache_bytes`: the
+/// streamed role on STREAM, everything else in RAM.
+pub fn streaming_settings(
+    base: PlanSettings,
+    footprint: &StreamFootprint,
+    cache_bytes: u64,
+) -> PlanSettings {
+    PlanSettings {
         mode: Some(footprint.mode),
-        ram_budget_bytes: Some(footprint.resident_bytes + cache_bytes),
-        // Same kernels in every placement: a prompt gets the same tokens
-        // whichever way the model is held.
-        no_repack: true,
-        prefetch: true,
-        ..Default::default()
+        gpu: Some(GpuShare::None),
+        stream_cache_bytes: Some(cache_bytes),
+        ..base
     }
 }
 
-/// The full placement with `gpu` on the GPU.
-pub fn full_params(gpu: GpuShare) -> TieredParams {
-    TieredParams {
+/// The full placement with `gpu` on the GPU (nothing streamed, so the
+/// empty cache is fixed too: the policy, not the planner, checks the fit).
+pub fn full_settings(base: PlanSettings, gpu: GpuShare) -> PlanSettings {
+    PlanSettings {
         mode: Some(Mode::FullResident),
-        no_repack: true,
-        gpu,
-        ..Default::default()
+        gpu: Some(gpu),
+        stream_cache_bytes: Some(0),
+        ..base
     }
 }
 
@@ -269,8 +291,10 @@ impl GlobalBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hypura_scheduler::profile::HardwareProfile;
 
     fn model(full: Option<FullPlacement>) -> BudgetedModel {
+        let profile = HardwareProfile::estimated("fixture".into(), 1, 1 << 30, 1 << 30, vec![]);
         BudgetedModel {
             id: 0,
             footprint: StreamFootprint {
@@ -281,6 +305,12 @@ mod tests {
             },
             streaming_contexts: 50,
             full,
+            settings: PlanSettings {
+                context_tokens: 512,
+                sequences: 2,
+                ..Default::default()
+            },
+            profile: ServerProfile::new(profile),
         }
     }
 
@@ -292,7 +322,15 @@ mod tests {
         assert_eq!(ram(Residency::Streaming), 160);
         assert_eq!(ram(Residency::Partial), 300);
         assert_eq!(ram(Residency::Full), 450);
-        assert_eq!(m.load_params(Residency::Full).ram_budget_bytes, Some(400));
+        let full = m.plan_settings(Residency::Full);
+        assert_eq!(full.mode, Some(Mode::DenseFfnStreaming));
+        assert_eq!(full.stream_cache_bytes, Some(300));
+        assert_eq!(full.gpu, Some(GpuShare::None));
+        assert_eq!((full.context_tokens, full.sequences), (512, 2));
+        assert_eq!(
+            m.plan_settings(Residency::Streaming).stream_cache_bytes,
+            Some(10)
+        );
 
         let full = FullPlacement {
             gpu: GpuShare::BudgetBytes(250),
@@ -302,9 +340,10 @@ mod tests {
         let m = model(Some(full));
         assert_eq!(m.footprint_at(Residency::Full), Footprint::new(280, 170));
         assert_eq!(m.footprint_at(Residency::Partial), Footprint::new(0, 300));
-        let params = m.load_params(Residency::Full);
-        assert_eq!(params.mode, Some(Mode::FullResident));
-        assert_eq!(params.gpu, GpuShare::BudgetBytes(250));
+        let settings = m.plan_settings(Residency::Full);
+        assert_eq!(settings.mode, Some(Mode::FullResident));
+        assert_eq!(settings.gpu, Some(GpuShare::BudgetBytes(250)));
+        assert_eq!(settings.stream_cache_bytes, Some(0));
         assert_eq!(m.tier_bytes(Residency::Full, 0), (250, 150, 0));
         assert_eq!(m.tier_bytes(Residency::Streaming, 10), (0, 110, 290));
     }

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
+PROFILE = str(ROOT / "config" / "profiles" / "h200.json")
 BIN = os.environ.get("HYPURA_BIN") or str(ROOT / "target" / "release" / "hypura")
 MODEL_PATH = os.environ.get("HYPURA_TEST_MODEL") or str(
     ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,7 +28,8 @@ class Server:
         assert os.path.isfile(BIN), f"{BIN} is missing: cargo build --release -p hypura"
         assert os.path.isfile(MODEL_PATH), f"{MODEL_PATH} is missing: scripts/fetch-models.sh"
         self.proc = subprocess.Popen(
-            [BIN, "serve", MODEL_PATH, "--port", "0", *args],
+            # A saved profile: no background measurement of this machine.
+            [BIN, "serve", MODEL_PATH, "--port", "0", "--profile", PROFILE, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -1,6 +1,7 @@
 //! A real `hypura serve` on a free loopback port, for route tests.
 #![allow(dead_code)]
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -9,6 +10,26 @@ use std::time::{Duration, Instant};
 pub const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1:latest";
 
 pub use hypura_gguf::testing::smollm2;
+
+/// The saved profile of the GPU machine (`config/profiles/h200.json`).
+pub fn h200_profile() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/profiles/h200.json")
+}
+
+/// A cache directory holding a measured hardware profile, so that servers
+/// under test plan with it and never measure this machine in the
+/// background (their placements do not depend on it: no GPU unless given
+/// a budget, and under a budget every residency's placement is fixed).
+pub fn profile_cache_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hypura-test-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(h200_profile(), dir.join("profile.json")).unwrap();
+        dir
+    })
+    .clone()
+}
 
 /// A running server; killed when dropped.
 pub struct Server {
@@ -37,9 +58,16 @@ impl Server {
 
     /// [`Server::start_with`] logging at `rust_log` (its `RUST_LOG`).
     pub fn start_logging(args: &[String], rust_log: &str) -> Server {
+        Self::start_in(args, rust_log, &profile_cache_dir())
+    }
+
+    /// [`Server::start_logging`] with `cache_dir` as its `HYPURA_CACHE_DIR`
+    /// (where it finds the hardware profile it plans with).
+    pub fn start_in(args: &[String], rust_log: &str, cache_dir: &Path) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hypura"))
             .args(args)
             .env("RUST_LOG", rust_log)
+            .env("HYPURA_CACHE_DIR", cache_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -315,6 +315,23 @@ pub fn default_read_queue_depth() -> u32 {
         .unwrap_or(DEFAULT_READ_QUEUE_DEPTH)
 }
 
+/// This machine's sizes (threads, RAM from `/proc/meminfo`, the GPUs ggml
+/// sees) at conservative assumed speeds, in a few milliseconds: what the
+/// planner uses until a measured profile exists
+/// ([`HardwareProfile::estimated`]).
+pub fn estimated() -> HardwareProfile {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let (ram_total, ram_available) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| parse_meminfo(&text))
+        .unwrap_or((0, 0));
+    let gpus = crate::llama::gpu_devices()
+        .into_iter()
+        .map(|d| GpuProfile::estimated(d.name, d.description, d.total_bytes, d.free_bytes))
+        .collect();
+    HardwareProfile::estimated(read_hostname(), threads, ram_total, ram_available, gpus)
+}
+
 /// Measures this machine now; `disk_path` must be an existing directory.
 pub fn measure(disk_path: &Path, effort: Effort) -> Result<HardwareProfile, ProfileError> {
     let amounts = effort.amounts();

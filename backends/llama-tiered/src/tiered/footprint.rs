@@ -19,17 +19,6 @@ pub struct StreamFootprint {
     pub minimum_cache_bytes: u64,
 }
 
-/// Weight bytes a [`super::TieredModel::load`] with `params` would place on
-/// the GPU and in RAM (STREAM weights not counted), from the header alone.
-pub fn resident_weights(
-    file: &GgufFile,
-    params: &super::TieredParams,
-) -> Result<(u64, u64), crate::error::EngineError> {
-    let bytes = super::placement_of(file, params)?.tier_bytes(file);
-    let on = |tier| bytes.get(&tier).copied().unwrap_or(0);
-    Ok((on(super::Tier::Gpu), on(super::Tier::Ram)))
-}
-
 impl StreamFootprint {
     pub fn of(file: &GgufFile) -> StreamFootprint {
         let moe = file

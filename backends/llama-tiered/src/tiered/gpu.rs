@@ -1,6 +1,6 @@
-//! The GPU tier: which resident tensors a GPU takes (a simple rule, until
-//! the scheduler's planner decides it per tensor), and how any placement's
-//! GPU tensors become llama.cpp's `n_gpu_layers` plus buffer-type overrides.
+//! The GPU tier: how a planned placement's GPU tensors become llama.cpp's
+//! `n_gpu_layers` plus buffer-type overrides. Which tensors go to the GPU
+//! is the planner's (`hypura_scheduler::plan`, `hypura_scheduler::gpu`).
 //!
 //! llama.cpp offloads the *last* `n_gpu_layers` layers, counting the output
 //! layer as the last one (`-ngl 16` on a 32-layer model: the output layer
@@ -13,98 +13,12 @@
 //! host memory filled from the file).
 use std::collections::{BTreeMap, BTreeSet};
 
-use hypura_scheduler::roles::{classify, layer_index, TensorRole};
+use hypura_scheduler::gpu::gpu_layers;
+use hypura_scheduler::roles::layer_index;
 
 use super::placement::{Placement, Tier};
 use crate::llama::GpuOffload;
-use hypura_gguf::{GgufFile, TensorInfo};
-
-/// How much of a model the GPU tier takes, by the simple rule of this
-/// module (the planner may instead set tiers per tensor).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GpuShare {
-    /// No GPU.
-    #[default]
-    None,
-    /// The resident tensors of the last `n` layers as llama.cpp's `-ngl n`
-    /// counts them: the output layer first, then the last `n - 1` layers.
-    Layers(u32),
-    /// Resident tensors in order of use per byte (the output layer, then the
-    /// attention, norms and routers of each layer from the last, then FFN and
-    /// expert tensors from the last layer) while they fit in this many bytes.
-    /// Leave room beside it for the KV cache and compute buffers.
-    BudgetBytes(u64),
-}
-
-/// Moves resident (RAM) tensors of `placement` to the GPU tier as `share`
-/// says. STREAM tensors stay STREAM.
-pub fn assign(placement: &mut Placement, file: &GgufFile, share: GpuShare) {
-    let n_layer = layer_count(file);
-    match share {
-        GpuShare::None => {}
-        GpuShare::Layers(0) => {}
-        GpuShare::Layers(n) => {
-            let first_gpu_layer = (n_layer + 1).saturating_sub(n);
-            for t in file.tensors() {
-                let on_gpu = match layer_index(&t.name) {
-                    Some(il) => il >= first_gpu_layer,
-                    None => !is_input(&t.name),
-                };
-                if on_gpu {
-                    to_gpu(placement, &t.name);
-                }
-            }
-        }
-        GpuShare::BudgetBytes(budget) => {
-            let mut used = 0u64;
-            for unit in budget_order(file, n_layer) {
-                let bytes: u64 = unit
-                    .iter()
-                    .filter(|t| placement.tier(&t.name) == Some(Tier::Ram))
-                    .map(|t| t.n_bytes)
-                    .sum();
-                if used + bytes > budget {
-                    break;
-                }
-                used += bytes;
-                for t in unit {
-                    to_gpu(placement, &t.name);
-                }
-            }
-        }
-    }
-}
-
-fn to_gpu(placement: &mut Placement, name: &str) {
-    if let Some(tier) = placement.tiers.get_mut(name) {
-        if *tier == Tier::Ram {
-            *tier = Tier::Gpu;
-        }
-    }
-}
-
-/// The units [`GpuShare::BudgetBytes`] fills the GPU with, in order.
-fn budget_order(file: &GgufFile, n_layer: u32) -> Vec<Vec<&TensorInfo>> {
-    let mut units = Vec::new();
-    let global: Vec<&TensorInfo> = file
-        .tensors()
-        .iter()
-        .filter(|t| layer_index(&t.name).is_none() && !is_input(&t.name))
-        .collect();
-    units.push(global);
-    let in_layer = |il: u32, ffn: bool| {
-        file.tensors()
-            .iter()
-            .filter(move |t| layer_index(&t.name) == Some(il) && is_ffn(&t.name) == ffn)
-    };
-    for il in (0..n_layer).rev() {
-        units.push(in_layer(il, false).collect());
-    }
-    for il in (0..n_layer).rev() {
-        units.extend(in_layer(il, true).map(|t| vec![t]));
-    }
-    units
-}
+use hypura_gguf::GgufFile;
 
 /// What llama.cpp needs to load `placement`: `None` when no tensor is on the GPU.
 pub fn offload(placement: &Placement, file: &GgufFile) -> Option<GpuOffload> {
@@ -118,7 +32,11 @@ pub fn offload(placement: &Placement, file: &GgufFile) -> Option<GpuOffload> {
         return None;
     }
     let n_layer = layer_count(file);
-    let n_gpu_layers = gpu_layer_suffix(placement, file, n_layer);
+    let n_gpu_layers = gpu_layers(
+        file.tensors().iter().map(|t| t.name.as_str()),
+        &placement.tiers,
+        n_layer,
+    );
     // llama.cpp's first GPU layer: the output layer is counted first.
     let first_gpu_layer = (n_layer + 1).saturating_sub(n_gpu_layers);
     let mut gpu = Overrides::default();
@@ -155,48 +73,6 @@ pub fn offload(placement: &Placement, file: &GgufFile) -> Option<GpuOffload> {
     })
 }
 
-/// llama.cpp's `n_gpu_layers` for `placement`: the longest run of last
-/// layers whose resident non-FFN tensors (attention, norms, router) are all
-/// on the GPU, plus one for the output layer, which llama.cpp then places
-/// on the GPU too (an override keeps it in RAM where the placement says so).
-/// Zero when no layer qualifies and the output layer is not on the GPU.
-fn gpu_layer_suffix(placement: &Placement, file: &GgufFile, n_layer: u32) -> u32 {
-    let mut layer_on_gpu = vec![true; n_layer as usize];
-    let mut layer_seen = vec![false; n_layer as usize];
-    let mut output_on_gpu = true;
-    let mut output_seen = false;
-    for t in file.tensors() {
-        let tier = placement.tier(&t.name);
-        if tier == Some(Tier::Stream) {
-            continue;
-        }
-        let on_gpu = tier == Some(Tier::Gpu);
-        match layer_index(&t.name) {
-            Some(il) if (il as usize) < layer_on_gpu.len() && !is_ffn(&t.name) => {
-                layer_on_gpu[il as usize] &= on_gpu;
-                layer_seen[il as usize] = true;
-            }
-            Some(_) => {}
-            None if !is_input(&t.name) => {
-                output_on_gpu &= on_gpu;
-                output_seen = true;
-            }
-            None => {}
-        }
-    }
-    let suffix = layer_on_gpu
-        .iter()
-        .zip(&layer_seen)
-        .rev()
-        .take_while(|(&gpu, &seen)| gpu && seen)
-        .count() as u32;
-    if suffix > 0 || (output_seen && output_on_gpu) {
-        suffix + 1
-    } else {
-        0
-    }
-}
-
 /// Whether llama.cpp puts global tensor `name` on the GPU by default with
 /// `n_gpu_layers`: never the input layer, the output layer from
 /// `n_gpu_layers = 1` on; `None` for other names.
@@ -222,18 +98,6 @@ fn layer_count(file: &GgufFile) -> u32 {
                 .max()
                 .map_or(0, |il| il + 1)
         })
-}
-
-/// The input layer, which llama.cpp keeps on the CPU.
-fn is_input(name: &str) -> bool {
-    classify(name) == TensorRole::Embedding
-}
-
-fn is_ffn(name: &str) -> bool {
-    matches!(
-        classify(name),
-        TensorRole::Ffn | TensorRole::Experts | TensorRole::SharedExperts
-    )
 }
 
 /// Tensor names of one target, turned into few anchored regexes: per-layer

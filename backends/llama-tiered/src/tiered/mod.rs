@@ -17,8 +17,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use gpu::GpuShare;
-pub use placement::{Mode, Placement, Tier};
+pub use hypura_scheduler::gpu::GpuShare;
+use hypura_scheduler::plan::{Plan, PlanSettings};
+pub use placement::{plan_file, Mode, Placement, Tier};
 pub use streamer::{StreamStats, Streamer};
 
 use crate::error::EngineError;
@@ -47,10 +48,11 @@ pub struct TieredModel {
 /// Options of [`TieredModel::load`].
 #[derive(Debug, Clone, Default)]
 pub struct TieredParams {
-    /// `None` picks the mode from the model and the budget (see [`choose_mode`]).
-    pub mode: Option<Mode>,
-    /// Most bytes of weights held in RAM (resident tensors + stream cache).
-    pub ram_budget_bytes: Option<u64>,
+    /// The planner's placement (`hypura_scheduler::plan::plan`, through
+    /// [`placement::plan_file`] and [`PlannedLoad::from_plan`]); `None`
+    /// holds every tensor in RAM, as plain llama.cpp does. The engine
+    /// decides no placement of its own.
+    pub plan: Option<PlannedLoad>,
     /// See [`ModelParams::no_repack`].
     pub no_repack: bool,
     /// Read ahead what the next layers will likely need (on by default in the CLI).
@@ -58,17 +60,12 @@ pub struct TieredParams {
     /// Where expert co-activation statistics persist (default: `$HYPURA_CACHE_DIR`
     /// or `~/.cache/hypura`).
     pub cache_dir: Option<std::path::PathBuf>,
-    /// Resident tensors moved to the GPU tier (see [`gpu::assign`]).
-    pub gpu: GpuShare,
-    /// The planner's decisions (tier per tensor, cache size); `None` places
-    /// by `mode` and `gpu`.
-    pub plan: Option<PlannedLoad>,
     /// Reads in flight when streaming a unit (1 MiB chunks); `None`: from the
     /// disk's measured profile ([`crate::hwprobe::default_read_queue_depth`]).
     pub read_queue_depth: Option<u32>,
 }
 
-/// What the planner (`hypura_scheduler::plan`) decided for a load.
+/// What the planner (`hypura_scheduler::plan::plan`) decided for a load.
 #[derive(Debug, Clone)]
 pub struct PlannedLoad {
     /// Tier per tensor; its mode is the load's mode.
@@ -81,47 +78,57 @@ pub struct PlannedLoad {
     pub prefetch_depth_layers: u32,
 }
 
-/// The simple rule until the scheduler's planner exists: everything fits →
-/// full-resident; else a MoE streams its experts, a dense model its FFN.
-pub fn choose_mode(file: &GgufFile, ram_budget_bytes: Option<u64>) -> Mode {
-    let fits = ram_budget_bytes.is_none_or(|budget| file.tensor_bytes() <= budget);
-    if fits {
-        Mode::FullResident
-    } else if file
-        .tensors()
-        .iter()
-        .any(|t| placement::is_streamed(Mode::ExpertStreaming, &t.name))
-    {
-        Mode::ExpertStreaming
-    } else {
-        Mode::DenseFfnStreaming
+impl PlannedLoad {
+    /// The engine's view of `plan`, checked against `file` (see
+    /// [`Placement::from_plan`]).
+    pub fn from_plan(file: &GgufFile, plan: &Plan) -> Result<PlannedLoad, EngineError> {
+        Ok(PlannedLoad {
+            placement: Placement::from_plan(file, plan).map_err(EngineError::InvalidArgument)?,
+            stream_cache_bytes: plan.stream_cache_bytes,
+            prefetch_depth_layers: plan.prefetch_depth_layers,
+        })
     }
 }
 
-/// The placement a load uses: the planner's (checked against `mode`), else
-/// the one `mode` (or [`choose_mode`]) implies with `gpu` applied.
+impl PlannedLoad {
+    /// The planner's placement with everything fixed by the caller: `mode`,
+    /// the GPU share, and a RAM budget for weights (resident tensors + stream
+    /// cache; `None`: the whole streamed role cached), priced on this
+    /// machine's [estimated](crate::hwprobe::estimated) profile. For tests
+    /// and tools that pin a placement rather than ask for the best one.
+    pub fn fixed(
+        file: &GgufFile,
+        mode: Mode,
+        gpu: GpuShare,
+        ram_budget_bytes: Option<u64>,
+    ) -> Result<PlannedLoad, EngineError> {
+        let profile = crate::hwprobe::estimated();
+        let settings = |cache| PlanSettings {
+            mode: Some(mode),
+            gpu: Some(gpu),
+            stream_cache_bytes: Some(cache),
+            ..Default::default()
+        };
+        let all_cached = plan_file(file, &profile, settings(u64::MAX))?;
+        let ram = all_cached.tier_bytes.ram;
+        let cache = match ram_budget_bytes {
+            None => all_cached.tier_bytes.stream,
+            Some(budget) => budget.checked_sub(ram).ok_or_else(|| {
+                EngineError::InvalidArgument(format!(
+                    "{mode} keeps {ram} bytes of weights resident in RAM, more than the RAM budget of {budget} bytes"
+                ))
+            })?,
+        };
+        PlannedLoad::from_plan(file, &plan_file(file, &profile, settings(cache))?)
+    }
+}
+
+/// The placement a load uses: the planner's, else every tensor in RAM.
 fn placement_of(gguf: &GgufFile, params: &TieredParams) -> Result<Placement, EngineError> {
-    let Some(plan) = &params.plan else {
-        let mode = params
-            .mode
-            .unwrap_or_else(|| choose_mode(gguf, params.ram_budget_bytes));
-        let mut placement =
-            Placement::for_mode(gguf, mode).map_err(EngineError::InvalidArgument)?;
-        gpu::assign(&mut placement, gguf, params.gpu);
-        return Ok(placement);
-    };
-    let planned = plan.placement.mode;
-    if let Some(mode) = params.mode.filter(|&m| m != planned) {
-        return Err(EngineError::InvalidArgument(format!(
-            "the plan is for {planned}, but {mode} was asked for"
-        )));
+    match &params.plan {
+        Some(plan) => Ok(plan.placement.clone()),
+        None => Placement::for_mode(gguf, Mode::FullResident).map_err(EngineError::InvalidArgument),
     }
-    if params.gpu != GpuShare::None {
-        return Err(EngineError::InvalidArgument(
-            "a planned load takes its GPU tensors from the plan; leave the GPU share unset".into(),
-        ));
-    }
-    Ok(plan.placement.clone())
 }
 
 /// What `contexts` over the model at `path`, loaded with `params`, would hold
@@ -198,14 +205,6 @@ impl TieredModel {
         let tier_bytes = placement.tier_bytes(&gguf);
         let ram_bytes = tier_bytes.get(&Tier::Ram).copied().unwrap_or(0);
         let resident_bytes = ram_bytes + tier_bytes.get(&Tier::Gpu).copied().unwrap_or(0);
-        let stream_bytes = tier_bytes.get(&Tier::Stream).copied().unwrap_or(0);
-        if let Some(budget) = params.ram_budget_bytes {
-            if ram_bytes > budget {
-                return Err(EngineError::InvalidArgument(format!(
-                    "{mode} keeps {ram_bytes} bytes of weights resident in RAM, more than the RAM budget of {budget} bytes"
-                )));
-            }
-        }
 
         if mode == Mode::FullResident {
             let model = Model::load(
@@ -261,12 +260,8 @@ impl TieredModel {
             params.no_repack,
             progress,
         )?;
-        let cache_budget = match &params.plan {
-            Some(plan) => plan.stream_cache_bytes,
-            None => params
-                .ram_budget_bytes
-                .map_or(stream_bytes, |b| b - ram_bytes),
-        };
+        // A streaming placement only comes from a plan.
+        let cache_budget = params.plan.as_ref().map_or(0, |p| p.stream_cache_bytes);
         let streamer = Streamer::new(
             &gguf,
             mode,

@@ -1,7 +1,8 @@
 //! Which tier each tensor lives on, and the streaming mode that follows.
 use std::collections::BTreeMap;
 
-use hypura_scheduler::plan::{ModelFacts, Plan, PlanTensor};
+use hypura_scheduler::plan::{self, ModelFacts, Plan, PlanRequest, PlanSettings, PlanTensor};
+use hypura_scheduler::profile::HardwareProfile;
 use serde::Serialize;
 
 // The planner owns these; re-exported so engine code keeps its paths.
@@ -101,6 +102,27 @@ impl Placement {
             tiers,
         })
     }
+}
+
+/// The planner's placement of `file` on `profile` with `settings`: the one
+/// planner ([`hypura_scheduler::plan::plan`]) fed from the GGUF's header.
+/// Every placement `run`, `bench`, `serve` and `inspect --plan` use comes
+/// from here.
+pub fn plan_file(
+    file: &GgufFile,
+    profile: &HardwareProfile,
+    settings: PlanSettings,
+) -> Result<Plan, crate::error::EngineError> {
+    let invalid = crate::error::EngineError::InvalidArgument;
+    let (tensors, facts) =
+        plan_inputs(file).map_err(|e| invalid(format!("{}: {e}", file.path().display())))?;
+    let request = PlanRequest {
+        tensors: &tensors,
+        facts,
+        profile,
+        settings,
+    };
+    Ok(plan::plan(&request)?)
 }
 
 /// What the planner needs from a GGUF: its tensors and model facts, from the
