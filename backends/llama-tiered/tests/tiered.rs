@@ -370,9 +370,7 @@ fn a_budget_below_one_layer_is_refused_with_the_minimum() {
 #[test]
 fn expert_streaming_needs_experts() {
     let file = GgufFile::open(test_models::smollm2()).unwrap();
-    let err = planned(&file, Mode::ExpertStreaming, None)
-        .err()
-        .expect("dense model");
+    let err = planned(&file, Mode::ExpertStreaming, None).expect_err("dense model");
     assert!(err.to_string().contains("mixture-of-experts"), "{err}");
 }
 
