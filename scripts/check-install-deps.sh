@@ -34,9 +34,15 @@ root=$(mktemp -d /tmp/hypura-deps-check.XXXXXX)
 mounts=()
 cleanup() {
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do "${sudo[@]}" umount -l "${mounts[$i]}" 2>/dev/null || true; done
-  "${sudo[@]}" rm -rf --one-file-system "$root"
+  # Never delete through a mount still in place (the repository, the toolchain).
+  if grep -q " $root" /proc/mounts; then
+    echo "check-install-deps.sh: $root still has mounts; left in place" >&2
+  else
+    "${sudo[@]}" rm -rf --one-file-system "$root"
+  fi
 }
 trap cleanup EXIT
+trap 'echo "check-install-deps.sh: FAILED (line $LINENO): a prerequisite is missing from scripts/install-deps.sh, or the bare root could not be set up (see above)" >&2' ERR
 bind() { # bind SRC DEST [ro]
   "${sudo[@]}" mkdir -p "$root$2"
   "${sudo[@]}" mount --bind "$1" "$root$2"
