@@ -145,7 +145,13 @@ impl Generation {
         if self.guard.finished {
             return None;
         }
-        let step = match self.events.recv().await {
+        let event = tokio::select! {
+            biased;
+            event = self.events.recv() => event,
+            // Shutdown past its grace period: the guard cancels the request.
+            () = self.lease.cancelled() => return self.cancelled_by_shutdown(),
+        };
+        let step = match event {
             Some(GenerationEvent::Text(text)) => return Some(Step::Text(text)),
             Some(GenerationEvent::Done(completion)) => Step::Done(completion),
             Some(GenerationEvent::Error(e)) => Step::Error(e.into()),
@@ -155,6 +161,15 @@ impl Generation {
         };
         self.guard.finished = true;
         Some(step)
+    }
+
+    /// The last step of a request the server cancels as it shuts down.
+    fn cancelled_by_shutdown(&mut self) -> Option<Step> {
+        self.guard.engine.cancel(self.guard.id);
+        self.guard.finished = true;
+        Some(Step::Error(ApiError::ShuttingDown(
+            "the server is shutting down: this request was cancelled, send it again later".into(),
+        )))
     }
 
     /// [`Generation::next`] through the tool-call filter of a request with
