@@ -59,11 +59,11 @@ fn human_duration(d: chrono::TimeDelta) -> String {
     }
     let hours = (d.num_milliseconds() as f64 / 3_600_000.0).round() as i64;
     match hours {
-        1 => "About an hour".into(),
-        ..48 => format!("{hours} hours"),
-        ..336 => format!("{} days", hours / 24),
-        ..1440 => format!("{} weeks", hours / 24 / 7),
-        ..17520 => format!("{} months", hours / 24 / 30),
+        ..=1 => "About an hour".into(),
+        2..48 => format!("{hours} hours"),
+        48..336 => format!("{} days", hours / 24),
+        336..1440 => format!("{} weeks", hours / 24 / 7),
+        1440..17520 => format!("{} months", hours / 24 / 30),
         _ => format!("{} years", d.num_days() / 365),
     }
 }
