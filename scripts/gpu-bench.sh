@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
 #
-#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve profile plan bench summary)
+#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -167,6 +167,38 @@ serve() {
   python3 scripts/bench/gpu_serve.py "$H" "$DENSE" "$MOE" "$OUT" --threads "$T" \
     --gpu-budget "${SERVE_GPU_BUDGET:-8GiB}" --ram-budget "${SERVE_RAM_BUDGET:-6GiB}" \
     --seconds "${SERVE_SECONDS:-150}" 2>&1 | tail -40 | cut -c1-400 | tee -a "$OUT/log.txt"
+}
+
+# GPU by default: a plain `hypura serve MODEL --parallel 8` (no budget flag)
+# must put the model on the GPU. Logs the start-up budget line, one request's
+# decode tok/s, `hypura ps` (tier bytes) and the exit after SIGTERM.
+gpudefault() {
+  late gpudefault && return 0
+  local port=11511 pid name
+  name=$(basename "$DENSE" .gguf):latest
+  log "gpudefault: hypura serve $DENSE --parallel 8 (no GPU flags)"
+  "$H" serve "$DENSE" --port $port --parallel 8 --threads "$T" >"$W/serve-default.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do grep -q "listening on" "$W/serve-default.log" && break; sleep 0.5; done
+  grep "hypura:" "$W/serve-default.log" | tee -a "$OUT/log.txt"
+  python3 - "$port" "$name" "$PROMPT" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"
+import json, sys, urllib.request
+port, name, prompt = sys.argv[1:]
+body = {"model": name, "prompt": prompt, "raw": True, "stream": False,
+        "options": {"temperature": 0, "num_predict": 128}}
+for run in range(2):  # the first one loads the model
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=600))
+    print(f"gpudefault run {run}: {r['eval_count']} tokens, "
+          f"{r['eval_count'] / r['eval_duration'] * 1e9:.1f} tok/s decode")
+EOF
+  HYPURA_HOST=127.0.0.1:$port "$H" ps 2>&1 | tee -a "$OUT/log.txt"
+  HYPURA_HOST=127.0.0.1:$port "$H" ps --json 2>&1 | tee -a "$OUT/log.txt"
+  kill -TERM "$pid"
+  wait "$pid"
+  log "gpudefault: serve exited with $? after SIGTERM"
+  tail -3 "$W/serve-default.log" | tee -a "$OUT/log.txt"
 }
 
 profile() {

@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
-# The test command: fetches the test models (cached after the first run),
-# then runs every test of the workspace. Release build: the tests run real
-# models, and llama.cpp is compiled once for this profile.
+# The test command: installs the prerequisites (scripts/install-deps.sh
+# --test: system packages and the Python client packages, skipped when
+# present), fetches the test models (cached after the first run), then checks
+# formatting, runs every test of the workspace, clippy, and proves in a bare
+# Debian root that install-deps.sh misses no prerequisite
+# (scripts/check-install-deps.sh; skipped with HYPURA_SKIP_DEPS_CHECK=1).
+# Release build: the tests run real models, and llama.cpp is compiled once for
+# this profile.
+#
+# With arguments, only `cargo test --release --workspace ARGS` runs after the
+# set-up, e.g. `./scripts/test.sh -p hypura --test client`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-deps.sh --test
 ./scripts/fetch-models.sh
-# The gateway's client tests drive it with the real `ollama` and `openai` packages.
-if ! python3 -c "import ollama, openai, pytest" 2>/dev/null; then
-  python3 -m pip install --quiet -r gateway/tests/clients/requirements.txt ||
-    python3 -m pip install --quiet --break-system-packages -r gateway/tests/clients/requirements.txt
+if [ $# -gt 0 ]; then
+  exec cargo test --release --workspace --no-fail-fast "$@"
 fi
-cargo test --release --workspace --no-fail-fast "$@"
+cargo fmt --all -- --check
+cargo test --release --workspace --no-fail-fast
+cargo clippy --release --workspace --all-targets -- -D warnings
+if [ "${HYPURA_SKIP_DEPS_CHECK:-0}" != 1 ]; then
+  ./scripts/check-install-deps.sh
+fi

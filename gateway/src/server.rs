@@ -40,7 +40,15 @@ pub struct AppState {
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub max_body_bytes: usize,
+    /// How long a shutdown waits for in-flight requests before it cancels
+    /// them (each then ends with an error line); the process is gone at most
+    /// [`SHUTDOWN_HARD_STOP`] later.
+    pub shutdown_grace: Duration,
 }
+
+/// After the grace period and the cancellation, the longest a shutdown may
+/// still take (engines stopping) before the process exits anyway.
+pub const SHUTDOWN_HARD_STOP: Duration = Duration::from_secs(5);
 
 /// Headers browsers may send cross-origin: Ollama's list, which covers the
 /// OpenAI SDK's `x-stainless-*` headers.
@@ -205,8 +213,11 @@ pub fn body_bytes(
     })
 }
 
-/// Serves `app` on `addr` until SIGINT or SIGTERM, then lets in-flight
-/// responses (streams included) finish and stops the engines. A second
+/// Serves `app` on `addr` until SIGINT or SIGTERM, then stops accepting
+/// connections, lets in-flight responses (streams included) finish for up to
+/// `http.shutdown_grace`, cancels those still running (each ends with an
+/// error line), and stops the engines; the process exits at most
+/// [`SHUTDOWN_HARD_STOP`] after the grace period whatever happens. A second
 /// signal exits at once.
 pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -225,7 +236,7 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
         }
     });
     axum::serve(listener, app(state, &http))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown_signal(Arc::clone(&registry), http.shutdown_grace))
         .await?;
     housekeeping.abort();
     eprintln!("hypura: requests finished, stopping the models");
@@ -235,13 +246,25 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
     Ok(())
 }
 
-async fn shutdown_signal() {
+async fn shutdown_signal(registry: Arc<Registry>, grace: Duration) {
     wait_for_signal().await;
-    eprintln!("hypura: shutting down, finishing in-flight requests (signal again to exit now)");
+    eprintln!(
+        "hypura: shutting down, finishing in-flight requests for up to {} s (signal again to exit now)",
+        grace.as_secs_f64()
+    );
     tokio::spawn(async {
         wait_for_signal().await;
         eprintln!("hypura: exiting now");
         std::process::exit(130);
+    });
+    // Threads, not tasks: the runtime is busy ending the server meanwhile.
+    std::thread::spawn(move || {
+        std::thread::sleep(grace);
+        eprintln!("hypura: grace period over, cancelling in-flight requests");
+        registry.cancel_in_flight();
+        std::thread::sleep(SHUTDOWN_HARD_STOP);
+        eprintln!("hypura: shutdown took too long, exiting");
+        std::process::exit(1);
     });
 }
 

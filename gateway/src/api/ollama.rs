@@ -98,6 +98,16 @@ pub struct PsModel {
     pub residency: String,
     /// hypura: bytes of weights per tier (`stream` = left on disk, read on demand).
     pub tier_bytes: crate::pool::registry::TierBytes,
+    /// hypura: the engine's slots now.
+    pub slots: PsSlots,
+}
+
+/// Requests decoding (`active`, at most `parallel`) and waiting (`queued`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PsSlots {
+    pub active: usize,
+    pub queued: usize,
+    pub parallel: u32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -721,6 +731,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
         .into_iter()
         .map(|m| {
             let (residency, tier_bytes) = state.registry.residency(&m);
+            let status = m.engine.status();
             PsModel {
                 name: m.name.clone(),
                 model: m.name.clone(),
@@ -732,6 +743,11 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
                 context_length: m.n_ctx_per_seq,
                 residency: residency.to_string(),
                 tier_bytes,
+                slots: PsSlots {
+                    active: status.active,
+                    queued: status.queued,
+                    parallel: status.n_parallel,
+                },
             }
         })
         .collect();

@@ -12,6 +12,7 @@ use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 
+use super::gpu::GpuBudget;
 use super::inspect::{self, PlanOptions};
 
 /// The fixed prompt, repeated until it has the asked number of tokens.
@@ -25,7 +26,8 @@ pub struct BenchArgs {
     /// Plan only this mode (default: the planner's choice).
     #[arg(long)]
     mode: Option<Mode>,
-    /// Most GPU memory for weights and KV cache, e.g. 16GiB.
+    /// Most GPU memory for weights and KV cache, e.g. 16GiB (0: CPU only)
+    /// [default: each GPU's free memory less 1 GiB].
     #[arg(long, value_parser = parse_size)]
     gpu_budget: Option<u64>,
     /// Most RAM for weights, KV cache and stream cache, e.g. 512MiB.
@@ -73,8 +75,17 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let loaded = inspect::require_profile(args.profile.as_deref())?;
     let file = GgufFile::open(&args.model)?;
     file.validate()?;
+    // The GPUs here by default; another machine's profile plans with its own.
+    let gpu_budget = match args.profile {
+        Some(_) => args.gpu_budget,
+        None => {
+            let gpu = GpuBudget::resolve(args.gpu_budget);
+            eprintln!("hypura: {}", gpu.describe());
+            gpu.bytes
+        }
+    };
     let options = PlanOptions {
-        gpu_budget: args.gpu_budget,
+        gpu_budget,
         ram_budget: args.ram_budget,
         context: args.context,
         parallel: 1,

@@ -1,5 +1,7 @@
 //! Command-line interface: one module per subcommand.
 mod bench;
+mod client;
+mod gpu;
 mod inspect;
 mod profile;
 mod progress;
@@ -27,20 +29,37 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Show what a GGUF model holds: architecture, parameters, bytes per tensor role.
     Inspect(inspect::InspectArgs),
+    /// List the models a running server serves (client of HYPURA_HOST / OLLAMA_HOST).
+    #[command(visible_alias = "ls")]
+    List(client::list::ListArgs),
     /// Measure this machine (CPU, RAM, GPUs, disk) once and cache the result.
     Profile(profile::ProfileArgs),
-    /// Generate text from a prompt, or chat with --interactive.
+    /// List the models in memory: residency, bytes per tier, slots (client).
+    Ps(client::ps::PsArgs),
+    /// Have a running server pull a model from a URL or a path (client).
+    Pull(client::pull::PullArgs),
+    /// Generate text from a prompt, or chat with --interactive; a model name
+    /// instead of a file chats through a running server.
     Run(run::RunArgs),
     /// Serve models over Ollama- and OpenAI-compatible HTTP APIs.
     Serve(serve::ServeArgs),
+    /// Show a served model's facts, capabilities and parameters (client).
+    Show(client::show::ShowArgs),
+    /// Unload a model from a running server now (client).
+    Stop(client::stop::StopArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(args) => bench::bench(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::List(args) => client::list::list(args),
         Command::Profile(args) => profile::profile(args),
+        Command::Ps(args) => client::ps::ps(args),
+        Command::Pull(args) => client::pull::pull(args),
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::serve(args),
+        Command::Show(args) => client::show::show(args),
+        Command::Stop(args) => client::stop::stop(args),
     }
 }

@@ -16,15 +16,22 @@ use llama_tiered::llama::{Context, ContextParams, SamplingParams};
 use llama_tiered::tiered::{plan_file, GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
 use serde_json::json;
 
+use super::client;
+use super::gpu::GpuBudget;
 use super::inspect;
 use super::progress::load_bar;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Path of a GGUF model file.
+    /// Path of a GGUF model file, or the name of a model a running server
+    /// serves (`name[:tag]`; then the chat goes through that server, see
+    /// `HYPURA_HOST`).
     model: PathBuf,
+    /// The prompt, after the model (as `ollama run MODEL PROMPT`).
+    #[arg(value_name = "PROMPT", conflicts_with = "prompt")]
+    words: Vec<String>,
     /// The prompt (a user message, or raw text with --raw).
-    #[arg(long, short = 'p', required_unless_present = "interactive")]
+    #[arg(long, short = 'p')]
     prompt: Option<String>,
     /// Feed the prompt as is, without the chat template.
     #[arg(long)]
@@ -92,8 +99,8 @@ pub struct RunArgs {
     /// Needs a CUDA build of llama.cpp.
     #[arg(long, conflicts_with = "gpu_budget")]
     gpu_layers: Option<u32>,
-    /// Most GPU memory for weights and KV cache, e.g. 20GiB (default: the
-    /// profile's free GPU memory less 1 GiB; none without a measured profile).
+    /// Most GPU memory for weights and KV cache, e.g. 20GiB (0: CPU only)
+    /// [default: each GPU's free memory less 1 GiB].
     #[arg(long, value_parser = parse_size)]
     gpu_budget: Option<u64>,
 }
@@ -102,7 +109,18 @@ fn parse_size(text: &str) -> Result<u64, String> {
     hypura_scheduler::size::parse_size(text)
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<()> {
+pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
+    if args.prompt.is_none() && !args.words.is_empty() {
+        args.prompt = Some(args.words.join(" "));
+    }
+    if is_served_name(&args.model) {
+        return client::chat::run(chat_options(&args));
+    }
+    if args.prompt.is_none() && !args.interactive {
+        anyhow::bail!(
+            "give a prompt (`hypura run MODEL PROMPT` or --prompt TEXT), or --interactive"
+        );
+    }
     let params = generate_params(&args)?;
     let load_started = Instant::now();
     let tiered = load_model(&args)?;
@@ -149,6 +167,41 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A model name rather than a file: no such file, and not named like one.
+fn is_served_name(model: &std::path::Path) -> bool {
+    !model.exists()
+        && !model
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The server's view of the sampling flags (Ollama `options`).
+fn chat_options(args: &RunArgs) -> client::chat::ChatOptions {
+    let mut options = serde_json::Map::new();
+    options.insert("temperature".into(), json!(args.temperature));
+    options.insert("top_k".into(), json!(args.top_k));
+    options.insert("top_p".into(), json!(args.top_p));
+    options.insert("min_p".into(), json!(args.min_p));
+    options.insert("repeat_penalty".into(), json!(args.repeat_penalty));
+    options.insert("num_predict".into(), json!(args.max_tokens));
+    options.insert("num_ctx".into(), json!(args.context));
+    if let Some(seed) = args.seed {
+        options.insert("seed".into(), json!(seed));
+    }
+    if !args.stop.is_empty() {
+        options.insert("stop".into(), json!(args.stop));
+    }
+    client::chat::ChatOptions {
+        model: args.model.to_string_lossy().into_owned(),
+        prompt: args.prompt.clone(),
+        system: args.system.clone(),
+        raw: args.raw,
+        interactive: args.interactive,
+        json: args.json,
+        options,
+    }
+}
+
 fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
     let sampling = SamplingParams {
         temperature: args.temperature,
@@ -188,6 +241,15 @@ fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
 /// what they name, the budgets bound the rest) on this machine's cached
 /// profile, else on an estimated one (this machine's sizes, assumed speeds).
 fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
+    // `--gpu-layers` says it all; otherwise the GPUs are used by default.
+    let gpu_budget = match args.gpu_layers {
+        Some(_) => None,
+        None => {
+            let gpu = GpuBudget::resolve(args.gpu_budget);
+            eprintln!("hypura: {}", gpu.describe());
+            gpu.bytes
+        }
+    };
     let (profile, measured) = match inspect::find_profile(None) {
         Ok(Some(loaded)) => (loaded.profile, true),
         Ok(None) => (hwprobe::estimated(), false),
@@ -199,9 +261,7 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
     let file = GgufFile::open(&args.model)?;
     let settings = PlanSettings {
         budgets: Budgets {
-            // Without a measured profile the GPU is used only when asked
-            // for, as before profiles existed.
-            gpu_bytes: args.gpu_budget.or((!measured).then_some(0)),
+            gpu_bytes: gpu_budget,
             ram_bytes: args.ram_budget,
         },
         context_tokens: inspect::effective_context(&file, args.context),

@@ -7,6 +7,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use hypura_scheduler::size::parse_size;
 
+use super::gpu::GpuBudget;
 use crate::config::{self, Config, ModelConfig};
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::fetch;
@@ -59,7 +60,8 @@ pub struct ServeArgs {
     /// [default: $HYPURA_MODELS_DIR, else ~/.cache/hypura/models].
     #[arg(long, value_name = "DIR")]
     models_dir: Option<PathBuf>,
-    /// GPU memory all models together may use (`24GiB`, `512MiB`, bytes) [default: no limit].
+    /// GPU memory all models together may use (`24GiB`, `512MiB`, bytes; 0 = CPU only)
+    /// [default: each GPU's free memory less 1 GiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     gpu_budget: Option<u64>,
     /// Host RAM all models together may use (`64GiB`, `512MiB`, bytes) [default: no limit].
@@ -69,6 +71,19 @@ pub struct ServeArgs {
     /// cached; without one, an estimate while this machine is measured in the background].
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
+    /// On SIGTERM/SIGINT, seconds in-flight requests may take to finish
+    /// before they are cancelled (the process exits at most 5 s later).
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
+    shutdown_grace: std::time::Duration,
+}
+
+/// A whole or fractional number of seconds, 0 or more.
+fn seconds(text: &str) -> Result<std::time::Duration, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("{text:?} is not a number of seconds (0 or more)"))
 }
 
 /// A numeric flag checked as its configuration key is.
@@ -92,6 +107,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .or(file.parallel)
         .unwrap_or(config::DEFAULT_PARALLEL);
     let profile = ServerProfile::resolve(args.profile.as_deref())?;
+    let gpu = GpuBudget::resolve(args.gpu_budget.or(file.gpu_budget_bytes));
+    eprintln!("hypura: {}", gpu.describe());
     let registry = Registry::new(EngineSettings {
         n_ctx_per_seq: args
             .context
@@ -113,7 +130,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .keep_alive
             .or(file.keep_alive)
             .unwrap_or(config::DEFAULT_KEEP_ALIVE),
-        gpu_budget_bytes: args.gpu_budget.or(file.gpu_budget_bytes),
+        gpu_budget_bytes: gpu.bytes,
         ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
         profile: Arc::clone(&profile),
     });
@@ -164,6 +181,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .max_body_bytes
             .or(file.max_body_bytes)
             .unwrap_or(config::DEFAULT_MAX_BODY_BYTES),
+        shutdown_grace: args.shutdown_grace,
     };
     // Only once every model is registered: a server that fails to start
     // measures nothing.

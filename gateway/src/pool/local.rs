@@ -185,6 +185,8 @@ struct Running {
     prompt: Vec<i32>,
     submitted: Instant,
     started: bool,
+    /// Turns true when the server stops waiting for in-flight requests.
+    shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 struct CancelOnDrop {
@@ -239,6 +241,7 @@ fn submit(
         prompt,
         submitted: Instant::now(),
         started: false,
+        shutdown: lease.shutdown_signal(),
     })
 }
 
@@ -253,14 +256,34 @@ fn events(running: Running) -> EventStream {
     .boxed()
 }
 
+/// Resolves once `signal` turns true; never if its sender is gone.
+async fn shutdown(signal: &mut tokio::sync::watch::Receiver<bool>) {
+    if signal.wait_for(|&stop| stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 impl Running {
+    /// The last event of a request the server cancels as it shuts down.
+    fn cancelled_by_shutdown(&mut self) -> BackendEvent {
+        self.guard.engine.cancel(self.guard.id);
+        self.guard.finished = true;
+        BackendEvent::Error(BackendError::ShuttingDown(
+            "the server is shutting down: this request was cancelled, send it again later".into(),
+        ))
+    }
+
     /// The events one engine event becomes, and whether it was the last.
     ///
     /// The engine reports no slot start of its own yet: `Started` is sent
     /// with its first event, so `queued_for` includes the prompt's evaluation.
     async fn next_events(&mut self) -> (Vec<BackendEvent>, bool) {
         let mut out = Vec::new();
-        let event = self.events.recv().await;
+        let event = tokio::select! {
+            biased;
+            event = self.events.recv() => event,
+            () = shutdown(&mut self.shutdown) => return (vec![self.cancelled_by_shutdown()], true),
+        };
         if !self.started && !matches!(event, Some(GenerationEvent::Error(_)) | None) {
             self.started = true;
             out.push(BackendEvent::Started {

@@ -314,6 +314,16 @@ pub struct ModelLease {
     pub load_duration: Duration,
     /// The global budget this request is counted in, if any.
     budget: Option<(Arc<GlobalBudget>, hypura_scheduler::budget::ModelId)>,
+    /// Turns true when the server stops waiting for in-flight requests.
+    cancel: tokio::sync::watch::Receiver<bool>,
+}
+
+impl ModelLease {
+    /// Turns true when the server cancels in-flight requests (shutdown past
+    /// its grace period); never before.
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.cancel.clone()
+    }
 }
 
 impl std::ops::Deref for ModelLease {
@@ -355,6 +365,8 @@ pub struct Registry {
     /// Set when `--gpu-budget` or `--ram-budget` is: every model then streams
     /// and shares it ([`GlobalBudget`]).
     budget: Option<Arc<GlobalBudget>>,
+    /// Sends true to end every lease's generation ([`Registry::cancel_in_flight`]).
+    cancel: tokio::sync::watch::Sender<bool>,
 }
 
 impl Registry {
@@ -379,7 +391,14 @@ impl Registry {
             loaded,
             settings,
             budget,
+            cancel: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Ends every generation in flight now: each answers its client with a
+    /// final error ("shutting down") and frees its slot. For shutdown only.
+    pub fn cancel_in_flight(&self) {
+        self.cancel.send_replace(true);
     }
 
     pub fn settings(&self) -> &EngineSettings {
@@ -552,6 +571,7 @@ impl Registry {
             loaded: self.loaded.clone(),
             load_duration,
             budget,
+            cancel: self.cancel.subscribe(),
         })
     }
 
