@@ -35,7 +35,7 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    pub fn new(lease: ModelLease) -> Arc<dyn ModelBackend> {
+    pub fn shared(lease: ModelLease) -> Arc<dyn ModelBackend> {
         Arc::new(LocalBackend { lease })
     }
 }

@@ -43,7 +43,7 @@ impl registry::Registry {
         let lease = self.acquire(requested, name, keep_alive).await?;
         Ok(BackendLease {
             load_duration: lease.load_duration,
-            backend: local::LocalBackend::new(lease),
+            backend: local::LocalBackend::shared(lease),
         })
     }
 }
