@@ -4,7 +4,7 @@
 //!
 //! - [`ollama`]: `/`, `/api/*` (NDJSON streams).
 //! - [`openai`]: `/v1/*` (SSE streams).
-//! - [`pull`]: `/api/pull`.
+//! - [`pull`] serves `/api/pull`.
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
 pub mod ollama;
 pub mod openai;

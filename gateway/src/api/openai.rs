@@ -7,7 +7,6 @@
 //! then `data: [DONE]`. Errors are `{"error": {"message", "type", "param",
 //! "code"}}`, in a stream as one `data:` event.
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -281,16 +280,6 @@ fn unix_seconds(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// A fresh id: prefix, time and a process-wide counter.
-fn new_id(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{nanos:x}{n:04x}")
-}
-
 fn model_name(model: &str) -> Result<ModelName> {
     Ok(ModelName::parse(model, "model")?)
 }
@@ -498,7 +487,7 @@ pub fn chat_completion(model: &str, outcome: &Outcome) -> ChatCompletion {
         None => (outcome.text.clone(), Vec::new()),
     };
     ChatCompletion {
-        id: new_id("chatcmpl"),
+        id: structured::unique_id("chatcmpl-"),
         object: "chat.completion".into(),
         created: unix_seconds(SystemTime::now()),
         model: model.to_string(),
@@ -519,7 +508,7 @@ pub fn chat_completion(model: &str, outcome: &Outcome) -> ChatCompletion {
 /// A whole text completion; `echo` puts the prompt before the reply.
 pub fn text_completion(model: &str, outcome: &Outcome, echo: Option<&str>) -> TextCompletion {
     TextCompletion {
-        id: new_id("cmpl"),
+        id: structured::unique_id("cmpl-"),
         object: "text_completion".into(),
         created: unix_seconds(SystemTime::now()),
         model: model.to_string(),
@@ -579,7 +568,7 @@ pub struct StreamIds {
 impl StreamIds {
     pub fn new(prefix: &str, model: &str, options: Option<&StreamOptions>, chat: bool) -> Self {
         StreamIds {
-            id: new_id(prefix),
+            id: structured::unique_id(&format!("{prefix}-")),
             created: unix_seconds(SystemTime::now()),
             model: model.to_string(),
             include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),

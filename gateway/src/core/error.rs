@@ -1,7 +1,9 @@
 //! The server's one error type, and how each API family writes it.
 //!
-//! Every handler fails with an [`ApiError`]; the status code is decided here
-//! once ([`ApiError::status`]), and the body by the family's wrapper:
+//! Every handler fails with an [`ApiError`]; the backend's
+//! [`BackendError`] and the pool's [`PoolError`] become one here, the status
+//! code is decided here once ([`ApiError::status`]), and the body by the
+//! family's wrapper:
 //! [`OllamaError`] writes `{"error": "…"}`, [`OpenAiError`] writes
 //! `{"error": {"message", "type", "param", "code"}}`.
 use axum::http::StatusCode;
@@ -12,6 +14,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::backend::BackendError;
+use crate::pool::PoolError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
@@ -96,6 +99,17 @@ impl From<BackendError> for ApiError {
     }
 }
 
+impl From<PoolError> for ApiError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::NotFound(name) => ApiError::ModelNotFound(name),
+            PoolError::Rejected(m) => ApiError::BadRequest(m),
+            PoolError::NoRoom(m) => ApiError::Unavailable(m),
+            PoolError::Failed(m) => ApiError::Internal(m),
+        }
+    }
+}
+
 /// An [`ApiError`] written as Ollama does: `{"error": "message"}`.
 #[derive(Debug)]
 pub struct OllamaError(pub ApiError);
@@ -171,6 +185,21 @@ mod tests {
             (BackendError::Invalid("x".into()), StatusCode::BAD_REQUEST),
             (
                 BackendError::Failed("x".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (e, status) in cases {
+            assert_eq!(ApiError::from(e).status(), status);
+        }
+        let cases = [
+            (PoolError::NotFound("x".into()), StatusCode::NOT_FOUND),
+            (PoolError::Rejected("x".into()), StatusCode::BAD_REQUEST),
+            (
+                PoolError::NoRoom("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                PoolError::Failed("x".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
         ];

@@ -10,9 +10,10 @@ use hypura_chat::ChatMessage;
 use llama_tiered::llama::SamplingParams;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 use super::structured::ToolChoice;
+/// Embedding `input`: a string or several (the shape of `stop`).
+pub use super::validation::StopSpec as EmbedInput;
 use super::validation::{KeepAlive, ModelName};
 
 /// What to generate after: the backend renders templates and tokenizes.
@@ -146,21 +147,4 @@ pub struct EmbedBatch {
     pub texts: Vec<String>,
     /// Cut texts longer than the context (else they are an error).
     pub truncate: bool,
-}
-
-/// A string or several: embedding `input`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged, expecting = "expected a string or an array of strings")]
-pub enum EmbedInput {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl EmbedInput {
-    pub fn into_vec(self) -> Vec<String> {
-        match self {
-            EmbedInput::One(s) => vec![s],
-            EmbedInput::Many(v) => v,
-        }
-    }
 }

@@ -372,7 +372,7 @@ pub fn openai_tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
         .iter()
         .enumerate()
         .map(|(index, call)| {
-            let id = call.id.clone().unwrap_or_else(call_id);
+            let id = call.id.clone().unwrap_or_else(|| unique_id("call_"));
             let arguments = Value::Object(call.arguments.clone()).to_string();
             let mut value = json!({
                 "id": id,
@@ -387,14 +387,14 @@ pub fn openai_tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
         .collect()
 }
 
-/// A fresh `call_…` id.
-fn call_id() -> String {
+/// A fresh id: `prefix`, the time and a process-wide counter (`call_…`, `chatcmpl-…`).
+pub fn unique_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("call_{nanos:x}{n:04x}")
+    format!("{prefix}{nanos:x}{n:04x}")
 }
 
 /// Ollama's input `tool_calls` (`[{"function": {"name", "arguments": {…}}}]`)

@@ -36,7 +36,7 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    pub fn new(lease: ModelLease) -> Arc<dyn ModelBackend> {
+    pub fn shared(lease: ModelLease) -> Arc<dyn ModelBackend> {
         Arc::new(LocalBackend { lease })
     }
 }
@@ -52,7 +52,7 @@ impl ModelBackend for LocalBackend {
     }
 
     fn embed(&self, batch: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
-        let model = self.lease.model();
+        let model = self.lease.engine.model();
         let engine = self.lease.engine.clone();
         async move {
             tokio::task::spawn_blocking(move || embed(&model, &engine, batch))
@@ -63,7 +63,7 @@ impl ModelBackend for LocalBackend {
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize, BackendError> {
-        Ok(prompt::tokenize_raw(&self.lease.model(), text)?.len())
+        Ok(prompt::tokenize_raw(&self.lease.engine.model(), text)?.len())
     }
 
     fn status(&self) -> BackendStatus {
@@ -102,7 +102,7 @@ fn invalid(message: impl Into<String>) -> BackendError {
 /// then the prompt (without BOS when it continues a context).
 fn prompt_tokens(model: &LoadedModel, request: &BackendRequest) -> Result<Vec<i32>, BackendError> {
     let context = &request.context;
-    let n_vocab = model.model().n_vocab() as i32;
+    let n_vocab = model.engine.model().n_vocab() as i32;
     if let Some(bad) = context.iter().find(|&&t| t < 0 || t >= n_vocab) {
         return Err(invalid(format!(
             "context holds token {bad}, outside the vocabulary of {n_vocab} tokens"
@@ -112,8 +112,8 @@ fn prompt_tokens(model: &LoadedModel, request: &BackendRequest) -> Result<Vec<i3
     let new_tokens = match &request.prompt {
         Prompt::Load => return Err(invalid("a load request has no prompt to generate from")),
         Prompt::Tokens(tokens) => tokens.clone(),
-        Prompt::Text { text } if continuing => model.model().tokenize(text, false, true)?,
-        Prompt::Text { text } => prompt::tokenize_raw(&model.model(), text)?,
+        Prompt::Text { text } if continuing => model.engine.model().tokenize(text, false, true)?,
+        Prompt::Text { text } => prompt::tokenize_raw(&model.engine.model(), text)?,
         Prompt::Messages {
             messages,
             tools,
@@ -128,7 +128,7 @@ fn prompt_tokens(model: &LoadedModel, request: &BackendRequest) -> Result<Vec<i3
                 tools.as_ref(),
             )?;
             // The conversation already began with BOS.
-            let bos = model.model().token_bos();
+            let bos = model.engine.model().token_bos();
             if continuing && bos.is_some() && tokens.first().copied() == bos {
                 tokens.remove(0);
             }
@@ -151,9 +151,9 @@ fn chat_prompt(
     let custom;
     let template = match template_override {
         Some(source) => {
-            let text = |t: Option<i32>| t.and_then(|t| model.model().token_text(t));
-            let bos = text(model.model().token_bos()).unwrap_or_default();
-            let eos = text(model.model().token_eos()).unwrap_or_default();
+            let text = |t: Option<i32>| t.and_then(|t| model.engine.model().token_text(t));
+            let bos = text(model.engine.model().token_bos()).unwrap_or_default();
+            let eos = text(model.engine.model().token_eos()).unwrap_or_default();
             custom = ChatTemplate::new(source, &bos, &eos)
                 .map_err(|e| invalid(format!("template: {e}")))?;
             &custom
@@ -173,7 +173,7 @@ fn chat_prompt(
     let rendered = template
         .render(messages, &options)
         .map_err(|e| invalid(e.to_string()))?;
-    Ok(prompt::tokenize_chat(&model.model(), &rendered)?)
+    Ok(prompt::tokenize_chat(&model.engine.model(), &rendered)?)
 }
 
 /// One request submitted to the engine: its events, and the guard that
@@ -237,7 +237,7 @@ fn submit(
             id,
             finished: false,
         },
-        model: lease.model(),
+        model: lease.engine.model(),
         prompt,
         submitted: Instant::now(),
         started: false,

@@ -11,6 +11,24 @@ pub mod residency;
 
 use crate::core::error::ApiError;
 use crate::core::infer::BackendLease;
+
+/// Why the pool could not serve a model; its HTTP status is decided in
+/// [`crate::core::error`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// No model of that name (the name as the client sent it).
+    #[error("model '{0}' not found")]
+    NotFound(String),
+    /// The model can never fit the memory budget.
+    #[error("{0}")]
+    Rejected(String),
+    /// No room in the budget now: retry later.
+    #[error("{0}")]
+    NoRoom(String),
+    /// Loading or starting the model failed.
+    #[error("{0}")]
+    Failed(String),
+}
 use crate::core::validation::{KeepAlive, ModelName};
 
 impl registry::Registry {
@@ -26,7 +44,7 @@ impl registry::Registry {
         let lease = self.acquire(requested, name, keep_alive).await?;
         Ok(BackendLease {
             load_duration: lease.load_duration,
-            backend: local::LocalBackend::new(lease),
+            backend: local::LocalBackend::shared(lease),
         })
     }
 }

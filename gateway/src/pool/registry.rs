@@ -33,7 +33,7 @@ use hypura_scheduler::profile::HardwareProfile;
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
-use crate::core::error::ApiError;
+use super::PoolError;
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
@@ -235,10 +235,6 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
-    pub fn model(&self) -> Arc<Model> {
-        self.engine.model()
-    }
-
     pub fn streamer(&self) -> Option<Arc<Streamer>> {
         lock(&self.streamer).clone()
     }
@@ -533,10 +529,10 @@ impl Registry {
         requested: &str,
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
-    ) -> Result<ModelLease, ApiError> {
+    ) -> Result<ModelLease, PoolError> {
         let named = self
             .resolve(name)
-            .ok_or_else(|| ApiError::ModelNotFound(requested.to_string()))?;
+            .ok_or_else(|| PoolError::NotFound(requested.to_string()))?;
         let started = Instant::now();
         let default_keep_alive = named
             .policy
@@ -556,7 +552,7 @@ impl Registry {
                     loaded.try_get_with(key, || load(&named, &settings, None))
                 })
                 .await
-                .map_err(|e| ApiError::Internal(format!("model load task failed: {e}")))?
+                .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
                 .map_err(|e| (*e).clone())?;
                 (model, None)
             }
@@ -583,10 +579,10 @@ impl Registry {
         budget: &Arc<GlobalBudget>,
         named: NamedModel,
         keep_alive: KeepAlive,
-    ) -> Result<(Arc<LoadedModel>, hypura_scheduler::budget::ModelId), ApiError> {
+    ) -> Result<(Arc<LoadedModel>, hypura_scheduler::budget::ModelId), PoolError> {
         let id = budget
             .model(&named.path)
-            .ok_or_else(|| ApiError::Internal(format!("{} is not in the budget", named.name)))?
+            .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?
             .id;
         budget.set_keep_alive(
             id,
@@ -632,15 +628,15 @@ impl Registry {
                         Err(e) => {
                             budget.move_failed(mv);
                             budget.finish(id);
-                            return Err(ApiError::Internal(format!("model load task failed: {e}")));
+                            return Err(PoolError::Failed(format!("model load task failed: {e}")));
                         }
                     }
                 }
                 Admission::Wait { moves } => execute_moves(budget, &self.loaded, moves),
-                Admission::Reject(why) => return Err(ApiError::BadRequest(why)),
+                Admission::Reject(why) => return Err(PoolError::Rejected(why)),
             }
             if Instant::now() >= deadline {
-                return Err(ApiError::Unavailable(format!(
+                return Err(PoolError::NoRoom(format!(
                     "no room in the memory budget for {} after {} s: other models are busy; retry later",
                     named.name,
                     ADMISSION_TIMEOUT.as_secs()
@@ -706,10 +702,10 @@ impl Registry {
     }
 
     /// `/api/copy`: `destination` names the same file as `source`.
-    pub fn copy(&self, source: &ModelName, destination: ModelName) -> Result<(), ApiError> {
+    pub fn copy(&self, source: &ModelName, destination: ModelName) -> Result<(), PoolError> {
         let named = self
             .resolve(source)
-            .ok_or_else(|| ApiError::ModelNotFound(source.display.clone()))?;
+            .ok_or_else(|| PoolError::NotFound(source.display.clone()))?;
         self.names.insert(
             destination.key,
             NamedModel {
@@ -722,11 +718,11 @@ impl Registry {
 
     /// `/api/delete`: forgets the name (the file is left alone); the model is
     /// unloaded when no other name serves its file.
-    pub fn delete(&self, name: &ModelName) -> Result<(), ApiError> {
+    pub fn delete(&self, name: &ModelName) -> Result<(), PoolError> {
         let (_, named) = self
             .names
             .remove(&name.key)
-            .ok_or_else(|| ApiError::ModelNotFound(name.display.clone()))?;
+            .ok_or_else(|| PoolError::NotFound(name.display.clone()))?;
         if !self.names.iter().any(|e| e.path == named.path) {
             self.unload_file(&named.path);
         }
@@ -978,10 +974,10 @@ fn load(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
-) -> Result<Arc<LoadedModel>, ApiError> {
+) -> Result<Arc<LoadedModel>, PoolError> {
     tracing::info!("loading {} from {}", named.name, named.path.display());
     let failed = |e: &dyn std::fmt::Display| {
-        ApiError::Internal(format!("could not load model '{}': {e}", named.name))
+        PoolError::Failed(format!("could not load model '{}': {e}", named.name))
     };
     // Same kernels as `hypura run` and every streaming mode: no CPU repacking,
     // so a prompt gets the same tokens whichever way the model is held.
@@ -1015,7 +1011,7 @@ fn load(
     let n_ctx_per_seq = config.n_ctx_per_seq;
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
     let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)
-        .map_err(|e| ApiError::Internal(format!("could not start model '{}': {e}", named.name)))?;
+        .map_err(|e| PoolError::Failed(format!("could not start model '{}': {e}", named.name)))?;
     Ok(Arc::new(LoadedModel {
         name: named.name.clone(),
         path: Arc::clone(&named.path),
