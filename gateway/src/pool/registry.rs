@@ -20,7 +20,6 @@ use hypura_gguf::inspect::file_type_name;
 use hypura_gguf::{GgufFile, GgufValue};
 use llama_tiered::engine::prompt;
 use llama_tiered::engine::{BatchConfig, BatchEngine};
-use llama_tiered::llama::Model;
 use moka::sync::Cache;
 use moka::Expiry;
 use serde_json::{Map, Value};
