@@ -349,7 +349,10 @@ fn queue_limit_gives_queue_full_and_cancel_removes_a_queued_request() {
     let last = request("The capital of France is", greedy(6));
     engine.submit(last.clone(), sink).unwrap();
     release.send(()).unwrap();
-    assert_eq!(events_until_dropped(&first_rx).len(), 1);
+    // Started, then the text event that stopped it.
+    let first_events = events_until_dropped(&first_rx);
+    assert_eq!(first_events.len(), 2, "{first_events:?}");
+    assert!(matches!(first_events[0], GenerationEvent::Started));
     assert_eq!(completed(&last_rx).tokens, alone(&last).tokens);
     assert_eq!(engine.status().requests_cancelled_total, 2);
 }
@@ -365,8 +368,11 @@ fn cancel_drops_an_active_request_before_the_next_step() {
     held.recv_timeout(DEADLINE).unwrap();
     engine.cancel(id);
     release.send(()).unwrap();
-    // The event being delivered when it was cancelled, then nothing more.
-    assert_eq!(events_until_dropped(&rx).len(), 1);
+    // Started, the text event being delivered when it was cancelled, then
+    // nothing more.
+    let events = events_until_dropped(&rx);
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(matches!(events[0], GenerationEvent::Started));
     let status = engine.status();
     assert_eq!(status.requests_cancelled_total, 1);
     assert_eq!(status.active, 0);
