@@ -585,4 +585,94 @@ mod tests {
             json!([{"function": {"name": "f", "arguments": {"a": 1}}, "type": "function"}])
         );
     }
+
+    /// Format, schema and tool rules: each its own variant.
+    #[test]
+    fn format_and_tool_rules_have_their_own_variants() {
+        let rule = |r: Result<Option<String>, ApiError>| match r {
+            Err(ApiError::Validation(v)) => v,
+            other => panic!("not a validation error: {other:?}"),
+        };
+        assert_eq!(
+            rule(ollama_format(Some(&json!(3)))),
+            ValidationError::InvalidFormat("3".into())
+        );
+        assert_eq!(
+            rule(openai_response_format(Some(&json!({"type": "xml"})))),
+            ValidationError::InvalidResponseFormat(r#"{"type":"xml"}"#.into())
+        );
+        assert_eq!(
+            rule(openai_response_format(Some(
+                &json!({"type": "json_schema"})
+            ))),
+            ValidationError::MissingResponseSchema
+        );
+        assert!(matches!(
+            rule(ollama_format(Some(&json!({"enum": []})))),
+            ValidationError::InvalidSchema { field, .. } if field == "format"
+        ));
+        assert_eq!(
+            ToolChoice::parse(Some(&json!("sometimes"))).unwrap_err(),
+            ValidationError::InvalidToolChoice("\"sometimes\"".into())
+        );
+        let tools_rule = |r: Result<Option<Tools>, ApiError>| match r {
+            Err(ApiError::Validation(v)) => v,
+            other => panic!("not a validation error: {:?}", other.map(|t| t.is_some())),
+        };
+        assert_eq!(
+            tools_rule(prepare_tools(
+                None,
+                &ToolChoice::Required,
+                Some(QWEN_LIKE),
+                "m"
+            )),
+            ValidationError::ToolChoiceWithoutTools
+        );
+        assert_eq!(
+            tools_rule(prepare_tools(
+                Some(&weather()),
+                &ToolChoice::Function("nope".into()),
+                Some(QWEN_LIKE),
+                "m"
+            )),
+            ValidationError::ToolChoiceUnknownFunction("nope".into())
+        );
+        assert_eq!(
+            tools_rule(prepare_tools(
+                Some(&weather()),
+                &ToolChoice::Auto,
+                None,
+                "m"
+            )),
+            ValidationError::Unsupported {
+                model: "m".into(),
+                capability: "tools"
+            }
+        );
+        assert!(matches!(
+            tools_rule(prepare_tools(
+                Some(&[json!({"type": "function"})]),
+                &ToolChoice::Auto,
+                Some(QWEN_LIKE),
+                "m"
+            )),
+            ValidationError::InvalidTool { index: 0, .. }
+        ));
+        let forced = prepare_tools(
+            Some(&weather()),
+            &ToolChoice::Required,
+            Some(QWEN_LIKE),
+            "m",
+        )
+        .unwrap()
+        .unwrap();
+        let mut sampling = SamplingParams {
+            grammar: Some("root ::= \"x\"".into()),
+            ..SamplingParams::default()
+        };
+        assert!(matches!(
+            forced.apply(&mut sampling),
+            Err(ApiError::Validation(ValidationError::ToolChoiceWithFormat))
+        ));
+    }
 }

@@ -635,4 +635,134 @@ mod tests {
         let err = fit_to_context(16, &mut max_tokens, 16).unwrap_err();
         assert!(err.to_string().contains("16 tokens"), "{err}");
     }
+
+    /// The rules' variants, one family at a time; messages checked byte for
+    /// byte where clients see them.
+    #[test]
+    fn body_rules_have_their_own_variants() {
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Req {
+            options: Option<OllamaOptions>,
+        }
+        assert_eq!(
+            parse_json::<Req>(b"  \n").unwrap_err(),
+            ValidationError::MissingBody
+        );
+        assert!(matches!(
+            parse_json::<Req>(b"{not json").unwrap_err(),
+            ValidationError::InvalidJson(m) if m.starts_with("key must be a string")
+        ));
+        assert!(matches!(
+            parse_json::<Req>(br#"{"options":{"top_k":"many"}}"#).unwrap_err(),
+            ValidationError::InvalidJson(m) if m.starts_with("options.top_k: invalid type")
+        ));
+    }
+
+    #[test]
+    fn model_name_rules_have_their_own_variants() {
+        assert_eq!(
+            ModelName::parse("  ", "model").unwrap_err(),
+            ValidationError::MissingField("model".into())
+        );
+        let e = ModelName::parse("a b", "name").unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::InvalidModelName {
+                field: "name".into(),
+                name: "a b".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid name \"a b\": a model name is [namespace/]model[:tag] of letters, digits \
+             and . _ - + characters"
+        );
+    }
+
+    #[test]
+    fn keep_alive_rule_has_its_own_variant() {
+        let e = KeepAlive::from_json(&json!("soon")).unwrap_err();
+        assert_eq!(e, ValidationError::InvalidKeepAlive("\"soon\"".into()));
+        assert_eq!(
+            e.to_string(),
+            "invalid keep_alive \"soon\": use seconds (a number) or a duration such as \"5m\", \
+             \"1h30m\", \"0\" (unload now) or \"-1\" (keep loaded)"
+        );
+        assert_eq!(
+            KeepAlive::from_json(&json!(true)).unwrap_err(),
+            ValidationError::InvalidKeepAlive("true".into())
+        );
+    }
+
+    #[test]
+    fn sampling_rules_have_their_own_variants() {
+        let ollama = OllamaOptions {
+            repeat_penalty: Some(0.0),
+            ..OllamaOptions::default()
+        };
+        let e = ollama.to_params().unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::SamplingOption {
+                prefix: "options.",
+                message: "invalid argument: repeat_penalty must be > 0 (1.0 disables it), got 0"
+                    .into()
+            }
+        );
+        let hot = OpenAiSampling {
+            temperature: Some(3.0),
+            ..OpenAiSampling::default()
+        };
+        let e = hot.to_params().unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::OutOfRange {
+                field: "temperature",
+                min: 0,
+                max: 2,
+                value: 3.0
+            }
+        );
+        assert_eq!(e.to_string(), "temperature must be between 0 and 2, got 3");
+        let pushy = OpenAiSampling {
+            presence_penalty: Some(-2.5),
+            ..OpenAiSampling::default()
+        };
+        assert_eq!(
+            pushy.to_params().unwrap_err().to_string(),
+            "presence_penalty must be between -2 and 2, got -2.5"
+        );
+    }
+
+    #[test]
+    fn length_rules_have_their_own_variants() {
+        let options = |num_predict, num_ctx| OllamaOptions {
+            num_predict,
+            num_ctx,
+            ..OllamaOptions::default()
+        };
+        assert_eq!(
+            options(Some(-3), None).to_params().unwrap_err(),
+            ValidationError::NumPredict(-3)
+        );
+        assert_eq!(
+            options(None, Some(-1)).to_params().unwrap_err(),
+            ValidationError::NumCtx(-1)
+        );
+        let mut max_tokens = None;
+        let e = fit_to_context(512, &mut max_tokens, 512).unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::PromptTooLong {
+                prompt_tokens: 512,
+                n_ctx: 512
+            }
+        );
+        assert!(e.to_string().starts_with(
+            "the prompt has 512 tokens but the context window holds 512: shorten the prompt"
+        ));
+        fit_to_context(500, &mut max_tokens, 512).unwrap();
+        assert_eq!(max_tokens, Some(12));
+    }
 }
