@@ -66,6 +66,7 @@ fn outcome(rx: &Receiver<GenerationEvent>) -> (String, Result<Completion, Engine
     let mut streamed = String::new();
     loop {
         match rx.recv_timeout(DEADLINE) {
+            Ok(GenerationEvent::Started) => assert!(streamed.is_empty(), "Started after text"),
             Ok(GenerationEvent::Text(text)) => streamed.push_str(&text),
             Ok(GenerationEvent::Done(completion)) => return (streamed, Ok(completion)),
             Ok(GenerationEvent::Error(e)) => return (streamed, Err(e)),
@@ -93,8 +94,9 @@ fn events_until_dropped(rx: &Receiver<GenerationEvent>) -> Vec<GenerationEvent> 
     }
 }
 
-/// A sink that blocks the worker on its first event until `release` is
+/// A sink that blocks the worker on its first text event until `release` is
 /// sent, telling `held` when it starts waiting; then forwards events.
+/// `Started` is forwarded and never stops the request.
 fn gated_sink(
     keep_going: bool,
 ) -> (
@@ -108,6 +110,9 @@ fn gated_sink(
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let mut first = true;
     let sink: EventSink = Box::new(move |event| {
+        if matches!(event, GenerationEvent::Started) {
+            return tx.send(event).is_ok();
+        }
         if first {
             first = false;
             held_tx.send(()).unwrap();
@@ -225,7 +230,9 @@ fn sink_returning_false_frees_the_slot_for_the_queued_request() {
     let (tx, first_rx) = mpsc::channel();
     let mut events = 0;
     let stopping: EventSink = Box::new(move |event| {
-        events += 1;
+        if matches!(event, GenerationEvent::Text(_)) {
+            events += 1;
+        }
         tx.send(event).unwrap();
         events < 2
     });
@@ -236,10 +243,11 @@ fn sink_returning_false_frees_the_slot_for_the_queued_request() {
     let second = request("The capital of France is", greedy(8));
     engine.submit(second.clone(), sink).unwrap();
 
-    // Exactly two text events, then the sink is dropped: no Done.
+    // Started, exactly two text events, then the sink is dropped: no Done.
     let first_events = events_until_dropped(&first_rx);
-    assert_eq!(first_events.len(), 2);
-    assert!(first_events
+    assert_eq!(first_events.len(), 3, "{first_events:?}");
+    assert!(matches!(first_events[0], GenerationEvent::Started));
+    assert!(first_events[1..]
         .iter()
         .all(|e| matches!(e, GenerationEvent::Text(_))));
     let done = completed(&second_rx);
@@ -249,6 +257,60 @@ fn sink_returning_false_frees_the_slot_for_the_queued_request() {
     assert_eq!(status.requests_cancelled_total, 1);
     assert_eq!(status.requests_completed_total, 1);
     assert_eq!((status.active, status.queued), (0, 0));
+}
+
+/// `Started` marks the slot assignment, not the first token: with one slot,
+/// the second request starts only once the first is done, and each request's
+/// `Started` precedes its text.
+#[test]
+fn started_comes_at_slot_assignment_after_the_queue() {
+    let model = smollm2();
+    let engine = BatchEngine::start(Arc::clone(&model), config(1)).unwrap();
+    // One channel for both requests: the worker calls the sinks in order.
+    let (tx, rx) = mpsc::channel::<(usize, GenerationEvent, Instant)>();
+    let requests = [
+        request("Once upon a time", greedy(24)),
+        request("The capital of France is", greedy(8)),
+    ];
+    let submitted = Instant::now();
+    for (i, r) in requests.iter().enumerate() {
+        let tx = tx.clone();
+        let sink: EventSink = Box::new(move |event| tx.send((i, event, Instant::now())).is_ok());
+        engine.submit(r.clone(), sink).unwrap();
+    }
+    drop(tx);
+    let mut events = Vec::new();
+    while events
+        .iter()
+        .filter(|(_, e, _)| matches!(e, GenerationEvent::Done(_)))
+        .count()
+        < 2
+    {
+        events.push(rx.recv_timeout(DEADLINE).expect("both requests finish"));
+    }
+    let position = |i: usize, want: fn(&GenerationEvent) -> bool| {
+        events
+            .iter()
+            .position(|(j, e, _)| *j == i && want(e))
+            .unwrap_or_else(|| panic!("request {i}: event missing in {events:?}"))
+    };
+    let started = |e: &GenerationEvent| matches!(e, GenerationEvent::Started);
+    let text = |e: &GenerationEvent| matches!(e, GenerationEvent::Text(_));
+    let done = |e: &GenerationEvent| matches!(e, GenerationEvent::Done(_));
+    for i in 0..2 {
+        assert!(position(i, started) < position(i, text), "{events:?}");
+    }
+    assert!(position(0, done) < position(1, started), "{events:?}");
+    // Queue time is observable: the second waited for the whole first request.
+    let second_queued_for = events[position(1, started)].2 - submitted;
+    let first_done_after = events[position(0, done)].2 - submitted;
+    assert!(second_queued_for >= first_done_after);
+    for (i, r) in requests.iter().enumerate() {
+        let GenerationEvent::Done(c) = &events[position(i, done)].1 else {
+            unreachable!()
+        };
+        assert_eq!(c.tokens, alone(r).tokens, "request {i}");
+    }
 }
 
 #[test]
@@ -287,7 +349,10 @@ fn queue_limit_gives_queue_full_and_cancel_removes_a_queued_request() {
     let last = request("The capital of France is", greedy(6));
     engine.submit(last.clone(), sink).unwrap();
     release.send(()).unwrap();
-    assert_eq!(events_until_dropped(&first_rx).len(), 1);
+    // Started, then the text event that stopped it.
+    let first_events = events_until_dropped(&first_rx);
+    assert_eq!(first_events.len(), 2, "{first_events:?}");
+    assert!(matches!(first_events[0], GenerationEvent::Started));
     assert_eq!(completed(&last_rx).tokens, alone(&last).tokens);
     assert_eq!(engine.status().requests_cancelled_total, 2);
 }
@@ -303,8 +368,11 @@ fn cancel_drops_an_active_request_before_the_next_step() {
     held.recv_timeout(DEADLINE).unwrap();
     engine.cancel(id);
     release.send(()).unwrap();
-    // The event being delivered when it was cancelled, then nothing more.
-    assert_eq!(events_until_dropped(&rx).len(), 1);
+    // Started, the text event being delivered when it was cancelled, then
+    // nothing more.
+    let events = events_until_dropped(&rx);
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(matches!(events[0], GenerationEvent::Started));
     let status = engine.status();
     assert_eq!(status.requests_cancelled_total, 1);
     assert_eq!(status.active, 0);
@@ -458,8 +526,8 @@ fn a_panicking_sink_cancels_only_its_request() {
     let ok = request("The capital of France is", greedy(8));
     engine.submit(ok.clone(), sink).unwrap();
     assert_eq!(completed(&rx).tokens, alone(&ok).tokens);
-    // Both entered in the first step; the panic came with the first token,
-    // long before the other request's eighth.
+    // Both entered in the first step; the panic came with its Started event,
+    // long before the other request's eighth token.
     let status = engine.status();
     assert_eq!(status.requests_cancelled_total, 1);
     assert_eq!(status.active, 0);

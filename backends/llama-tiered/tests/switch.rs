@@ -102,7 +102,7 @@ fn wait_for_text(rx: &Events, n: usize, seen: &mut Vec<GenerationEvent>) {
         < n
     {
         let event = rx.recv_timeout(DEADLINE).expect("text before the deadline");
-        let done = !matches!(event, GenerationEvent::Text(_));
+        let done = !matches!(event, GenerationEvent::Started | GenerationEvent::Text(_));
         seen.push(event);
         assert!(!done, "the request ended before the switch");
     }

@@ -26,7 +26,7 @@ use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions};
+use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError};
 use crate::pool::registry::{ModelInfo, NamedModel};
 use crate::server::{body_bytes, AppState};
 
@@ -366,18 +366,17 @@ fn think(value: Option<&Value>) -> Result<Option<bool>> {
         Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => {
             Ok(Some(true))
         }
-        Some(other) => Err(ApiError::bad_request(format!(
-            "invalid think {other}: use true, false, \"low\", \"medium\" or \"high\""
-        ))
-        .into()),
+        Some(other) => Err(ApiError::from(ValidationError::InvalidThink(other.to_string())).into()),
     }
 }
 
 fn no_images(images: Option<&Vec<String>>, requested: &str) -> Result<()> {
     if images.is_some_and(|i| !i.is_empty()) {
-        return Err(
-            ApiError::bad_request(format!("\"{requested}\" does not support images")).into(),
-        );
+        return Err(ApiError::from(ValidationError::Unsupported {
+            model: requested.to_string(),
+            capability: "images",
+        })
+        .into());
     }
     Ok(())
 }
@@ -391,9 +390,10 @@ pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
     let grammar = structured::ollama_format(request.format.as_ref())?;
     no_images(request.images.as_ref(), &request.model)?;
     if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(
-            ApiError::bad_request("suffix (fill-in-the-middle) is not supported yet").into(),
-        );
+        return Err(ApiError::from(ValidationError::NotSupportedYet(
+            "suffix (fill-in-the-middle) is not supported yet",
+        ))
+        .into());
     }
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = grammar;
@@ -452,7 +452,7 @@ fn chat_messages(messages: &[Message], requested: &str) -> Result<Vec<ChatMessag
         .enumerate()
         .map(|(i, m)| {
             if m.role.trim().is_empty() {
-                return Err(ApiError::bad_request(format!("messages[{i}].role is empty")).into());
+                return Err(ApiError::from(ValidationError::EmptyRole(i)).into());
             }
             no_images(m.images.as_ref(), requested)?;
             let mut message = ChatMessage::new(m.role.as_str(), m.content.as_str());

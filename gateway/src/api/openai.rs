@@ -28,7 +28,7 @@ use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, InferRequest, Prompt, ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, ModelName, OpenAiSampling, StopSpec};
+use crate::core::validation::{parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError};
 use crate::server::{body_bytes, AppState};
 
 type Result<T> = std::result::Result<T, OpenAiError>;
@@ -296,15 +296,13 @@ fn content_text(content: Option<&Content>, i: usize) -> Result<String> {
         match part.kind.as_str() {
             "text" => text.push_str(part.text.as_deref().unwrap_or_default()),
             "image_url" | "input_image" => {
-                return Err(ApiError::bad_request(format!(
-                    "messages[{i}]: this model does not support images"
-                ))
-                .into())
+                return Err(ApiError::from(ValidationError::ImagePart(i)).into())
             }
             other => {
-                return Err(ApiError::bad_request(format!(
-                    "messages[{i}]: unsupported content part type {other:?}"
-                ))
+                return Err(ApiError::from(ValidationError::UnknownContentPart {
+                    index: i,
+                    kind: other.to_string(),
+                })
                 .into())
             }
         }
@@ -314,7 +312,7 @@ fn content_text(content: Option<&Content>, i: usize) -> Result<String> {
 
 fn chat_messages(messages: &[ChatCompletionMessage]) -> Result<Vec<ChatMessage>> {
     if messages.is_empty() {
-        return Err(ApiError::bad_request("messages must not be empty").into());
+        return Err(ApiError::from(ValidationError::EmptyMessages).into());
     }
     messages
         .iter()
@@ -322,7 +320,7 @@ fn chat_messages(messages: &[ChatCompletionMessage]) -> Result<Vec<ChatMessage>>
         .map(|(i, m)| {
             let content = content_text(m.content.as_ref(), i)?;
             if m.role.trim().is_empty() {
-                return Err(ApiError::bad_request(format!("messages[{i}].role is empty")).into());
+                return Err(ApiError::from(ValidationError::EmptyRole(i)).into());
             }
             let mut message = ChatMessage::new(m.role.as_str(), content);
             message.tool_calls = m.tool_calls.clone().filter(|v| !v.is_null());
@@ -336,7 +334,7 @@ fn chat_messages(messages: &[ChatCompletionMessage]) -> Result<Vec<ChatMessage>>
 fn only_one_choice(n: Option<u32>) -> Result<()> {
     match n {
         None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::bad_request(format!("n must be 1, got {n}")).into()),
+        Some(n) => Err(ApiError::from(ValidationError::ChoiceCount(n)).into()),
     }
 }
 
@@ -371,20 +369,19 @@ pub fn completion_request(request: &CompletionRequest) -> Result<InferRequest> {
     let name = model_name(&request.model)?;
     only_one_choice(request.n)?;
     if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad_request("suffix is not supported yet: omit it").into());
+        return Err(ApiError::from(ValidationError::NotSupportedYet(
+            "suffix is not supported yet: omit it",
+        ))
+        .into());
     }
     let text = match request.prompt.clone() {
         None => String::new(),
         Some(StopSpec::One(p)) => p,
         Some(StopSpec::Many(mut v)) if v.len() == 1 => v.remove(0),
-        Some(StopSpec::Many(_)) => {
-            return Err(
-                ApiError::bad_request("prompt must be a string or a list of one string").into(),
-            )
-        }
+        Some(StopSpec::Many(_)) => return Err(ApiError::from(ValidationError::PromptList).into()),
     };
     if text.is_empty() {
-        return Err(ApiError::bad_request("prompt must not be empty").into());
+        return Err(ApiError::from(ValidationError::EmptyPrompt).into());
     }
     let sampling = OpenAiSampling {
         temperature: request.temperature,
@@ -411,17 +408,12 @@ pub fn embedding_request(request: EmbeddingRequest) -> Result<(EmbedRequest, boo
         None | Some("float") => false,
         Some("base64") => true,
         Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "encoding_format must be \"float\" or \"base64\", got {other:?}"
-            ))
-            .into())
+            return Err(ApiError::from(ValidationError::EncodingFormat(other.to_string())).into())
         }
     };
     let texts = request.input.into_vec();
     if texts.is_empty() || texts.iter().any(String::is_empty) {
-        return Err(
-            ApiError::bad_request("input must be a non-empty string or list of them").into(),
-        );
+        return Err(ApiError::from(ValidationError::EmptyInput).into());
     }
     let embed = EmbedRequest {
         requested: request.model,

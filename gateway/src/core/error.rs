@@ -14,10 +14,14 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::backend::BackendError;
+use super::validation::ValidationError;
 use crate::pool::PoolError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
+    /// The request broke one of the rules checked before anything runs.
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
     /// The request is malformed or asks for something this model cannot do.
     #[error("{0}")]
     BadRequest(String),
@@ -48,7 +52,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Validation(_) | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -60,7 +64,9 @@ impl ApiError {
     /// OpenAI's `error.type`.
     fn openai_type(&self) -> &'static str {
         match self {
-            ApiError::BadRequest(_) | ApiError::PayloadTooLarge(_) => "invalid_request_error",
+            ApiError::Validation(_) | ApiError::BadRequest(_) | ApiError::PayloadTooLarge(_) => {
+                "invalid_request_error"
+            }
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "not_found_error",
             ApiError::Unauthorized(_) => "authentication_error",
             ApiError::Unavailable(_) | ApiError::ShuttingDown(_) | ApiError::Internal(_) => {
@@ -127,6 +133,12 @@ impl From<ApiError> for OllamaError {
     }
 }
 
+impl From<ValidationError> for OllamaError {
+    fn from(e: ValidationError) -> Self {
+        OllamaError(e.into())
+    }
+}
+
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
         let body = OllamaErrorBody {
@@ -158,6 +170,12 @@ pub struct OpenAiErrorDetail {
 impl From<ApiError> for OpenAiError {
     fn from(e: ApiError) -> Self {
         OpenAiError(e)
+    }
+}
+
+impl From<ValidationError> for OpenAiError {
+    fn from(e: ValidationError) -> Self {
+        OpenAiError(e.into())
     }
 }
 

@@ -19,6 +19,7 @@ use super::backend::{BackendEvent, EventStream, FinishReason, Finished, ModelBac
 use super::error::ApiError;
 use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
+use super::validation::ValidationError;
 use crate::pool::registry::{ModelInfo, Registry};
 
 /// What [`infer`] answers.
@@ -99,10 +100,11 @@ fn check_thinking(request: &mut InferRequest, info: &ModelInfo) -> Result<(), Ap
     };
     if !info.capabilities.contains(&"thinking") {
         if wants {
-            return Err(ApiError::bad_request(format!(
-                "\"{}\" does not support thinking",
-                request.requested
-            )));
+            return Err(ValidationError::Unsupported {
+                model: request.requested.clone(),
+                capability: "thinking",
+            }
+            .into());
         }
         return Ok(());
     }
@@ -385,7 +387,7 @@ pub async fn embed(
 pub fn shorten(vectors: &mut [Vec<f32>], n: Option<usize>) -> Result<(), ApiError> {
     let Some(n) = n else { return Ok(()) };
     if n == 0 {
-        return Err(ApiError::bad_request("dimensions must be at least 1"));
+        return Err(ValidationError::ZeroDimensions.into());
     }
     for v in vectors.iter_mut() {
         if n < v.len() {

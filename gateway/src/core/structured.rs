@@ -20,6 +20,7 @@ use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SC
 use serde_json::{json, Map, Value};
 
 use crate::core::error::ApiError;
+use crate::core::validation::ValidationError;
 
 /// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
 /// JSON object, or a JSON Schema object. Returns the grammar.
@@ -29,9 +30,7 @@ pub fn ollama_format(format: Option<&Value>) -> Result<Option<String>, ApiError>
         Some(Value::String(s)) if s.is_empty() => Ok(None),
         Some(Value::String(s)) if s == "json" => json_object_grammar().map(Some),
         Some(schema @ Value::Object(_)) => schema_grammar(schema, "format").map(Some),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "invalid format {other}: use \"json\" or a JSON Schema object"
-        ))),
+        Some(other) => Err(ValidationError::InvalidFormat(other.to_string()).into()),
     }
 }
 
@@ -51,18 +50,10 @@ pub fn openai_response_format(format: Option<&Value>) -> Result<Option<String>, 
                 .get("json_schema")
                 .and_then(|s| s.get("schema"))
                 .filter(|s| !s.is_null())
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "response_format.json_schema.schema is required with \"type\": \
-                         \"json_schema\": give the JSON Schema the reply must follow",
-                    )
-                })?;
+                .ok_or(ValidationError::MissingResponseSchema)?;
             schema_grammar(schema, "response_format.json_schema.schema").map(Some)
         }
-        _ => Err(ApiError::bad_request(format!(
-            "invalid response_format {format}: \"type\" must be \"text\", \"json_object\" or \
-             \"json_schema\""
-        ))),
+        _ => Err(ValidationError::InvalidResponseFormat(format.to_string()).into()),
     }
 }
 
@@ -72,10 +63,17 @@ fn json_object_grammar() -> Result<String, ApiError> {
 
 /// A JSON Schema → a grammar, or a 400 naming `field` and the problem.
 fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
-    check_schema(schema, schema, "#")
-        .map_err(|e| ApiError::bad_request(format!("{field}: invalid JSON Schema: {e}")))?;
-    json_schema_to_grammar(&schema.to_string())
-        .map_err(|e| ApiError::bad_request(format!("{field}: {e}")))
+    check_schema(schema, schema, "#").map_err(|e| ValidationError::InvalidSchema {
+        field: field.to_string(),
+        message: e.to_string(),
+    })?;
+    json_schema_to_grammar(&schema.to_string()).map_err(|e| {
+        ValidationError::UnsupportedSchema {
+            field: field.to_string(),
+            message: e.to_string(),
+        }
+        .into()
+    })
 }
 
 /// The checks of llama.cpp's schema reader (`common/json-schema.cpp`), so
@@ -211,13 +209,8 @@ pub enum ToolChoice {
 }
 
 impl ToolChoice {
-    pub fn parse(value: Option<&Value>) -> Result<ToolChoice, ApiError> {
-        let bad = |v: &Value| {
-            ApiError::bad_request(format!(
-                "invalid tool_choice {v}: use \"auto\", \"none\", \"required\" or \
-                 {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
-            ))
-        };
+    pub fn parse(value: Option<&Value>) -> Result<ToolChoice, ValidationError> {
+        let bad = |v: &Value| ValidationError::InvalidToolChoice(v.to_string());
         match value {
             None | Some(Value::Null) => Ok(ToolChoice::Auto),
             Some(Value::String(s)) => match s.as_str() {
@@ -259,18 +252,22 @@ pub fn prepare_tools(
     let tools = tools.unwrap_or_default();
     if tools.is_empty() {
         return match choice {
-            ToolChoice::Required | ToolChoice::Function(_) => Err(ApiError::bad_request(
-                "tool_choice asks for a tool call but tools is empty: send the tools",
-            )),
+            ToolChoice::Required | ToolChoice::Function(_) => {
+                Err(ValidationError::ToolChoiceWithoutTools.into())
+            }
             _ => Ok(None),
         };
     }
     if *choice == ToolChoice::None {
         return Ok(None);
     }
-    let family = template
-        .and_then(ToolFamily::detect)
-        .ok_or_else(|| ApiError::bad_request(format!("\"{requested}\" does not support tools")))?;
+    let family =
+        template
+            .and_then(ToolFamily::detect)
+            .ok_or_else(|| ValidationError::Unsupported {
+                model: requested.to_string(),
+                capability: "tools",
+            })?;
     let mut named = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
         let function = tool
@@ -278,10 +275,11 @@ pub fn prepare_tools(
             .filter(|_| tool.get("type").and_then(Value::as_str) == Some("function"));
         let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
         let (Some(function), Some(name)) = (function, name.filter(|n| !n.is_empty())) else {
-            return Err(ApiError::bad_request(format!(
-                "tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", \
-                 \"description\", \"parameters\"}}}}, got {tool}"
-            )));
+            return Err(ValidationError::InvalidTool {
+                index: i,
+                tool: tool.to_string(),
+            }
+            .into());
         };
         let parameters = function.get("parameters").cloned().unwrap_or(Value::Null);
         named.push((name.to_string(), parameters));
@@ -291,9 +289,7 @@ pub fn prepare_tools(
         ToolChoice::Function(name) => {
             let one: Vec<_> = named.into_iter().filter(|(n, _)| n == name).collect();
             if one.is_empty() {
-                return Err(ApiError::bad_request(format!(
-                    "tool_choice names function {name:?}, which is not among the tools"
-                )));
+                return Err(ValidationError::ToolChoiceUnknownFunction(name.clone()).into());
             }
             one
         }
@@ -304,11 +300,10 @@ pub fn prepare_tools(
     } else {
         let grammar = tools::forced_call_grammar(family, &forced, |schema| {
             let value: Value = serde_json::from_str(schema).unwrap_or(Value::Null);
-            check_schema(&value, &value, "#").map_err(|e| {
-                ApiError::bad_request(format!("tools: invalid parameters schema: {e}"))
-            })?;
+            check_schema(&value, &value, "#")
+                .map_err(|e| ValidationError::InvalidToolSchema(e.to_string()))?;
             json_schema_to_grammar(schema)
-                .map_err(|e| ApiError::bad_request(format!("tools: parameters: {e}")))
+                .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))
         })?;
         Some(grammar)
     };
@@ -331,10 +326,7 @@ impl Tools {
             .collect();
         if let Some(grammar) = &self.grammar {
             if sampling.grammar.is_some() {
-                return Err(ApiError::bad_request(
-                    "a forced tool call (tool_choice) and a response format cannot be combined: \
-                     drop one of them",
-                ));
+                return Err(ValidationError::ToolChoiceWithFormat.into());
             }
             sampling.grammar = Some(grammar.clone());
         }
@@ -592,5 +584,95 @@ mod tests {
             ollama_input_tool_calls(Some(&input)).unwrap(),
             json!([{"function": {"name": "f", "arguments": {"a": 1}}, "type": "function"}])
         );
+    }
+
+    /// Format, schema and tool rules: each its own variant.
+    #[test]
+    fn format_and_tool_rules_have_their_own_variants() {
+        let rule = |r: Result<Option<String>, ApiError>| match r {
+            Err(ApiError::Validation(v)) => v,
+            other => panic!("not a validation error: {other:?}"),
+        };
+        assert_eq!(
+            rule(ollama_format(Some(&json!(3)))),
+            ValidationError::InvalidFormat("3".into())
+        );
+        assert_eq!(
+            rule(openai_response_format(Some(&json!({"type": "xml"})))),
+            ValidationError::InvalidResponseFormat(r#"{"type":"xml"}"#.into())
+        );
+        assert_eq!(
+            rule(openai_response_format(Some(
+                &json!({"type": "json_schema"})
+            ))),
+            ValidationError::MissingResponseSchema
+        );
+        assert!(matches!(
+            rule(ollama_format(Some(&json!({"enum": []})))),
+            ValidationError::InvalidSchema { field, .. } if field == "format"
+        ));
+        assert_eq!(
+            ToolChoice::parse(Some(&json!("sometimes"))).unwrap_err(),
+            ValidationError::InvalidToolChoice("\"sometimes\"".into())
+        );
+        let tools_rule = |r: Result<Option<Tools>, ApiError>| match r {
+            Err(ApiError::Validation(v)) => v,
+            other => panic!("not a validation error: {:?}", other.map(|t| t.is_some())),
+        };
+        assert_eq!(
+            tools_rule(prepare_tools(
+                None,
+                &ToolChoice::Required,
+                Some(QWEN_LIKE),
+                "m"
+            )),
+            ValidationError::ToolChoiceWithoutTools
+        );
+        assert_eq!(
+            tools_rule(prepare_tools(
+                Some(&weather()),
+                &ToolChoice::Function("nope".into()),
+                Some(QWEN_LIKE),
+                "m"
+            )),
+            ValidationError::ToolChoiceUnknownFunction("nope".into())
+        );
+        assert_eq!(
+            tools_rule(prepare_tools(
+                Some(&weather()),
+                &ToolChoice::Auto,
+                None,
+                "m"
+            )),
+            ValidationError::Unsupported {
+                model: "m".into(),
+                capability: "tools"
+            }
+        );
+        assert!(matches!(
+            tools_rule(prepare_tools(
+                Some(&[json!({"type": "function"})]),
+                &ToolChoice::Auto,
+                Some(QWEN_LIKE),
+                "m"
+            )),
+            ValidationError::InvalidTool { index: 0, .. }
+        ));
+        let forced = prepare_tools(
+            Some(&weather()),
+            &ToolChoice::Required,
+            Some(QWEN_LIKE),
+            "m",
+        )
+        .unwrap()
+        .unwrap();
+        let mut sampling = SamplingParams {
+            grammar: Some("root ::= \"x\"".into()),
+            ..SamplingParams::default()
+        };
+        assert!(matches!(
+            forced.apply(&mut sampling),
+            Err(ApiError::Validation(ValidationError::ToolChoiceWithFormat))
+        ));
     }
 }

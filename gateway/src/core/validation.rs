@@ -9,30 +9,178 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::core::error::ApiError;
 use crate::core::request::GenerationParams;
+
+/// Why a request was refused before anything ran: one variant per rule the
+/// gateway checks. Each message says what was wrong and what to send instead;
+/// they are the wire messages (end-to-end tests assert them byte for byte).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    /// The body is empty or whitespace.
+    #[error("missing request body: send a JSON object")]
+    MissingBody,
+    /// The body is not JSON, or a known field has the wrong type (the path and
+    /// serde's message).
+    #[error("invalid JSON body: {0}")]
+    InvalidJson(String),
+    /// A required field (named) is missing or empty.
+    #[error("{0} is required")]
+    MissingField(String),
+    /// A model name outside `[namespace/]model[:tag]`.
+    #[error(
+        "invalid {field} {name:?}: a model name is [namespace/]model[:tag] of letters, \
+         digits and . _ - + characters"
+    )]
+    InvalidModelName { field: String, name: String },
+    /// `keep_alive` (as JSON text) is neither seconds nor a Go duration.
+    #[error(
+        "invalid keep_alive {0}: use seconds (a number) or a duration such as \"5m\", \
+         \"1h30m\", \"0\" (unload now) or \"-1\" (keep loaded)"
+    )]
+    InvalidKeepAlive(String),
+    /// A sampling option outside the sampler's range (`prefix` is `options.`
+    /// for Ollama; the message is the sampler's).
+    #[error("{prefix}{message}")]
+    SamplingOption {
+        prefix: &'static str,
+        message: String,
+    },
+    /// An OpenAI sampling field outside its documented range.
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    OutOfRange {
+        field: &'static str,
+        min: i32,
+        max: i32,
+        value: f32,
+    },
+    /// `options.num_predict` below -2 (or -2 < n < -1 never happens: integers).
+    #[error("options.num_predict must be -1 (unlimited) or >= 0, got {0}")]
+    NumPredict(i64),
+    /// `options.num_ctx` negative.
+    #[error("options.num_ctx must be positive, got {0}")]
+    NumCtx(i64),
+    /// The prompt alone fills the context window.
+    #[error(
+        "the prompt has {prompt_tokens} tokens but the context window holds {n_ctx}: \
+         shorten the prompt or raise the context (options.num_ctx, up to the server's \
+         --context)"
+    )]
+    PromptTooLong { prompt_tokens: usize, n_ctx: u32 },
+    /// Ollama's `format` (as JSON text) is neither `"json"` nor a schema.
+    #[error("invalid format {0}: use \"json\" or a JSON Schema object")]
+    InvalidFormat(String),
+    /// OpenAI's `response_format` (as JSON text) has an unknown `type`.
+    #[error(
+        "invalid response_format {0}: \"type\" must be \"text\", \"json_object\" or \
+         \"json_schema\""
+    )]
+    InvalidResponseFormat(String),
+    /// `"type": "json_schema"` without a schema.
+    #[error(
+        "response_format.json_schema.schema is required with \"type\": \"json_schema\": \
+         give the JSON Schema the reply must follow"
+    )]
+    MissingResponseSchema,
+    /// A schema (in `field`) that is not valid JSON Schema.
+    #[error("{field}: invalid JSON Schema: {message}")]
+    InvalidSchema { field: String, message: String },
+    /// A valid schema that cannot become a grammar.
+    #[error("{field}: {message}")]
+    UnsupportedSchema { field: String, message: String },
+    /// `tool_choice` (as JSON text) is not one of its forms.
+    #[error(
+        "invalid tool_choice {0}: use \"auto\", \"none\", \"required\" or \
+         {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
+    )]
+    InvalidToolChoice(String),
+    /// `tool_choice` forces a call but no tools were sent.
+    #[error("tool_choice asks for a tool call but tools is empty: send the tools")]
+    ToolChoiceWithoutTools,
+    /// `tool_choice` names a function that is not among the tools.
+    #[error("tool_choice names function {0:?}, which is not among the tools")]
+    ToolChoiceUnknownFunction(String),
+    /// A forced tool call together with a response format.
+    #[error(
+        "a forced tool call (tool_choice) and a response format cannot be combined: \
+         drop one of them"
+    )]
+    ToolChoiceWithFormat,
+    /// `tools[index]` (as JSON text) is not a function definition.
+    #[error(
+        "tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\", \
+         \"description\", \"parameters\"}}}}, got {tool}"
+    )]
+    InvalidTool { index: usize, tool: String },
+    /// A tool's `parameters` is not valid JSON Schema.
+    #[error("tools: invalid parameters schema: {0}")]
+    InvalidToolSchema(String),
+    /// A tool's `parameters` cannot become a grammar.
+    #[error("tools: parameters: {0}")]
+    UnsupportedToolSchema(String),
+    /// The model lacks a capability the request needs (`tools`, `images`,
+    /// `thinking`); `model` is the name as the client sent it.
+    #[error("\"{model}\" does not support {capability}")]
+    Unsupported {
+        model: String,
+        capability: &'static str,
+    },
+    /// Ollama's `think` is not a boolean or a level (as JSON text).
+    #[error("invalid think {0}: use true, false, \"low\", \"medium\" or \"high\"")]
+    InvalidThink(String),
+    /// A field hypura does not implement yet (the message says which and what to do).
+    #[error("{0}")]
+    NotSupportedYet(&'static str),
+    /// OpenAI's `messages` is empty.
+    #[error("messages must not be empty")]
+    EmptyMessages,
+    /// `messages[i].role` is empty.
+    #[error("messages[{0}].role is empty")]
+    EmptyRole(usize),
+    /// An OpenAI content part with an image.
+    #[error("messages[{0}]: this model does not support images")]
+    ImagePart(usize),
+    /// An OpenAI content part of an unknown type.
+    #[error("messages[{index}]: unsupported content part type {kind:?}")]
+    UnknownContentPart { index: usize, kind: String },
+    /// OpenAI's `n` other than 1.
+    #[error("n must be 1, got {0}")]
+    ChoiceCount(u32),
+    /// A completion prompt given as a list of more than one string.
+    #[error("prompt must be a string or a list of one string")]
+    PromptList,
+    /// A completion prompt that is empty.
+    #[error("prompt must not be empty")]
+    EmptyPrompt,
+    /// Embedding input empty, or with an empty string.
+    #[error("input must be a non-empty string or list of them")]
+    EmptyInput,
+    /// An unknown `encoding_format`.
+    #[error("encoding_format must be \"float\" or \"base64\", got {0:?}")]
+    EncodingFormat(String),
+    /// Embedding `dimensions` of 0.
+    #[error("dimensions must be at least 1")]
+    ZeroDimensions,
+}
 
 /// Parses a JSON body whatever its content type (Ollama accepts bodies sent
 /// without one, e.g. by `curl -d`). Unknown fields are ignored; a known field
 /// of the wrong type is named with its path (`options.temperature: …`).
-pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ValidationError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(
-            "missing request body: send a JSON object",
-        ));
+        return Err(ValidationError::MissingBody);
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if inner.is_syntax() || inner.is_eof() || path == "." {
-            ApiError::bad_request(format!("invalid JSON body: {inner}"))
+            ValidationError::InvalidJson(inner.to_string())
         } else {
-            ApiError::bad_request(format!("invalid JSON body: {path}: {inner}"))
+            ValidationError::InvalidJson(format!("{path}: {inner}"))
         }
     })?;
     de.end()
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+        .map_err(|e| ValidationError::InvalidJson(e.to_string()))?;
     Ok(value)
 }
 
@@ -47,20 +195,20 @@ pub struct ModelName {
 
 impl ModelName {
     /// Checks and completes a client's model name; `field` names the field in errors.
-    pub fn parse(raw: &str, field: &str) -> Result<ModelName, ApiError> {
+    pub fn parse(raw: &str, field: &str) -> Result<ModelName, ValidationError> {
         let name = raw.trim();
         if name.is_empty() {
-            return Err(ApiError::bad_request(format!("{field} is required")));
+            return Err(ValidationError::MissingField(field.to_string()));
         }
         let valid = name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "._-/:+".contains(c));
         let base = name.rsplit('/').next().unwrap_or(name);
         if !valid || name.len() > 350 || base.starts_with(':') || name.ends_with(':') {
-            return Err(ApiError::bad_request(format!(
-                "invalid {field} {name:?}: a model name is [namespace/]model[:tag] of letters, \
-                 digits and . _ - + characters"
-            )));
+            return Err(ValidationError::InvalidModelName {
+                field: field.to_string(),
+                name: name.to_string(),
+            });
         }
         let display = if base.contains(':') {
             name.to_string()
@@ -109,13 +257,8 @@ pub enum KeepAlive {
 impl KeepAlive {
     /// Parses Ollama's `keep_alive`: a number of seconds or a Go duration
     /// string (`"10m"`, `"1h30m"`, `"0"`, `"-1"`); negative means forever.
-    pub fn from_json(value: &serde_json::Value) -> Result<KeepAlive, ApiError> {
-        let bad = || {
-            ApiError::bad_request(format!(
-                "invalid keep_alive {value}: use seconds (a number) or a duration such as \
-                 \"5m\", \"1h30m\", \"0\" (unload now) or \"-1\" (keep loaded)"
-            ))
-        };
+    pub fn from_json(value: &serde_json::Value) -> Result<KeepAlive, ValidationError> {
+        let bad = || ValidationError::InvalidKeepAlive(value.to_string());
         match value {
             serde_json::Value::Number(n) => {
                 let seconds = n.as_f64().ok_or_else(bad)?;
@@ -255,7 +398,7 @@ pub struct OllamaOptions {
 impl OllamaOptions {
     /// Ollama's defaults: temperature 0.8, top_k 40, top_p 0.9, min_p 0,
     /// repeat_last_n 64, repeat_penalty 1.0, random seed, no limit.
-    pub fn to_params(&self) -> Result<GenerationParams, ApiError> {
+    pub fn to_params(&self) -> Result<GenerationParams, ValidationError> {
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(0.8),
             top_k: self.top_k.unwrap_or(40),
@@ -271,20 +414,12 @@ impl OllamaOptions {
         check_sampling(&sampling, "options.")?;
         let max_tokens = match self.num_predict {
             None | Some(-1) | Some(-2) => None,
-            Some(n) if n < 0 => {
-                return Err(ApiError::bad_request(format!(
-                    "options.num_predict must be -1 (unlimited) or >= 0, got {n}"
-                )))
-            }
+            Some(n) if n < 0 => return Err(ValidationError::NumPredict(n)),
             Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         };
         let num_ctx = match self.num_ctx {
             None | Some(0) => None,
-            Some(n) if n < 0 => {
-                return Err(ApiError::bad_request(format!(
-                    "options.num_ctx must be positive, got {n}"
-                )))
-            }
+            Some(n) if n < 0 => return Err(ValidationError::NumCtx(n)),
             Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         };
         Ok(GenerationParams {
@@ -314,7 +449,7 @@ pub struct OpenAiSampling {
 }
 
 impl OpenAiSampling {
-    pub fn to_params(&self) -> Result<GenerationParams, ApiError> {
+    pub fn to_params(&self) -> Result<GenerationParams, ValidationError> {
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
             top_k: 0,
@@ -329,19 +464,24 @@ impl OpenAiSampling {
         };
         check_sampling(&sampling, "")?;
         if !(0.0..=2.0).contains(&sampling.temperature) {
-            return Err(ApiError::bad_request(format!(
-                "temperature must be between 0 and 2, got {}",
-                sampling.temperature
-            )));
+            return Err(ValidationError::OutOfRange {
+                field: "temperature",
+                min: 0,
+                max: 2,
+                value: sampling.temperature,
+            });
         }
         for (name, value) in [
             ("frequency_penalty", sampling.frequency_penalty),
             ("presence_penalty", sampling.presence_penalty),
         ] {
             if !(-2.0..=2.0).contains(&value) {
-                return Err(ApiError::bad_request(format!(
-                    "{name} must be between -2 and 2, got {value}"
-                )));
+                return Err(ValidationError::OutOfRange {
+                    field: name,
+                    min: -2,
+                    max: 2,
+                    value,
+                });
             }
         }
         Ok(GenerationParams {
@@ -366,10 +506,13 @@ fn seed(seed: Option<i64>) -> Option<u32> {
     }
 }
 
-fn check_sampling(sampling: &SamplingParams, prefix: &str) -> Result<(), ApiError> {
+fn check_sampling(sampling: &SamplingParams, prefix: &'static str) -> Result<(), ValidationError> {
     sampling
         .validate()
-        .map_err(|e| ApiError::bad_request(format!("{prefix}{e}")))
+        .map_err(|e| ValidationError::SamplingOption {
+            prefix,
+            message: e.to_string(),
+        })
 }
 
 /// Checks the prompt against the context window and caps `max_tokens` so
@@ -378,13 +521,12 @@ pub fn fit_to_context(
     prompt_tokens: usize,
     max_tokens: &mut Option<u32>,
     n_ctx: u32,
-) -> Result<(), ApiError> {
+) -> Result<(), ValidationError> {
     if prompt_tokens >= n_ctx as usize {
-        return Err(ApiError::bad_request(format!(
-            "the prompt has {prompt_tokens} tokens but the context window holds {n_ctx}: \
-             shorten the prompt or raise the context (options.num_ctx, up to the server's \
-             --context)"
-        )));
+        return Err(ValidationError::PromptTooLong {
+            prompt_tokens,
+            n_ctx,
+        });
     }
     let room = (n_ctx as usize - prompt_tokens) as u32;
     *max_tokens = Some(max_tokens.map_or(room, |m| m.min(room)));
@@ -492,5 +634,135 @@ mod tests {
         assert_eq!(max_tokens, Some(6));
         let err = fit_to_context(16, &mut max_tokens, 16).unwrap_err();
         assert!(err.to_string().contains("16 tokens"), "{err}");
+    }
+
+    /// The rules' variants, one family at a time; messages checked byte for
+    /// byte where clients see them.
+    #[test]
+    fn body_rules_have_their_own_variants() {
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Req {
+            options: Option<OllamaOptions>,
+        }
+        assert_eq!(
+            parse_json::<Req>(b"  \n").unwrap_err(),
+            ValidationError::MissingBody
+        );
+        assert!(matches!(
+            parse_json::<Req>(b"{not json").unwrap_err(),
+            ValidationError::InvalidJson(m) if m.starts_with("key must be a string")
+        ));
+        assert!(matches!(
+            parse_json::<Req>(br#"{"options":{"top_k":"many"}}"#).unwrap_err(),
+            ValidationError::InvalidJson(m) if m.starts_with("options.top_k: invalid type")
+        ));
+    }
+
+    #[test]
+    fn model_name_rules_have_their_own_variants() {
+        assert_eq!(
+            ModelName::parse("  ", "model").unwrap_err(),
+            ValidationError::MissingField("model".into())
+        );
+        let e = ModelName::parse("a b", "name").unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::InvalidModelName {
+                field: "name".into(),
+                name: "a b".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid name \"a b\": a model name is [namespace/]model[:tag] of letters, digits \
+             and . _ - + characters"
+        );
+    }
+
+    #[test]
+    fn keep_alive_rule_has_its_own_variant() {
+        let e = KeepAlive::from_json(&json!("soon")).unwrap_err();
+        assert_eq!(e, ValidationError::InvalidKeepAlive("\"soon\"".into()));
+        assert_eq!(
+            e.to_string(),
+            "invalid keep_alive \"soon\": use seconds (a number) or a duration such as \"5m\", \
+             \"1h30m\", \"0\" (unload now) or \"-1\" (keep loaded)"
+        );
+        assert_eq!(
+            KeepAlive::from_json(&json!(true)).unwrap_err(),
+            ValidationError::InvalidKeepAlive("true".into())
+        );
+    }
+
+    #[test]
+    fn sampling_rules_have_their_own_variants() {
+        let ollama = OllamaOptions {
+            repeat_penalty: Some(0.0),
+            ..OllamaOptions::default()
+        };
+        let e = ollama.to_params().unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::SamplingOption {
+                prefix: "options.",
+                message: "invalid argument: repeat_penalty must be > 0 (1.0 disables it), got 0"
+                    .into()
+            }
+        );
+        let hot = OpenAiSampling {
+            temperature: Some(3.0),
+            ..OpenAiSampling::default()
+        };
+        let e = hot.to_params().unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::OutOfRange {
+                field: "temperature",
+                min: 0,
+                max: 2,
+                value: 3.0
+            }
+        );
+        assert_eq!(e.to_string(), "temperature must be between 0 and 2, got 3");
+        let pushy = OpenAiSampling {
+            presence_penalty: Some(-2.5),
+            ..OpenAiSampling::default()
+        };
+        assert_eq!(
+            pushy.to_params().unwrap_err().to_string(),
+            "presence_penalty must be between -2 and 2, got -2.5"
+        );
+    }
+
+    #[test]
+    fn length_rules_have_their_own_variants() {
+        let options = |num_predict, num_ctx| OllamaOptions {
+            num_predict,
+            num_ctx,
+            ..OllamaOptions::default()
+        };
+        assert_eq!(
+            options(Some(-3), None).to_params().unwrap_err(),
+            ValidationError::NumPredict(-3)
+        );
+        assert_eq!(
+            options(None, Some(-1)).to_params().unwrap_err(),
+            ValidationError::NumCtx(-1)
+        );
+        let mut max_tokens = None;
+        let e = fit_to_context(512, &mut max_tokens, 512).unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::PromptTooLong {
+                prompt_tokens: 512,
+                n_ctx: 512
+            }
+        );
+        assert!(e.to_string().starts_with(
+            "the prompt has 512 tokens but the context window holds 512: shorten the prompt"
+        ));
+        fit_to_context(500, &mut max_tokens, 512).unwrap();
+        assert_eq!(max_tokens, Some(12));
     }
 }

@@ -179,12 +179,14 @@ fn chat_prompt(
 /// One request submitted to the engine: its events, and the guard that
 /// cancels it when dropped before its end.
 struct Running {
-    events: mpsc::UnboundedReceiver<GenerationEvent>,
+    /// The engine's events, each with when the worker sent it.
+    events: mpsc::UnboundedReceiver<(Instant, GenerationEvent)>,
     guard: CancelOnDrop,
     model: Arc<Model>,
     prompt: Vec<i32>,
     submitted: Instant,
     started: bool,
+    first_token: bool,
     /// Turns true when the server stops waiting for in-flight requests.
     shutdown: tokio::sync::watch::Receiver<bool>,
 }
@@ -228,7 +230,8 @@ fn submit(
         prompt: prompt.clone(),
         params: generate,
     };
-    let sink = Box::new(move |event: GenerationEvent| tx.send(event).is_ok());
+    let sink = Box::new(move |event: GenerationEvent| tx.send((Instant::now(), event)).is_ok());
+    let submitted = Instant::now();
     let id = lease.engine.submit(request, sink)?;
     Ok(Running {
         events: rx,
@@ -239,8 +242,9 @@ fn submit(
         },
         model: lease.engine.model(),
         prompt,
-        submitted: Instant::now(),
+        submitted,
         started: false,
+        first_token: false,
         shutdown: lease.shutdown_signal(),
     })
 }
@@ -275,8 +279,10 @@ impl Running {
 
     /// The events one engine event becomes, and whether it was the last.
     ///
-    /// The engine reports no slot start of its own yet: `Started` is sent
-    /// with its first event, so `queued_for` includes the prompt's evaluation.
+    /// `Started` comes from the engine when the request takes a slot, before
+    /// its prompt is evaluated: `queued_for` is the time from submission to
+    /// then, as the worker saw it. `FirstToken` comes with the first text (or
+    /// with `Done` when the only sampled tokens made no text).
     async fn next_events(&mut self) -> (Vec<BackendEvent>, bool) {
         let mut out = Vec::new();
         let event = tokio::select! {
@@ -284,20 +290,27 @@ impl Running {
             event = self.events.recv() => event,
             () = shutdown(&mut self.shutdown) => return (vec![self.cancelled_by_shutdown()], true),
         };
+        let (at, event) = match event {
+            Some((at, event)) => (at, Some(event)),
+            None => (Instant::now(), None),
+        };
         if !self.started && !matches!(event, Some(GenerationEvent::Error(_)) | None) {
             self.started = true;
             out.push(BackendEvent::Started {
-                queued_for: self.submitted.elapsed(),
+                queued_for: at.saturating_duration_since(self.submitted),
             });
-            let sampled = match &event {
-                Some(GenerationEvent::Done(c)) => !c.tokens.is_empty(),
-                _ => true,
-            };
-            if sampled {
-                out.push(BackendEvent::FirstToken);
-            }
+        }
+        let sampled = match &event {
+            Some(GenerationEvent::Text(_)) => true,
+            Some(GenerationEvent::Done(c)) => !c.tokens.is_empty(),
+            _ => false,
+        };
+        if sampled && !self.first_token {
+            self.first_token = true;
+            out.push(BackendEvent::FirstToken);
         }
         let last = match event {
+            Some(GenerationEvent::Started) => return (out, false),
             Some(GenerationEvent::Text(text)) => {
                 out.push(BackendEvent::Text(text));
                 return (out, false);

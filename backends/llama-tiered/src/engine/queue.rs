@@ -100,10 +100,14 @@ impl BatchConfig {
     }
 }
 
-/// What a request's [`EventSink`] receives, in order: any number of `Text`,
-/// then one `Done` or one `Error`.
+/// What a request's [`EventSink`] receives, in order: `Started` once it has
+/// a slot, any number of `Text`, then one `Done` or one `Error` (an `Error`
+/// may also come without `Started`, when the request never got a slot).
 #[derive(Debug)]
 pub enum GenerationEvent {
+    /// The request left the queue and took a sequence slot; its prompt is
+    /// evaluated next. The time from submission to this event is queue time.
+    Started,
     /// Text now final (whole UTF-8 chars, never a prefix of a possible stop string).
     Text(String),
     /// Generation ended normally (EOG, stop string, max tokens, full context) or was cancelled.

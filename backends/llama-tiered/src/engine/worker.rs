@@ -178,7 +178,10 @@ impl Worker {
                 sink,
                 ..
             } = q;
-            self.slots[seq] = Some(Slot::new(id, prompt, sequence, sink));
+            let slot = self.slots[seq].insert(Slot::new(id, prompt, sequence, sink));
+            if !send(&mut slot.sink, GenerationEvent::Started) {
+                self.finish(seq, FinishReason::Cancelled);
+            }
         }
         keep_running
     }
@@ -404,7 +407,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let mut first = true;
         let sink: EventSink = Box::new(move |event| {
-            if first {
+            if first && matches!(event, GenerationEvent::Text(_)) {
                 first = false;
                 held_tx.send(()).unwrap();
                 gate_rx.recv_timeout(Duration::from_secs(60)).unwrap();
@@ -419,7 +422,7 @@ mod tests {
         let mut saw_error = false;
         while let Ok(event) = rx.recv_timeout(deadline) {
             match event {
-                GenerationEvent::Text(_) => {}
+                GenerationEvent::Started | GenerationEvent::Text(_) => {}
                 GenerationEvent::Error(e) => {
                     assert!(matches!(e, EngineError::Cancelled), "{e}");
                     saw_error = true;
@@ -439,7 +442,7 @@ mod tests {
         let done = loop {
             match rx.recv_timeout(deadline).unwrap() {
                 GenerationEvent::Done(c) => break c,
-                GenerationEvent::Text(_) => {}
+                GenerationEvent::Started | GenerationEvent::Text(_) => {}
                 GenerationEvent::Error(e) => panic!("{e}"),
             }
         };
@@ -499,7 +502,7 @@ mod tests {
                         assert_eq!(c.finish_reason, FinishReason::Stop, "{:?}", c.text);
                         break serde_json::from_str(&c.text).unwrap();
                     }
-                    GenerationEvent::Text(_) => {}
+                    GenerationEvent::Started | GenerationEvent::Text(_) => {}
                     GenerationEvent::Error(e) => panic!("{e}"),
                 }
             })
