@@ -473,6 +473,42 @@ impl BudgetPolicy {
         model.last_used = now;
     }
 
+    /// An explicit move of a loaded `id` to `level` (an operator's or a
+    /// backend's request): `Ok(None)` when it is there already, the move to
+    /// carry out when it can start now, why not otherwise. A promotion must
+    /// fit the room left now; no move goes below the pin or to `Unloaded`
+    /// (unloading goes through keep-alive). Later ticks may move it again.
+    pub fn request_move(&mut self, id: ModelId, level: Residency) -> Result<Option<Move>, String> {
+        let m = &self.models[id];
+        if level == Residency::Unloaded || level < m.spec.pin {
+            return Err(format!(
+                "{}: cannot move to {level}: at least {} (its pin, or streaming)",
+                m.spec.name,
+                m.spec.pin.max(Residency::Streaming)
+            ));
+        }
+        if m.level == Residency::Unloaded {
+            return Err(format!("{} is not loaded: load it first", m.spec.name));
+        }
+        if let Some(to) = m.moving_to {
+            return Err(format!(
+                "{} is already moving to {to}: retry when done",
+                m.spec.name
+            ));
+        }
+        if m.level == level {
+            return Ok(None);
+        }
+        if level > m.level && !(m.extra_to(level).fits_in(self.room()) && self.may_hold(id, level))
+        {
+            return Err(format!(
+                "{}: no room in the memory budget for {level} now",
+                m.spec.name
+            ));
+        }
+        Ok(Some(self.start_move(id, level)))
+    }
+
     /// A move reported by the caller is complete: the model is at `to`.
     pub fn move_done(&mut self, mv: Move) {
         let model = &mut self.models[mv.model];

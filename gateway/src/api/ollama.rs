@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
+use crate::core::backend::{ModelFacts, TierBytes};
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::request::{
@@ -27,7 +28,7 @@ use crate::core::request::{
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions};
-use crate::pool::registry::{ModelInfo, NamedModel};
+use crate::pool::registry::NamedModel;
 use crate::server::{body_bytes, AppState};
 
 /// The version reported to clients: dotted digits only (Open WebUI parses it).
@@ -97,7 +98,7 @@ pub struct PsModel {
     /// hypura: `full`, `partial` or `streaming` (see the global budget).
     pub residency: String,
     /// hypura: bytes of weights per tier (`stream` = left on disk, read on demand).
-    pub tier_bytes: crate::pool::registry::TierBytes,
+    pub tier_bytes: TierBytes,
     /// hypura: the engine's slots now.
     pub slots: PsSlots,
 }
@@ -108,6 +109,10 @@ pub struct PsSlots {
     pub active: usize,
     pub queued: usize,
     pub parallel: u32,
+    /// hypura: recent decode rate of finished generations, in tokens per
+    /// second (absent before the first one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_tokens_per_second: Option<f64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -318,14 +323,14 @@ fn now() -> String {
     rfc3339(SystemTime::now())
 }
 
-pub fn details(info: &ModelInfo) -> ModelDetails {
+pub fn details(facts: &ModelFacts) -> ModelDetails {
     ModelDetails {
         parent_model: String::new(),
         format: "gguf".into(),
-        family: info.architecture.clone(),
-        families: vec![info.architecture.clone()],
-        parameter_size: info.parameter_size.clone(),
-        quantization_level: info.quantization.clone(),
+        family: facts.family.clone(),
+        families: vec![facts.family.clone()],
+        parameter_size: facts.parameter_size.clone(),
+        quantization_level: facts.quantization.clone(),
     }
 }
 
@@ -707,13 +712,16 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
         .registry
         .list()
         .into_iter()
-        .map(|m| TagModel {
-            model: m.name.clone(),
-            name: m.name,
-            modified_at: rfc3339(m.info.modified),
-            size: m.info.file_bytes,
-            digest: m.info.digest.clone(),
-            details: details(&m.info),
+        .map(|m| {
+            let facts = m.facts();
+            TagModel {
+                model: m.name.clone(),
+                name: m.name,
+                modified_at: rfc3339(facts.modified),
+                size: facts.size_bytes,
+                digest: facts.digest.clone(),
+                details: details(&facts),
+            }
         })
         .collect();
     Json(TagsResponse { models })
@@ -727,26 +735,29 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
     let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
     let models = state
         .registry
-        .loaded()
+        .loaded_backends()
         .into_iter()
         .map(|m| {
-            let (residency, tier_bytes) = state.registry.residency(&m);
-            let status = m.engine.status();
+            let memory = m.backend.memory();
+            let status = m.backend.status();
+            let facts = m.backend.facts();
+            let tier_bytes = memory.tier_bytes;
             PsModel {
                 name: m.name.clone(),
-                model: m.name.clone(),
+                model: m.name,
                 size: tier_bytes.gpu + tier_bytes.ram,
-                digest: m.info.digest.clone(),
-                details: details(&m.info),
-                expires_at: rfc3339(m.expires_at().unwrap_or(forever)),
+                digest: facts.digest.clone(),
+                details: details(&facts),
+                expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
                 size_vram: tier_bytes.gpu,
-                context_length: m.n_ctx_per_seq,
-                residency: residency.to_string(),
+                context_length: status.context_length,
+                residency: memory.residency.to_string(),
                 tier_bytes,
                 slots: PsSlots {
                     active: status.active,
                     queued: status.queued,
-                    parallel: status.n_parallel,
+                    parallel: status.parallel,
+                    decode_tokens_per_second: status.decode_tokens_per_second,
                 },
             }
         })
@@ -764,28 +775,33 @@ pub async fn show(
     let request: ShowRequest = parse_json(&body_bytes(body)?)?;
     let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
     let named = resolve(&state, &requested, &name)?;
-    let info = &named.info;
-    let template = info
-        .chat_template
-        .clone()
-        .unwrap_or_else(|| llama_tiered::engine::prompt::CHATML_TEMPLATE.to_string());
-    let context = state
-        .registry
-        .settings()
-        .n_ctx_per_seq
-        .min(info.context_length.unwrap_or(u64::MAX).min(u32::MAX as u64) as u32);
-    Ok(Json(ShowResponse {
+    let facts = named.facts();
+    let context = state.registry.settings().n_ctx_per_seq.min(
+        facts
+            .context_length
+            .unwrap_or(u64::MAX)
+            .min(u32::MAX as u64) as u32,
+    );
+    Ok(Json(show_response(
+        &facts,
+        &named.source.to_string(),
+        context,
+    )))
+}
+
+/// `/api/show`'s answer for a model whose weights come `from` (a file).
+fn show_response(facts: &ModelFacts, from: &str, context: u32) -> ShowResponse {
+    ShowResponse {
         modelfile: format!(
-            "# Modelfile generated by hypura\nFROM {}\nPARAMETER num_ctx {context}\n",
-            named.path.display()
+            "# Modelfile generated by hypura\nFROM {from}\nPARAMETER num_ctx {context}\n"
         ),
         parameters: format!("num_ctx {context}"),
-        template,
-        details: details(info),
-        model_info: info.model_info.clone(),
-        capabilities: info.capabilities.iter().map(|c| c.to_string()).collect(),
-        modified_at: rfc3339(info.modified),
-    }))
+        template: facts.template.clone(),
+        details: details(facts),
+        model_info: facts.model_info.clone(),
+        capabilities: facts.capabilities.clone(),
+        modified_at: rfc3339(facts.modified),
+    }
 }
 
 /// Completes a prompt (chat-templated unless `raw`).
