@@ -935,6 +935,46 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_explicit_move_starts_when_it_fits_and_names_why_when_not() {
+        // a: 1 GiB streaming, 4 GiB full; b: 2 GiB streaming, 8 GiB full.
+        let mut p = policy(10, vec![spec("a", 1, 4), spec("b", 2, 8)]);
+        let mv = p.request_move(0, Residency::Full).unwrap_err();
+        assert_eq!(mv, "a is not loaded: load it first");
+        admit(&mut p, 0, secs(0));
+        assert_eq!(p.residency(0), Residency::Full);
+        assert_eq!(p.request_move(0, Residency::Full), Ok(None));
+
+        let down = p.request_move(0, Residency::Streaming).unwrap().unwrap();
+        assert_eq!(
+            down,
+            Move {
+                model: 0,
+                from: Residency::Full,
+                to: Residency::Streaming
+            }
+        );
+        assert_eq!(
+            p.request_move(0, Residency::Partial).unwrap_err(),
+            "a is already moving to streaming: retry when done"
+        );
+        apply(&mut p, &[down]);
+        assert_eq!(p.residency(0), Residency::Streaming);
+
+        // b full takes 8 GiB of the 9 left: a cannot go back to full now.
+        admit(&mut p, 1, secs(1));
+        assert_eq!(p.residency(1), Residency::Full);
+        assert_eq!(
+            p.request_move(0, Residency::Full).unwrap_err(),
+            "a: no room in the memory budget for full now"
+        );
+        assert_eq!(
+            p.request_move(0, Residency::Unloaded).unwrap_err(),
+            "a: cannot move to unloaded: at least streaming (its pin, or streaming)"
+        );
+        assert_within_budget(&p);
+    }
+
     /// Requests until admitted, completing moves at once, as the registry does.
     fn admit(p: &mut BudgetPolicy, id: ModelId, now: Duration) {
         for _ in 0..64 {

@@ -29,6 +29,7 @@ use crate::core::request::{
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions};
 use crate::pool::registry::NamedModel;
+use crate::pool::LoadedBackend;
 use crate::server::{body_bytes, AppState};
 
 /// The version reported to clients: dotted digits only (Open WebUI parses it).
@@ -731,38 +732,41 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
 #[utoipa::path(get, path = "/api/ps", tag = "ollama",
     responses((status = 200, body = PsResponse)))]
 pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
-    // Kept forever: a date far ahead, as Ollama writes it.
-    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
     let models = state
         .registry
         .loaded_backends()
         .into_iter()
-        .map(|m| {
-            let memory = m.backend.memory();
-            let status = m.backend.status();
-            let facts = m.backend.facts();
-            let tier_bytes = memory.tier_bytes;
-            PsModel {
-                name: m.name.clone(),
-                model: m.name,
-                size: tier_bytes.gpu + tier_bytes.ram,
-                digest: facts.digest.clone(),
-                details: details(&facts),
-                expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
-                size_vram: tier_bytes.gpu,
-                context_length: status.context_length,
-                residency: memory.residency.to_string(),
-                tier_bytes,
-                slots: PsSlots {
-                    active: status.active,
-                    queued: status.queued,
-                    parallel: status.parallel,
-                    decode_tokens_per_second: status.decode_tokens_per_second,
-                },
-            }
-        })
+        .map(ps_model)
         .collect();
     Json(PsResponse { models })
+}
+
+/// A loaded model as `/api/ps` lists it, from its backend's memory, status and facts.
+fn ps_model(m: LoadedBackend) -> PsModel {
+    // Kept forever: a date far ahead, as Ollama writes it.
+    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
+    let memory = m.backend.memory();
+    let status = m.backend.status();
+    let facts = m.backend.facts();
+    let tier_bytes = memory.tier_bytes;
+    PsModel {
+        name: m.name.clone(),
+        model: m.name,
+        size: tier_bytes.gpu + tier_bytes.ram,
+        digest: facts.digest.clone(),
+        details: details(&facts),
+        expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
+        size_vram: tier_bytes.gpu,
+        context_length: status.context_length,
+        residency: memory.residency.to_string(),
+        tier_bytes,
+        slots: PsSlots {
+            active: status.active,
+            queued: status.queued,
+            parallel: status.parallel,
+            decode_tokens_per_second: status.decode_tokens_per_second,
+        },
+    }
 }
 
 /// A model's template, parameters, metadata and capabilities (reads only the GGUF header).
@@ -954,6 +958,113 @@ mod tests {
 
     use super::*;
     use crate::core::infer::testing::{outcome, tool_outcome};
+
+    use crate::core::backend::{
+        BackendError, BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelBackend, Residency,
+    };
+    use crate::core::request::{BackendRequest, EmbedBatch};
+    use futures_util::future::BoxFuture;
+
+    fn facts() -> ModelFacts {
+        let mut model_info = Map::new();
+        model_info.insert("llama.context_length".into(), json!(8192));
+        ModelFacts {
+            family: "llama".into(),
+            parameter_size: "135M".into(),
+            quantization: "Q4_1".into(),
+            context_length: Some(8192),
+            template: "{{ messages }}".into(),
+            capabilities: vec!["completion".into(), "tools".into()],
+            model_info,
+            size_bytes: 98_000_000,
+            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            digest: "b179c9523d0e".into(),
+        }
+    }
+
+    /// A loaded model that only reports its state.
+    struct Still;
+
+    impl ModelBackend for Still {
+        fn generate(
+            &self,
+            _: BackendRequest,
+        ) -> BoxFuture<'_, std::result::Result<EventStream, BackendError>> {
+            unreachable!("not generating")
+        }
+        fn embed(
+            &self,
+            _: EmbedBatch,
+        ) -> BoxFuture<'_, std::result::Result<EmbedOutput, BackendError>> {
+            unreachable!("not embedding")
+        }
+        fn count_tokens(&self, _: &str) -> std::result::Result<usize, BackendError> {
+            unreachable!("not counting")
+        }
+        fn status(&self) -> BackendStatus {
+            BackendStatus {
+                context_length: 4096,
+                active: 1,
+                queued: 2,
+                parallel: 4,
+                decode_tokens_per_second: Some(41.5),
+            }
+        }
+        fn facts(&self) -> ModelFacts {
+            facts()
+        }
+        fn memory(&self) -> MemoryUse {
+            MemoryUse {
+                residency: Residency::Partial,
+                tier_bytes: TierBytes {
+                    gpu: 10,
+                    ram: 20,
+                    stream: 30,
+                },
+            }
+        }
+        fn set_residency(&self, _: Residency) -> std::result::Result<(), BackendError> {
+            unreachable!("not moving")
+        }
+    }
+
+    #[test]
+    fn show_answers_from_the_facts() {
+        let show = serde_json::to_value(show_response(&facts(), "/m/smol.gguf", 2048)).unwrap();
+        assert_eq!(
+            show,
+            json!({
+                "modelfile": "# Modelfile generated by hypura\nFROM /m/smol.gguf\nPARAMETER num_ctx 2048\n",
+                "parameters": "num_ctx 2048",
+                "template": "{{ messages }}",
+                "details": {"parent_model": "", "format": "gguf", "family": "llama",
+                            "families": ["llama"], "parameter_size": "135M", "quantization_level": "Q4_1"},
+                "model_info": {"llama.context_length": 8192},
+                "capabilities": ["completion", "tools"],
+                "modified_at": "2023-11-14T22:13:20.000000000Z",
+            })
+        );
+    }
+
+    #[test]
+    fn ps_lists_a_model_from_its_backends_memory_status_and_facts() {
+        let loaded = LoadedBackend {
+            name: "smol:latest".into(),
+            expires_at: None,
+            backend: std::sync::Arc::new(Still),
+        };
+        assert_eq!(
+            serde_json::to_value(ps_model(loaded)).unwrap(),
+            json!({
+                "name": "smol:latest", "model": "smol:latest", "size": 30, "digest": "b179c9523d0e",
+                "details": {"parent_model": "", "format": "gguf", "family": "llama",
+                            "families": ["llama"], "parameter_size": "135M", "quantization_level": "Q4_1"},
+                "expires_at": "2286-11-20T17:46:40.000000000Z", "size_vram": 10, "context_length": 4096,
+                "residency": "partial", "tier_bytes": {"gpu": 10, "ram": 20, "stream": 30},
+                "slots": {"active": 1, "queued": 2, "parallel": 4, "decode_tokens_per_second": 41.5},
+            })
+        );
+    }
 
     fn body<T: serde::de::DeserializeOwned>(value: Value) -> T {
         parse_json(value.to_string().as_bytes()).unwrap()
