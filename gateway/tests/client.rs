@@ -87,7 +87,7 @@ fn cells(line: &str) -> Vec<String> {
         .collect()
 }
 
-const PS_HEADER: &str = "NAME    ID    SIZE    PROCESSOR    RESIDENCY    GPU    RAM    STREAM    SLOTS    CONTEXT    UNTIL";
+const PS_HEADER: &str = "NAME    ID    SIZE    PROCESSOR    RESIDENCY    GPU    RAM    STREAM    SLOTS    TOK/S    CONTEXT    UNTIL";
 
 #[test]
 fn ps_list_show_run_stop_read_the_server() {
@@ -167,8 +167,11 @@ fn ps_list_show_run_stop_read_the_server() {
     assert_eq!(cells(lines[0]), cells(PS_HEADER));
     let bytes = |v: &Value| human_bytes(v.as_u64().unwrap());
     let row = cells(lines[1]);
+    // The chat above decoded tokens: the model reports its decode rate.
+    let rate = m["slots"]["decode_tokens_per_second"].as_f64().unwrap();
+    assert!(rate > 0.0, "{m}");
     assert_eq!(
-        row[..10],
+        row[..11],
         [
             MODEL.to_string(),
             digest[..12].to_string(),
@@ -182,6 +185,7 @@ fn ps_list_show_run_stop_read_the_server() {
             bytes(&m["tier_bytes"]["ram"]),
             bytes(&m["tier_bytes"]["stream"]),
             format!("0/{}", m["slots"]["parallel"]),
+            format!("{rate:.1}"),
             m["context_length"].to_string(),
         ],
         "{table}"
@@ -189,8 +193,11 @@ fn ps_list_show_run_stop_read_the_server() {
     let tier = |t: &str| m["tier_bytes"][t].as_u64().unwrap();
     assert_eq!(m["size"].as_u64().unwrap(), tier("gpu") + tier("ram"));
     assert_eq!(m["size_vram"].as_u64().unwrap(), tier("gpu"));
-    assert_eq!(m["slots"], json!({"active": 0, "queued": 0, "parallel": 4}));
-    assert!(row[10].ends_with(" from now"), "{table}");
+    assert_eq!(
+        m["slots"],
+        json!({"active": 0, "queued": 0, "parallel": 4, "decode_tokens_per_second": rate})
+    );
+    assert!(row[11].ends_with(" from now"), "{table}");
 
     let show: Value = server.post_json("/api/show", json!({"model": MODEL}), 200);
     let shown = ok(&server, &["show", MODEL]);

@@ -473,6 +473,42 @@ impl BudgetPolicy {
         model.last_used = now;
     }
 
+    /// An explicit move of a loaded `id` to `level` (an operator's or a
+    /// backend's request): `Ok(None)` when it is there already, the move to
+    /// carry out when it can start now, why not otherwise. A promotion must
+    /// fit the room left now; no move goes below the pin or to `Unloaded`
+    /// (unloading goes through keep-alive). Later ticks may move it again.
+    pub fn request_move(&mut self, id: ModelId, level: Residency) -> Result<Option<Move>, String> {
+        let m = &self.models[id];
+        if level == Residency::Unloaded || level < m.spec.pin {
+            return Err(format!(
+                "{}: cannot move to {level}: at least {} (its pin, or streaming)",
+                m.spec.name,
+                m.spec.pin.max(Residency::Streaming)
+            ));
+        }
+        if m.level == Residency::Unloaded {
+            return Err(format!("{} is not loaded: load it first", m.spec.name));
+        }
+        if let Some(to) = m.moving_to {
+            return Err(format!(
+                "{} is already moving to {to}: retry when done",
+                m.spec.name
+            ));
+        }
+        if m.level == level {
+            return Ok(None);
+        }
+        if level > m.level && !(m.extra_to(level).fits_in(self.room()) && self.may_hold(id, level))
+        {
+            return Err(format!(
+                "{}: no room in the memory budget for {level} now",
+                m.spec.name
+            ));
+        }
+        Ok(Some(self.start_move(id, level)))
+    }
+
     /// A move reported by the caller is complete: the model is at `to`.
     pub fn move_done(&mut self, mv: Move) {
         let model = &mut self.models[mv.model];
@@ -897,6 +933,46 @@ mod tests {
             p.move_done(mv);
             assert_within_budget(p);
         }
+    }
+
+    #[test]
+    fn an_explicit_move_starts_when_it_fits_and_names_why_when_not() {
+        // a: 1 GiB streaming, 4 GiB full; b: 2 GiB streaming, 8 GiB full.
+        let mut p = policy(10, vec![spec("a", 1, 4), spec("b", 2, 8)]);
+        let mv = p.request_move(0, Residency::Full).unwrap_err();
+        assert_eq!(mv, "a is not loaded: load it first");
+        admit(&mut p, 0, secs(0));
+        assert_eq!(p.residency(0), Residency::Full);
+        assert_eq!(p.request_move(0, Residency::Full), Ok(None));
+
+        let down = p.request_move(0, Residency::Streaming).unwrap().unwrap();
+        assert_eq!(
+            down,
+            Move {
+                model: 0,
+                from: Residency::Full,
+                to: Residency::Streaming
+            }
+        );
+        assert_eq!(
+            p.request_move(0, Residency::Partial).unwrap_err(),
+            "a is already moving to streaming: retry when done"
+        );
+        apply(&mut p, &[down]);
+        assert_eq!(p.residency(0), Residency::Streaming);
+
+        // b full takes 8 GiB of the 9 left: a cannot go back to full now.
+        admit(&mut p, 1, secs(1));
+        assert_eq!(p.residency(1), Residency::Full);
+        assert_eq!(
+            p.request_move(0, Residency::Full).unwrap_err(),
+            "a: no room in the memory budget for full now"
+        );
+        assert_eq!(
+            p.request_move(0, Residency::Unloaded).unwrap_err(),
+            "a: cannot move to unloaded: at least streaming (its pin, or streaming)"
+        );
+        assert_within_budget(&p);
     }
 
     /// Requests until admitted, completing moves at once, as the registry does.

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
+use crate::core::backend::{ModelFacts, TierBytes};
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::request::{
@@ -27,7 +28,8 @@ use crate::core::request::{
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError};
-use crate::pool::registry::{ModelInfo, NamedModel};
+use crate::pool::registry::NamedModel;
+use crate::pool::LoadedBackend;
 use crate::server::{body_bytes, AppState};
 
 /// The version reported to clients: dotted digits only (Open WebUI parses it).
@@ -97,7 +99,7 @@ pub struct PsModel {
     /// hypura: `full`, `partial` or `streaming` (see the global budget).
     pub residency: String,
     /// hypura: bytes of weights per tier (`stream` = left on disk, read on demand).
-    pub tier_bytes: crate::pool::registry::TierBytes,
+    pub tier_bytes: TierBytes,
     /// hypura: the engine's slots now.
     pub slots: PsSlots,
 }
@@ -108,6 +110,10 @@ pub struct PsSlots {
     pub active: usize,
     pub queued: usize,
     pub parallel: u32,
+    /// hypura: recent decode rate of finished generations, in tokens per
+    /// second (absent before the first one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_tokens_per_second: Option<f64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -318,14 +324,14 @@ fn now() -> String {
     rfc3339(SystemTime::now())
 }
 
-pub fn details(info: &ModelInfo) -> ModelDetails {
+pub fn details(facts: &ModelFacts) -> ModelDetails {
     ModelDetails {
         parent_model: String::new(),
         format: "gguf".into(),
-        family: info.architecture.clone(),
-        families: vec![info.architecture.clone()],
-        parameter_size: info.parameter_size.clone(),
-        quantization_level: info.quantization.clone(),
+        family: facts.family.clone(),
+        families: vec![facts.family.clone()],
+        parameter_size: facts.parameter_size.clone(),
+        quantization_level: facts.quantization.clone(),
     }
 }
 
@@ -707,13 +713,16 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
         .registry
         .list()
         .into_iter()
-        .map(|m| TagModel {
-            model: m.name.clone(),
-            name: m.name,
-            modified_at: rfc3339(m.info.modified),
-            size: m.info.file_bytes,
-            digest: m.info.digest.clone(),
-            details: details(&m.info),
+        .map(|m| {
+            let facts = m.facts();
+            TagModel {
+                model: m.name.clone(),
+                name: m.name,
+                modified_at: rfc3339(facts.modified),
+                size: facts.size_bytes,
+                digest: facts.digest.clone(),
+                details: details(&facts),
+            }
         })
         .collect();
     Json(TagsResponse { models })
@@ -723,35 +732,41 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
 #[utoipa::path(get, path = "/api/ps", tag = "ollama",
     responses((status = 200, body = PsResponse)))]
 pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
-    // Kept forever: a date far ahead, as Ollama writes it.
-    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
     let models = state
         .registry
-        .loaded()
+        .loaded_backends()
         .into_iter()
-        .map(|m| {
-            let (residency, tier_bytes) = state.registry.residency(&m);
-            let status = m.engine.status();
-            PsModel {
-                name: m.name.clone(),
-                model: m.name.clone(),
-                size: tier_bytes.gpu + tier_bytes.ram,
-                digest: m.info.digest.clone(),
-                details: details(&m.info),
-                expires_at: rfc3339(m.expires_at().unwrap_or(forever)),
-                size_vram: tier_bytes.gpu,
-                context_length: m.n_ctx_per_seq,
-                residency: residency.to_string(),
-                tier_bytes,
-                slots: PsSlots {
-                    active: status.active,
-                    queued: status.queued,
-                    parallel: status.n_parallel,
-                },
-            }
-        })
+        .map(ps_model)
         .collect();
     Json(PsResponse { models })
+}
+
+/// A loaded model as `/api/ps` lists it, from its backend's memory, status and facts.
+fn ps_model(m: LoadedBackend) -> PsModel {
+    // Kept forever: a date far ahead, as Ollama writes it.
+    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
+    let memory = m.backend.memory();
+    let status = m.backend.status();
+    let facts = m.backend.facts();
+    let tier_bytes = memory.tier_bytes;
+    PsModel {
+        name: m.name.clone(),
+        model: m.name,
+        size: tier_bytes.gpu + tier_bytes.ram,
+        digest: facts.digest.clone(),
+        details: details(&facts),
+        expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
+        size_vram: tier_bytes.gpu,
+        context_length: status.context_length,
+        residency: memory.residency.to_string(),
+        tier_bytes,
+        slots: PsSlots {
+            active: status.active,
+            queued: status.queued,
+            parallel: status.parallel,
+            decode_tokens_per_second: status.decode_tokens_per_second,
+        },
+    }
 }
 
 /// A model's template, parameters, metadata and capabilities (reads only the GGUF header).
@@ -764,28 +779,33 @@ pub async fn show(
     let request: ShowRequest = parse_json(&body_bytes(body)?)?;
     let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
     let named = resolve(&state, &requested, &name)?;
-    let info = &named.info;
-    let template = info
-        .chat_template
-        .clone()
-        .unwrap_or_else(|| llama_tiered::engine::prompt::CHATML_TEMPLATE.to_string());
-    let context = state
-        .registry
-        .settings()
-        .n_ctx_per_seq
-        .min(info.context_length.unwrap_or(u64::MAX).min(u32::MAX as u64) as u32);
-    Ok(Json(ShowResponse {
+    let facts = named.facts();
+    let context = state.registry.settings().n_ctx_per_seq.min(
+        facts
+            .context_length
+            .unwrap_or(u64::MAX)
+            .min(u32::MAX as u64) as u32,
+    );
+    Ok(Json(show_response(
+        &facts,
+        &named.source.to_string(),
+        context,
+    )))
+}
+
+/// `/api/show`'s answer for a model whose weights come `from` (a file).
+fn show_response(facts: &ModelFacts, from: &str, context: u32) -> ShowResponse {
+    ShowResponse {
         modelfile: format!(
-            "# Modelfile generated by hypura\nFROM {}\nPARAMETER num_ctx {context}\n",
-            named.path.display()
+            "# Modelfile generated by hypura\nFROM {from}\nPARAMETER num_ctx {context}\n"
         ),
         parameters: format!("num_ctx {context}"),
-        template,
-        details: details(info),
-        model_info: info.model_info.clone(),
-        capabilities: info.capabilities.iter().map(|c| c.to_string()).collect(),
-        modified_at: rfc3339(info.modified),
-    }))
+        template: facts.template.clone(),
+        details: details(facts),
+        model_info: facts.model_info.clone(),
+        capabilities: facts.capabilities.clone(),
+        modified_at: rfc3339(facts.modified),
+    }
 }
 
 /// Completes a prompt (chat-templated unless `raw`).
@@ -938,6 +958,113 @@ mod tests {
 
     use super::*;
     use crate::core::infer::testing::{outcome, tool_outcome};
+
+    use crate::core::backend::{
+        BackendError, BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelBackend, Residency,
+    };
+    use crate::core::request::{BackendRequest, EmbedBatch};
+    use futures_util::future::BoxFuture;
+
+    fn facts() -> ModelFacts {
+        let mut model_info = Map::new();
+        model_info.insert("llama.context_length".into(), json!(8192));
+        ModelFacts {
+            family: "llama".into(),
+            parameter_size: "135M".into(),
+            quantization: "Q4_1".into(),
+            context_length: Some(8192),
+            template: "{{ messages }}".into(),
+            capabilities: vec!["completion".into(), "tools".into()],
+            model_info,
+            size_bytes: 98_000_000,
+            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            digest: "b179c9523d0e".into(),
+        }
+    }
+
+    /// A loaded model that only reports its state.
+    struct Still;
+
+    impl ModelBackend for Still {
+        fn generate(
+            &self,
+            _: BackendRequest,
+        ) -> BoxFuture<'_, std::result::Result<EventStream, BackendError>> {
+            unreachable!("not generating")
+        }
+        fn embed(
+            &self,
+            _: EmbedBatch,
+        ) -> BoxFuture<'_, std::result::Result<EmbedOutput, BackendError>> {
+            unreachable!("not embedding")
+        }
+        fn count_tokens(&self, _: &str) -> std::result::Result<usize, BackendError> {
+            unreachable!("not counting")
+        }
+        fn status(&self) -> BackendStatus {
+            BackendStatus {
+                context_length: 4096,
+                active: 1,
+                queued: 2,
+                parallel: 4,
+                decode_tokens_per_second: Some(41.5),
+            }
+        }
+        fn facts(&self) -> ModelFacts {
+            facts()
+        }
+        fn memory(&self) -> MemoryUse {
+            MemoryUse {
+                residency: Residency::Partial,
+                tier_bytes: TierBytes {
+                    gpu: 10,
+                    ram: 20,
+                    stream: 30,
+                },
+            }
+        }
+        fn set_residency(&self, _: Residency) -> std::result::Result<(), BackendError> {
+            unreachable!("not moving")
+        }
+    }
+
+    #[test]
+    fn show_answers_from_the_facts() {
+        let show = serde_json::to_value(show_response(&facts(), "/m/smol.gguf", 2048)).unwrap();
+        assert_eq!(
+            show,
+            json!({
+                "modelfile": "# Modelfile generated by hypura\nFROM /m/smol.gguf\nPARAMETER num_ctx 2048\n",
+                "parameters": "num_ctx 2048",
+                "template": "{{ messages }}",
+                "details": {"parent_model": "", "format": "gguf", "family": "llama",
+                            "families": ["llama"], "parameter_size": "135M", "quantization_level": "Q4_1"},
+                "model_info": {"llama.context_length": 8192},
+                "capabilities": ["completion", "tools"],
+                "modified_at": "2023-11-14T22:13:20.000000000Z",
+            })
+        );
+    }
+
+    #[test]
+    fn ps_lists_a_model_from_its_backends_memory_status_and_facts() {
+        let loaded = LoadedBackend {
+            name: "smol:latest".into(),
+            expires_at: None,
+            backend: std::sync::Arc::new(Still),
+        };
+        assert_eq!(
+            serde_json::to_value(ps_model(loaded)).unwrap(),
+            json!({
+                "name": "smol:latest", "model": "smol:latest", "size": 30, "digest": "b179c9523d0e",
+                "details": {"parent_model": "", "format": "gguf", "family": "llama",
+                            "families": ["llama"], "parameter_size": "135M", "quantization_level": "Q4_1"},
+                "expires_at": "2286-11-20T17:46:40.000000000Z", "size_vram": 10, "context_length": 4096,
+                "residency": "partial", "tier_bytes": {"gpu": 10, "ram": 20, "stream": 30},
+                "slots": {"active": 1, "queued": 2, "parallel": 4, "decode_tokens_per_second": 41.5},
+            })
+        );
+    }
 
     fn body<T: serde::de::DeserializeOwned>(value: Value) -> T {
         parse_json(value.to_string().as_bytes()).unwrap()

@@ -726,7 +726,10 @@ pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
         .registry
         .list()
         .into_iter()
-        .map(|m| model_object(m.name, m.info.modified))
+        .map(|m| {
+            let modified = m.facts().modified;
+            model_object(m.name, modified)
+        })
         .collect();
     Json(ModelList {
         object: "list".into(),
@@ -747,7 +750,10 @@ pub async fn retrieve_model(
         .registry
         .resolve(&name)
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(Json(model_object(named.name, named.info.modified)))
+    Ok(Json({
+        let modified = named.facts().modified;
+        model_object(named.name, modified)
+    }))
 }
 
 /// A chat reply, whole or streamed as SSE.

@@ -292,11 +292,10 @@ fn check_name_free(
     path: Option<&Path>,
 ) -> Result<(), ApiError> {
     match registry.resolve(name) {
-        Some(existing) if Some(existing.path.as_path()) != path => {
+        Some(existing) if Some(existing.source.local_path().as_path()) != path => {
             Err(ApiError::bad_request(format!(
                 "the name {} is taken by {}: give another `name`",
-                name.display,
-                existing.path.display()
+                name.display, existing.source
             )))
         }
         _ => Ok(()),

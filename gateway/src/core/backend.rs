@@ -5,11 +5,15 @@
 //! in-process engine ([`crate::pool::local`]) is one implementation, a child
 //! runner process or a remote upstream can be others. Requests and events
 //! are serializable so they can cross a process or a network.
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use hypura_scheduler::budget::Residency;
 
 use super::request::{BackendRequest, EmbedBatch};
 
@@ -109,6 +113,59 @@ pub trait ModelBackend: Send + Sync {
 
     /// What the backend runs now.
     fn status(&self) -> BackendStatus;
+
+    /// What the model is: capabilities, template and metadata (`/api/show`,
+    /// `/api/tags`, `/v1/models`).
+    fn facts(&self) -> ModelFacts;
+
+    /// Where its weights are now, in bytes per tier (`/api/ps`).
+    fn memory(&self) -> MemoryUse;
+
+    /// Asks for the model to move to `level` (a promotion or demotion under
+    /// the pool's budget). Returns once the move is requested; it completes
+    /// in the background, and [`ModelBackend::memory`] shows the target.
+    fn set_residency(&self, level: Residency) -> Result<(), BackendError>;
+}
+
+/// What a model is, as its file (or its upstream) states it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelFacts {
+    /// Architecture (`llama`, `qwen3`): Ollama's `family`.
+    pub family: String,
+    /// `"135M"`, `"7.2B"`: Ollama's `parameter_size`.
+    pub parameter_size: String,
+    /// `"Q4_1"`: Ollama's `quantization_level`.
+    pub quantization: String,
+    /// Training context in tokens, when stated.
+    pub context_length: Option<u64>,
+    /// The chat template (Jinja) the model is prompted with: its own, or
+    /// ChatML when it has none.
+    pub template: String,
+    /// `completion`, then `thinking`, `tools`… as the template supports them.
+    pub capabilities: Vec<String>,
+    /// Scalar metadata (arrays as `null`), for `/api/show`'s `model_info`.
+    pub model_info: Map<String, Value>,
+    /// Size of the weights' file in bytes.
+    pub size_bytes: u64,
+    pub modified: SystemTime,
+    pub digest: String,
+}
+
+/// Bytes of a model's weights per tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TierBytes {
+    pub gpu: u64,
+    pub ram: u64,
+    /// Left on disk, read on demand.
+    pub stream: u64,
+}
+
+/// Where a model's weights are now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// The residency (its target while a move runs); `full` without a budget.
+    pub residency: Residency,
+    pub tier_bytes: TierBytes,
 }
 
 /// Vectors and the tokens they took.
@@ -127,4 +184,98 @@ pub struct BackendStatus {
     pub active: usize,
     /// Requests waiting for a slot.
     pub queued: usize,
+    /// Sequences decoded together (slots).
+    pub parallel: u32,
+    /// Recent decode rate of finished generations, in tokens per second
+    /// (`None` before the first one).
+    pub decode_tokens_per_second: Option<f64>,
+}
+
+/// The recent decode rate of a model: an exponentially weighted mean of
+/// each finished generation's tokens per second. Shared by every request
+/// to one model; updated when a generation ends.
+#[derive(Debug, Default)]
+pub struct DecodeRate {
+    tokens_per_second: Mutex<Option<f64>>,
+}
+
+impl DecodeRate {
+    /// Weight of the newest generation.
+    const ALPHA: f64 = 0.3;
+
+    /// Counts a finished generation; one that decoded nothing (or took no
+    /// time) says nothing about the rate and is skipped.
+    pub fn record(&self, finished: &Finished) {
+        let seconds = finished.eval_duration.as_secs_f64();
+        if finished.generated_tokens == 0 || seconds <= 0.0 {
+            return;
+        }
+        let rate = finished.generated_tokens as f64 / seconds;
+        let mut mean = self
+            .tokens_per_second
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *mean = Some(match *mean {
+            Some(old) => old + Self::ALPHA * (rate - old),
+            None => rate,
+        });
+    }
+
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        *self
+            .tokens_per_second
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(tokens: usize, eval_ms: u64) -> Finished {
+        Finished {
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: 3,
+            generated_tokens: tokens,
+            prompt_eval_tokens: 3,
+            prompt_eval_duration: Duration::from_millis(1),
+            eval_duration: Duration::from_millis(eval_ms),
+            context: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn decode_rate_starts_at_the_first_generation_then_moves_toward_each_next() {
+        let rate = DecodeRate::default();
+        assert_eq!(rate.tokens_per_second(), None);
+        rate.record(&finished(100, 1000));
+        assert_eq!(rate.tokens_per_second(), Some(100.0));
+        rate.record(&finished(200, 1000));
+        assert_eq!(rate.tokens_per_second(), Some(130.0));
+    }
+
+    #[test]
+    fn decode_rate_skips_generations_that_decoded_nothing() {
+        let rate = DecodeRate::default();
+        rate.record(&finished(0, 1000));
+        rate.record(&finished(10, 0));
+        assert_eq!(rate.tokens_per_second(), None);
+    }
+
+    #[test]
+    fn memory_serializes_residency_in_lower_case() {
+        let memory = MemoryUse {
+            residency: Residency::Streaming,
+            tier_bytes: TierBytes {
+                gpu: 1,
+                ram: 2,
+                stream: 3,
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(memory).unwrap(),
+            serde_json::json!({"residency": "streaming", "tier_bytes": {"gpu": 1, "ram": 2, "stream": 3}})
+        );
+    }
 }

@@ -462,7 +462,9 @@ mod tests {
     use tokio_stream::wrappers::UnboundedReceiverStream;
 
     use super::*;
-    use crate::core::backend::{BackendError, BackendStatus, EmbedOutput};
+    use crate::core::backend::{
+        BackendError, BackendStatus, EmbedOutput, MemoryUse, ModelFacts, Residency, TierBytes,
+    };
     use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams};
     use crate::core::structured::ToolChoice;
     use crate::core::validation::ModelName;
@@ -524,7 +526,39 @@ mod tests {
                 context_length: 64,
                 active: 0,
                 queued: 0,
+                parallel: 1,
+                decode_tokens_per_second: None,
             }
+        }
+
+        fn facts(&self) -> ModelFacts {
+            ModelFacts {
+                family: "fake".into(),
+                parameter_size: "1K".into(),
+                quantization: "F32".into(),
+                context_length: Some(64),
+                template: String::new(),
+                capabilities: vec!["completion".into()],
+                model_info: serde_json::Map::new(),
+                size_bytes: 0,
+                modified: std::time::SystemTime::UNIX_EPOCH,
+                digest: String::new(),
+            }
+        }
+
+        fn memory(&self) -> MemoryUse {
+            MemoryUse {
+                residency: Residency::Full,
+                tier_bytes: TierBytes {
+                    gpu: 0,
+                    ram: 0,
+                    stream: 0,
+                },
+            }
+        }
+
+        fn set_residency(&self, _: Residency) -> Result<(), BackendError> {
+            Err(BackendError::Invalid("the fake stays where it is".into()))
         }
     }
 

@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 
 use super::registry::{LoadedModel, ModelLease};
 use crate::core::backend::{
-    BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, FinishReason, Finished,
-    ModelBackend,
+    BackendError, BackendEvent, BackendStatus, DecodeRate, EmbedOutput, EventStream, FinishReason,
+    Finished, MemoryUse, ModelBackend, ModelFacts, Residency,
 };
 use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams, Prompt};
 use crate::core::validation::fit_to_context;
@@ -48,7 +48,8 @@ impl ModelBackend for LocalBackend {
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         let submitted = prompt_tokens(&self.lease, &request)
             .and_then(|tokens| submit(&self.lease, tokens, &request.params));
-        std::future::ready(submitted.map(events)).boxed()
+        let rate = Arc::clone(&self.lease.decode_rate);
+        std::future::ready(submitted.map(|running| record_rate(events(running), rate))).boxed()
     }
 
     fn embed(&self, batch: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
@@ -72,8 +73,35 @@ impl ModelBackend for LocalBackend {
             context_length: self.lease.n_ctx_per_seq,
             active: status.active,
             queued: status.queued,
+            parallel: status.n_parallel,
+            decode_tokens_per_second: self.lease.decode_rate.tokens_per_second(),
         }
     }
+
+    fn facts(&self) -> ModelFacts {
+        self.lease.info.facts()
+    }
+
+    fn memory(&self) -> MemoryUse {
+        self.lease.memory()
+    }
+
+    fn set_residency(&self, level: Residency) -> Result<(), BackendError> {
+        self.lease
+            .set_residency(level)
+            .map_err(BackendError::Invalid)
+    }
+}
+
+/// Counts each finished generation of `events` in the model's decode rate.
+fn record_rate(events: EventStream, rate: Arc<DecodeRate>) -> EventStream {
+    events
+        .inspect(move |event| {
+            if let BackendEvent::Done(finished) = event {
+                rate.record(finished);
+            }
+        })
+        .boxed()
 }
 
 impl From<EngineError> for BackendError {

@@ -9,6 +9,10 @@ pub mod planner;
 pub mod registry;
 pub mod residency;
 
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::core::backend::{ModelBackend, ModelFacts};
 use crate::core::error::ApiError;
 use crate::core::infer::BackendLease;
 
@@ -46,5 +50,36 @@ impl registry::Registry {
             load_duration: lease.load_duration,
             backend: local::LocalBackend::shared(lease),
         })
+    }
+
+    /// The models in memory now, by name, each behind its backend (a view:
+    /// it neither keeps the model loaded nor renews its keep-alive).
+    pub fn loaded_backends(&self) -> Vec<LoadedBackend> {
+        self.loaded()
+            .into_iter()
+            .map(|model| LoadedBackend {
+                name: model.name.clone(),
+                expires_at: model.expires_at(),
+                backend: local::LocalBackend::shared(self.observe(model)),
+            })
+            .collect()
+    }
+}
+
+/// A model in memory, for `/api/ps`.
+pub struct LoadedBackend {
+    /// The name it was loaded under.
+    pub name: String,
+    /// When it unloads if idle; `None` = never.
+    pub expires_at: Option<SystemTime>,
+    pub backend: Arc<dyn ModelBackend>,
+}
+
+impl registry::NamedModel {
+    /// What the model is, from its source, without loading it.
+    pub fn facts(&self) -> ModelFacts {
+        match &self.source {
+            registry::ModelSource::Local(_) => self.info.facts(),
+        }
     }
 }

@@ -33,6 +33,7 @@ use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
 use super::PoolError;
+use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts};
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
@@ -111,11 +112,44 @@ pub struct ModelInfo {
     pub capabilities: Vec<&'static str>,
 }
 
-/// A model file under one name.
+/// Where a named model is served from. Only local files for now; a model
+/// run by a child process (`Runner`) and one served by another machine
+/// (`Remote`) come next, each behind its own [`ModelBackend`] implementation.
+///
+/// [`ModelBackend`]: crate::core::backend::ModelBackend
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ModelSource {
+    /// A GGUF file run by the in-process engine.
+    Local(Arc<PathBuf>),
+}
+
+impl ModelSource {
+    pub fn local(path: PathBuf) -> ModelSource {
+        ModelSource::Local(Arc::new(path))
+    }
+
+    /// The file the in-process engine loads. Every caller that needs a path
+    /// goes through here: a new source kind is a compile error at each one.
+    pub fn local_path(&self) -> &Arc<PathBuf> {
+        match self {
+            ModelSource::Local(path) => path,
+        }
+    }
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::Local(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A model under one name.
 #[derive(Debug, Clone)]
 pub struct NamedModel {
     pub name: String,
-    pub path: Arc<PathBuf>,
+    pub source: ModelSource,
     pub info: Arc<ModelInfo>,
     pub policy: ModelPolicy,
 }
@@ -179,6 +213,28 @@ impl ModelInfo {
     }
 }
 
+impl ModelInfo {
+    /// What `/api/show`, `/api/tags` and `/v1/models` say of the model: the
+    /// template is its own, or ChatML (what it is prompted with) when it has none.
+    pub fn facts(&self) -> ModelFacts {
+        ModelFacts {
+            family: self.architecture.clone(),
+            parameter_size: self.parameter_size.clone(),
+            quantization: self.quantization.clone(),
+            context_length: self.context_length,
+            template: self
+                .chat_template
+                .clone()
+                .unwrap_or_else(|| prompt::CHATML_TEMPLATE.to_string()),
+            capabilities: self.capabilities.iter().map(|c| c.to_string()).collect(),
+            model_info: self.model_info.clone(),
+            size_bytes: self.file_bytes,
+            modified: self.modified,
+            digest: self.digest.clone(),
+        }
+    }
+}
+
 fn json_value(value: &GgufValue) -> Value {
     match value {
         GgufValue::F32(v) => Value::from(*v as f64),
@@ -220,6 +276,8 @@ pub struct LoadedModel {
     /// The model's own template (ChatML when it has none), or why it does not compile.
     pub template: Result<ChatTemplate, String>,
     pub n_ctx_per_seq: u32,
+    /// Tokens per second of its recent generations.
+    pub decode_rate: Arc<DecodeRate>,
     /// Leases held now; the entry does not expire while this is above 0.
     active: AtomicUsize,
     keep_alive: Mutex<KeepAlive>,
@@ -311,9 +369,37 @@ pub struct ModelLease {
     budget: Option<(Arc<GlobalBudget>, hypura_scheduler::budget::ModelId)>,
     /// Turns true when the server stops waiting for in-flight requests.
     cancel: tokio::sync::watch::Receiver<bool>,
+    /// Counted as a request (false: a view for `/api/ps`, which neither
+    /// keeps the model loaded nor renews its keep-alive).
+    counted: bool,
 }
 
 impl ModelLease {
+    /// Residency (`full` without a budget) and bytes per tier.
+    pub fn memory(&self) -> MemoryUse {
+        let global = self.budget.as_ref().map(|(budget, _)| budget);
+        memory_of(global, &self.model)
+    }
+
+    /// Asks the budget to move the model to `level` and starts the move
+    /// (see [`execute_moves`]); without a budget the model is always full.
+    pub fn set_residency(&self, level: Residency) -> Result<(), String> {
+        let Some((budget, id)) = &self.budget else {
+            return match level {
+                Residency::Full => Ok(()),
+                _ => Err(format!(
+                    "{}: residency is managed only under a memory budget \
+                     (--gpu-budget or --ram-budget); without one every model is full",
+                    self.model.name
+                )),
+            };
+        };
+        if let Some(mv) = budget.request_move(*id, level)? {
+            execute_moves(budget, &self.loaded, vec![mv]);
+        }
+        Ok(())
+    }
+
     /// Turns true when the server cancels in-flight requests (shutdown past
     /// its grace period); never before.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
@@ -330,7 +416,7 @@ impl std::ops::Deref for ModelLease {
 
 impl Drop for ModelLease {
     fn drop(&mut self) {
-        if self.model.active.fetch_sub(1, Ordering::SeqCst) != 1 {
+        if !self.counted || self.model.active.fetch_sub(1, Ordering::SeqCst) != 1 {
             return;
         }
         let keep_alive = *lock(&self.model.keep_alive);
@@ -419,11 +505,11 @@ impl Registry {
         policy: ModelPolicy,
     ) -> Result<(), String> {
         if let Some(existing) = self.names.get(&name.key) {
-            if *existing.path != path {
+            if **existing.source.local_path() != path {
                 return Err(format!(
                     "two models are named {}: {} and {}",
                     name.display,
-                    existing.path.display(),
+                    existing.source,
                     path.display()
                 ));
             }
@@ -431,7 +517,7 @@ impl Registry {
         }
         let named = NamedModel {
             name: name.display,
-            path: Arc::new(path),
+            source: ModelSource::local(path),
             info,
             policy,
         };
@@ -467,7 +553,7 @@ impl Registry {
             priority: named.policy.priority,
             keep_alive,
         };
-        budget.add(&named.path, model, terms)
+        budget.add(named.source.local_path(), model, terms)
     }
 
     /// `/api/pull`: serves `path` as `name` with fresh `info`, replacing an
@@ -480,21 +566,20 @@ impl Registry {
         info: Arc<ModelInfo>,
     ) -> Result<(), String> {
         let policy = match self.names.get(&name.key) {
-            Some(existing) if *existing.path != path => {
+            Some(existing) if **existing.source.local_path() != path => {
                 return Err(format!(
                     "the name {} is taken by {}: pull under another name",
-                    name.display,
-                    existing.path.display()
+                    name.display, existing.source
                 ))
             }
             Some(existing) => existing.policy,
             None => ModelPolicy::default(),
         };
-        let path = Arc::new(path);
-        self.loaded.invalidate(&path);
+        let source = ModelSource::local(path);
+        self.loaded.invalidate(source.local_path());
         let named = NamedModel {
             name: name.display,
-            path,
+            source,
             info,
             policy,
         };
@@ -546,7 +631,7 @@ impl Registry {
             None => {
                 let loaded = self.loaded.clone();
                 let settings = self.settings.clone();
-                let key = Arc::clone(&named.path);
+                let key = Arc::clone(named.source.local_path());
                 let model = tokio::task::spawn_blocking(move || {
                     loaded.try_get_with(key, || load(&named, &settings, None))
                 })
@@ -567,7 +652,25 @@ impl Registry {
             load_duration,
             budget,
             cancel: self.cancel.subscribe(),
+            counted: true,
         })
+    }
+
+    /// A lease on a loaded model that is not a request: reads its state
+    /// (`/api/ps`) without keeping it loaded or renewing its keep-alive.
+    pub fn observe(&self, model: Arc<LoadedModel>) -> ModelLease {
+        let budget = self.budget.as_ref().and_then(|budget| {
+            let id = budget.model(&model.path)?.id;
+            Some((Arc::clone(budget), id))
+        });
+        ModelLease {
+            model,
+            loaded: self.loaded.clone(),
+            load_duration: Duration::ZERO,
+            budget,
+            cancel: self.cancel.subscribe(),
+            counted: false,
+        }
     }
 
     /// Admission under the global budget: the model is loaded (streaming at
@@ -580,7 +683,7 @@ impl Registry {
         keep_alive: KeepAlive,
     ) -> Result<(Arc<LoadedModel>, hypura_scheduler::budget::ModelId), PoolError> {
         let id = budget
-            .model(&named.path)
+            .model(named.source.local_path())
             .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?
             .id;
         budget.set_keep_alive(
@@ -597,7 +700,7 @@ impl Registry {
             changed.as_mut().enable();
             match budget.request(id) {
                 Admission::Ready => {
-                    if let Some(model) = self.loaded.get(&named.path) {
+                    if let Some(model) = self.loaded.get(named.source.local_path()) {
                         return Ok((model, id));
                     }
                     // Another request is loading it: wait for that load.
@@ -607,8 +710,8 @@ impl Registry {
                     let level = mv.to;
                     let loaded = self.loaded.clone();
                     let settings = self.settings.clone();
-                    let key = Arc::clone(&named.path);
-                    let budgeted = budget.model(&named.path).map(|m| (m, level));
+                    let key = Arc::clone(named.source.local_path());
+                    let budgeted = budget.model(named.source.local_path()).map(|m| (m, level));
                     let named_for_load = named.clone();
                     let result = tokio::task::spawn_blocking(move || {
                         loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
@@ -647,42 +750,13 @@ impl Registry {
         }
     }
 
-    /// Residency (`full` without a budget) and bytes per tier of a loaded model.
-    pub fn residency(&self, model: &LoadedModel) -> (Residency, TierBytes) {
-        let Some(budgeted) = self.budget.as_ref().and_then(|b| b.model(&model.path)) else {
-            return (
-                Residency::Full,
-                TierBytes {
-                    gpu: 0,
-                    ram: model.info.file_bytes,
-                    stream: 0,
-                },
-            );
-        };
-        let level = self
-            .budget
-            .as_ref()
-            .and_then(|b| b.residency(&model.path))
-            .unwrap_or(Residency::Unloaded);
-        // What is loaded now (during a switch of placement, the old one).
-        let streamer = model.streamer();
-        let loaded = if streamer.is_none() {
-            Residency::Full
-        } else {
-            Residency::Streaming
-        };
-        let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
-        let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
-        (level, TierBytes { gpu, ram, stream })
-    }
-
     /// Unloads the model named `name` if it is loaded (in-flight requests finish).
     pub fn unload(&self, name: &ModelName) -> bool {
         let Some(named) = self.resolve(name) else {
             return false;
         };
-        let was_loaded = self.loaded.contains_key(&named.path);
-        self.unload_file(&named.path);
+        let was_loaded = self.loaded.contains_key(named.source.local_path());
+        self.unload_file(named.source.local_path());
         was_loaded
     }
 
@@ -722,8 +796,8 @@ impl Registry {
             .names
             .remove(&name.key)
             .ok_or_else(|| PoolError::NotFound(name.display.clone()))?;
-        if !self.names.iter().any(|e| e.path == named.path) {
-            self.unload_file(&named.path);
+        if !self.names.iter().any(|e| e.source == named.source) {
+            self.unload_file(named.source.local_path());
         }
         Ok(())
     }
@@ -745,16 +819,40 @@ impl Registry {
     }
 }
 
+/// Residency (`full` without a budget) and bytes per tier of a loaded model.
+fn memory_of(budget: Option<&Arc<GlobalBudget>>, model: &LoadedModel) -> MemoryUse {
+    let Some(budgeted) = budget.and_then(|b| b.model(&model.path)) else {
+        return MemoryUse {
+            residency: Residency::Full,
+            tier_bytes: TierBytes {
+                gpu: 0,
+                ram: model.info.file_bytes,
+                stream: 0,
+            },
+        };
+    };
+    let residency = budget
+        .and_then(|b| b.residency(&model.path))
+        .unwrap_or(Residency::Unloaded);
+    // What is loaded now (during a switch of placement, the old one).
+    let streamer = model.streamer();
+    let loaded = if streamer.is_none() {
+        Residency::Full
+    } else {
+        Residency::Streaming
+    };
+    let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
+    let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
+    MemoryUse {
+        residency,
+        tier_bytes: TierBytes { gpu, ram, stream },
+    }
+}
+
 /// How long a request waits for room in the global budget.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Bytes of a model per tier, for `/api/ps`.
-#[derive(Debug, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
-pub struct TierBytes {
-    pub gpu: u64,
-    pub ram: u64,
-    pub stream: u64,
-}
+pub use crate::core::backend::TierBytes;
 
 /// The model's training context from its metadata (unbounded when absent).
 fn n_ctx_train(named: &NamedModel) -> u32 {
@@ -804,15 +902,16 @@ fn plan_settings(named: &NamedModel, settings: &EngineSettings) -> PlanSettings 
 /// beside their KV cache and compute buffers), both the planner's, each with
 /// what its contexts hold, measured by llama.cpp without loading any weight.
 fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<BudgetedModel, String> {
-    let file = HeaderFile::open(named.path.as_path()).map_err(|e| e.to_string())?;
+    let file = HeaderFile::open(named.source.local_path().as_path()).map_err(|e| e.to_string())?;
     let footprint = StreamFootprint::of(&file);
     let contexts = batch_config(named, settings).contexts(n_ctx_train(named));
     let base = plan_settings(named, settings);
     let profile = settings.profile.get();
     let named_error = |e: String| format!("{}: {e}", named.name);
-    let plan = |s| plan_model(&named.path, &profile, s).map_err(named_error);
+    let plan = |s| plan_model(named.source.local_path(), &profile, s).map_err(named_error);
     let measure = |params| {
-        context_memory(&named.path, &params, &contexts).map_err(|e| format!("{}: {e}", named.name))
+        context_memory(named.source.local_path(), &params, &contexts)
+            .map_err(|e| format!("{}: {e}", named.name))
     };
     log_plan_alone(named, &profile, base);
     let (_, params) = plan(streaming_settings(
@@ -862,7 +961,7 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
 /// budgets (what `hypura inspect --plan` shows for them); the budget policy
 /// then shares the budgets between models by residency.
 fn log_plan_alone(named: &NamedModel, profile: &HardwareProfile, base: PlanSettings) {
-    match plan_model(&named.path, profile, base) {
+    match plan_model(named.source.local_path(), profile, base) {
         Ok((plan, _)) => log_placement(&named.name, "alone under the budgets", &plan),
         Err(e) => eprintln!("hypura: {} alone under the budgets: {e}", named.name),
     }
@@ -974,7 +1073,11 @@ fn load(
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
 ) -> Result<Arc<LoadedModel>, PoolError> {
-    tracing::info!("loading {} from {}", named.name, named.path.display());
+    tracing::info!(
+        "loading {} from {}",
+        named.name,
+        named.source.local_path().display()
+    );
     let failed = |e: &dyn std::fmt::Display| {
         PoolError::Failed(format!("could not load model '{}': {e}", named.name))
     };
@@ -983,20 +1086,24 @@ fn load(
     let (plan, params, level) = match &budgeted {
         None => {
             let profile = settings.profile.get();
-            let (plan, params) = plan_model(&named.path, &profile, plan_settings(named, settings))
-                .map_err(|e| failed(&e))?;
+            let (plan, params) = plan_model(
+                named.source.local_path(),
+                &profile,
+                plan_settings(named, settings),
+            )
+            .map_err(|e| failed(&e))?;
             (plan, params, None)
         }
         Some((budgeted, level)) => {
             let (plan, params) = budgeted
-                .load_params(&named.path, *level)
+                .load_params(named.source.local_path(), *level)
                 .map_err(|e| failed(&e))?;
             (plan, params, Some(*level))
         }
     };
     let residency = level.map_or("no budget".to_string(), |l| l.to_string());
     log_placement(&named.name, &residency, &plan);
-    let tiered = TieredModel::load(&named.path, &params).map_err(|e| failed(&e))?;
+    let tiered = TieredModel::load(named.source.local_path(), &params).map_err(|e| failed(&e))?;
     let hook = tiered.hook();
     let streamer = tiered.streamer.clone();
     if level.is_some_and(|l| l > Residency::Streaming) {
@@ -1013,11 +1120,12 @@ fn load(
         .map_err(|e| PoolError::Failed(format!("could not start model '{}': {e}", named.name)))?;
     Ok(Arc::new(LoadedModel {
         name: named.name.clone(),
-        path: Arc::clone(&named.path),
+        path: Arc::clone(named.source.local_path()),
         info: Arc::clone(&named.info),
         engine,
         template,
         n_ctx_per_seq,
+        decode_rate: Arc::default(),
         active: AtomicUsize::new(0),
         keep_alive: Mutex::new(
             named

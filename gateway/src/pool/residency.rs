@@ -276,6 +276,11 @@ impl GlobalBudget {
         self.policy().tick(now)
     }
 
+    /// See [`BudgetPolicy::request_move`].
+    pub fn request_move(&self, id: ModelId, level: Residency) -> Result<Option<Move>, String> {
+        self.policy().request_move(id, level)
+    }
+
     pub fn set_keep_alive(&self, id: ModelId, keep_alive: Option<Duration>) {
         self.policy().set_keep_alive(id, keep_alive);
     }

@@ -23,9 +23,9 @@ pub fn ps(args: PsArgs) -> anyhow::Result<()> {
 }
 
 /// The columns of `ollama ps` (NAME ID SIZE PROCESSOR … CONTEXT UNTIL) with
-/// hypura's RESIDENCY, GPU, RAM, STREAM (weight bytes per tier) and SLOTS
-/// (requests decoding/slots, then `+N` waiting) between them; a column the
-/// server does not report is `-`.
+/// hypura's RESIDENCY, GPU, RAM, STREAM (weight bytes per tier), SLOTS
+/// (requests decoding/slots, then `+N` waiting) and TOK/S (recent decode
+/// rate) between them; a column the server does not report is `-`.
 pub fn render(reply: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
     let models = reply["models"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     let rows: Vec<Vec<String>> = models
@@ -51,6 +51,9 @@ pub fn render(reply: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
                 tier("ram"),
                 tier("stream"),
                 slots(&m["slots"]),
+                m["slots"]["decode_tokens_per_second"]
+                    .as_f64()
+                    .map_or("-".into(), |r| format!("{r:.1}")),
                 m["context_length"]
                     .as_u64()
                     .map_or("-".into(), |n| n.to_string()),
@@ -69,6 +72,7 @@ pub fn render(reply: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
             "RAM",
             "STREAM",
             "SLOTS",
+            "TOK/S",
             "CONTEXT",
             "UNTIL",
         ],
@@ -105,13 +109,13 @@ mod tests {
             "name": "SmolLM2-135M-Instruct.Q4_1:latest", "digest": "b179c9523d0e6a0f98a3",
             "size": 98_000_000u64, "size_vram": 0, "residency": "full",
             "tier_bytes": {"gpu": 0, "ram": 98_000_000u64, "stream": 0},
-            "slots": {"active": 1, "queued": 2, "parallel": 4},
+            "slots": {"active": 1, "queued": 2, "parallel": 4, "decode_tokens_per_second": 41.26},
             "context_length": 4096, "expires_at": "2026-12-01T05:04:59.5Z"
         }]});
         assert_eq!(
             render(&reply, now),
-            "NAME                                 ID              SIZE     PROCESSOR    RESIDENCY    GPU    RAM      STREAM    SLOTS     CONTEXT    UNTIL\n\
-             SmolLM2-135M-Instruct.Q4_1:latest    b179c9523d0e    98 MB    100% CPU     full         0 B    98 MB    0 B       1/4 +2    4096       4 minutes from now\n"
+            "NAME                                 ID              SIZE     PROCESSOR    RESIDENCY    GPU    RAM      STREAM    SLOTS     TOK/S    CONTEXT    UNTIL\n\
+             SmolLM2-135M-Instruct.Q4_1:latest    b179c9523d0e    98 MB    100% CPU     full         0 B    98 MB    0 B       1/4 +2    41.3     4096       4 minutes from now\n"
         );
     }
 }
