@@ -172,7 +172,7 @@ pub fn is_ffn(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{is_streamed, Mode};
+    use crate::plan::{mode_tier, Mode};
 
     /// A 4-layer llama-shaped model (1 KiB attention tensors, 4 KiB FFN),
     /// or a MoE one with 8 KiB expert stacks and a router.
@@ -206,14 +206,7 @@ mod tests {
     fn placed(tensors: &[PlanTensor], mode: Mode, share: GpuShare) -> BTreeMap<String, Tier> {
         let mut tiers = tensors
             .iter()
-            .map(|t| {
-                let tier = if is_streamed(mode, &t.name) {
-                    Tier::Stream
-                } else {
-                    Tier::Ram
-                };
-                (t.name.clone(), tier)
-            })
+            .map(|t| (t.name.clone(), mode_tier(mode, &t.name)))
             .collect();
         assign(tensors, 4, &mut tiers, share);
         tiers

@@ -106,6 +106,16 @@ impl FromStr for Mode {
     }
 }
 
+/// Where `mode` puts a tensor before any GPU share: STREAM for the streamed
+/// role ([`is_streamed`]), RAM for everything else.
+pub fn mode_tier(mode: Mode, name: &str) -> Tier {
+    if is_streamed(mode, name) {
+        Tier::Stream
+    } else {
+        Tier::Ram
+    }
+}
+
 /// Whether `mode` streams tensor `name`: stacked expert tensors
 /// (`blk.N.ffn_{gate,up,down,gate_up}_exps.weight`) in expert-streaming,
 /// dense FFN matrices (`blk.N.ffn_{gate,up,down}.weight`) in dense-FFN streaming.
@@ -683,14 +693,7 @@ fn fixed_gpu_items(req: &PlanRequest, mode: Mode, items: &[Item], share: GpuShar
     let mut tiers: BTreeMap<String, Tier> = req
         .tensors
         .iter()
-        .map(|t| {
-            let tier = if is_streamed(mode, &t.name) {
-                Tier::Stream
-            } else {
-                Tier::Ram
-            };
-            (t.name.clone(), tier)
-        })
+        .map(|t| (t.name.clone(), mode_tier(mode, &t.name)))
         .collect();
     crate::gpu::assign(req.tensors, req.facts.n_layer, &mut tiers, share);
     items

@@ -6,7 +6,7 @@ use hypura_scheduler::profile::HardwareProfile;
 use serde::Serialize;
 
 // The planner owns these; re-exported so engine code keeps its paths.
-pub use hypura_scheduler::plan::{is_streamed, Mode, Tier};
+pub use hypura_scheduler::plan::{is_streamed, mode_tier, Mode, Tier};
 
 use hypura_gguf::GgufFile;
 
@@ -24,14 +24,7 @@ impl Placement {
         let tiers: BTreeMap<String, Tier> = file
             .tensors()
             .iter()
-            .map(|t| {
-                let tier = if is_streamed(mode, &t.name) {
-                    Tier::Stream
-                } else {
-                    Tier::Ram
-                };
-                (t.name.clone(), tier)
-            })
+            .map(|t| (t.name.clone(), mode_tier(mode, &t.name)))
             .collect();
         if mode != Mode::FullResident && !tiers.values().any(|&t| t == Tier::Stream) {
             return Err(match mode {
