@@ -26,8 +26,12 @@ present() {
     cmake) command -v cmake >/dev/null ;;
     make) command -v make >/dev/null ;;
     g++) command -v c++ >/dev/null && command -v cc >/dev/null ;;
-    libclang-dev) compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null ||
-      compgen -G "/usr/lib/*/libclang*.so*" >/dev/null ;;
+    # The unversioned libclang.so and clang's own headers (stddef.h), as the
+    # -dev packages install them: libclang-cpp or a runtime libclang1 alone
+    # (present on many machines) does not let bindgen run.
+    libclang-dev) { compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null ||
+      compgen -G "/usr/lib/*/libclang.so" >/dev/null; } &&
+      compgen -G "/usr/lib/llvm-*/lib/clang/*/include/stddef.h" >/dev/null ;;
     python3-pip) python3 -m pip --version >/dev/null 2>&1 ;;
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] ;;
     *) echo "install-deps.sh: no presence check for $1" >&2; return 1 ;;
