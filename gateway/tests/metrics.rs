@@ -258,6 +258,16 @@ fn counters_move_by_exactly_what_the_requests_did_and_gauges_return_to_zero() {
     let s = scrape(&server);
     assert_eq!(s.get("hypura_slots_busy", &[M]), 1.0);
     assert_eq!(s.get("hypura_slots", &[M]), 1.0);
+    // The running request's tokens are in the KV cache: f16 keys and values
+    // of every layer for one slot of the default 4096-token context.
+    let usage = s.get("hypura_kv_cache_usage_ratio", &[M]);
+    assert!(usage > 0.0 && usage < 1.0, "{usage}");
+    let file = GgufFile::open(common::smollm2()).unwrap();
+    let (_, facts) = llama_tiered::tiered::placement::plan_inputs(&file).unwrap();
+    assert_eq!(
+        s.get("hypura_kv_cache_bytes", &[M]),
+        (facts.kv_bytes_per_token * 4096) as f64
+    );
     let refused = server.post("/api/generate", long.clone());
     assert_eq!(refused.status(), 503);
     drop(refused);
@@ -272,6 +282,7 @@ fn counters_move_by_exactly_what_the_requests_did_and_gauges_return_to_zero() {
             s.get("hypura_requests_running", &[M]) == 0.0
                 && s.get("hypura_requests_waiting", &[M]) == 0.0
                 && s.get("hypura_slots_busy", &[M]) == 0.0
+                && s.get("hypura_kv_cache_usage_ratio", &[M]) == 0.0
         },
     );
     wait_until(Duration::from_secs(30), "3 cancellations counted", || {

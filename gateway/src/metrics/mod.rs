@@ -561,3 +561,64 @@ fn unix_seconds(t: SystemTime) -> f64 {
 }
 
 pub use http::note_model;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::backend::StreamCounters;
+
+    #[test]
+    fn token_buckets_go_one_two_five_up_to_the_limit() {
+        assert_eq!(
+            token_buckets(1000),
+            [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+        );
+        assert_eq!(token_buckets(30), [1.0, 2.0, 5.0, 10.0, 20.0]);
+    }
+
+    fn counters(bytes: u64, seconds: f64) -> StreamCounters {
+        StreamCounters {
+            nvme_bytes_read: bytes,
+            read_seconds: seconds,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_ledger_adds_what_each_load_counted_since_it_was_last_seen() {
+        let m = Metrics::new();
+        let read = |model: &str| m.stream_read_bytes.with_label_values(&[model]).get();
+        m.ledger.observe(&m, "a", 1, &counters(100, 0.5));
+        m.ledger.observe(&m, "a", 1, &counters(250, 1.0));
+        assert_eq!(read("a"), 250);
+        // A reload counts from zero; the first load's last counts stay.
+        m.ledger.observe(&m, "a", 1, &counters(300, 1.0));
+        m.ledger.forget(1);
+        m.ledger.observe(&m, "a", 2, &counters(40, 0.1));
+        assert_eq!(read("a"), 340);
+        assert!((m.stream_read_seconds.with_label_values(&["a"]).get() - 1.1).abs() < 1e-12);
+        // Another model is apart.
+        m.ledger.observe(&m, "b", 3, &counters(7, 0.0));
+        assert_eq!(read("b"), 7);
+        assert_eq!(read("a"), 340);
+    }
+
+    #[test]
+    fn stream_counters_of_two_placements_add_up_and_keep_the_later_gauges() {
+        let first = StreamCounters {
+            expert_hits: 3,
+            cache_bytes: 10,
+            ..counters(100, 1.0)
+        };
+        let later = StreamCounters {
+            expert_hits: 4,
+            cache_bytes: 20,
+            ..counters(50, 0.5)
+        };
+        let both = first.then(&later);
+        assert_eq!(both.nvme_bytes_read, 150);
+        assert_eq!(both.expert_hits, 7);
+        assert_eq!(both.read_seconds, 1.5);
+        assert_eq!(both.cache_bytes, 20);
+    }
+}
