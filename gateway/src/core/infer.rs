@@ -396,10 +396,10 @@ pub async fn embed(
     pool: &Registry,
     request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
-    crate::metrics::note_model(&request.name.display);
     let lease = pool
         .backend(&request.requested, &request.name, request.keep_alive)
         .await?;
+    crate::metrics::note_model(&request.name.display);
     let (mut vectors, tokens) = if request.batch.texts.is_empty() {
         (Vec::new(), 0)
     } else {
