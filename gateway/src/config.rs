@@ -55,6 +55,8 @@ pub struct ServerSection {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget: Option<Text>,
     pub ram_budget: Option<Text>,
+    /// `/metrics` open to loopback clients without the API key.
+    pub metrics_open_on_loopback: Option<bool>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -116,6 +118,7 @@ pub struct Config {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
+    pub metrics_open_on_loopback: Option<bool>,
     pub models: Vec<ModelConfig>,
 }
 
@@ -248,6 +251,7 @@ impl ConfigFile {
                 .ram_budget
                 .map(|t| size("server.ram_budget", &t))
                 .transpose()?,
+            metrics_open_on_loopback: s.metrics_open_on_loopback,
             models: Vec::new(),
         };
         for (i, model) in self.models.into_iter().enumerate() {
@@ -365,7 +369,8 @@ mod tests {
             error("[server]\nport = 1\nprot = 2\n"),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget` (line 3)"
+             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
+             `metrics_open_on_loopback` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

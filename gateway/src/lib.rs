@@ -11,6 +11,8 @@
 //! - [`pool`]: model names → sources, loaded models with keep-alive, the
 //!   global memory budget and its moves, and the in-process llama-tiered
 //!   backend ([`pool::local`]).
+//! - [`metrics`]: Prometheus `/metrics` (requests, latencies, tokens,
+//!   tiers, budget, moves, streaming).
 //! - [`server`]: the axum application (routes, auth, CORS, limits) and its
 //!   graceful shutdown.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
@@ -20,5 +22,6 @@ pub mod cli;
 pub mod config;
 pub mod core;
 pub mod fetch;
+pub mod metrics;
 pub mod pool;
 pub mod server;

@@ -3,12 +3,14 @@
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
 //! and echoed), tracing, panic → 500, CORS, body size limit, bearer auth (when
-//! an API key is set; `/`, `/api/version` and the docs stay open).
+//! an API key is set; `/`, `/api/version` and the docs stay open; `/metrics`
+//! too for loopback clients when so configured). Routed requests are counted
+//! ([`crate::metrics::http::track`]).
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +24,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::api::{ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
+use crate::metrics;
 use crate::pool::registry::Registry;
 
 /// What every handler can reach.
@@ -34,6 +37,9 @@ pub struct AppState {
     /// Where `/api/pull` saves downloaded models (`None`: no directory could
     /// be found; pulling URLs then fails with a message that says how to set one).
     pub models_dir: Option<Arc<std::path::Path>>,
+    /// `/metrics` answers loopback clients without the API key (a local
+    /// Prometheus); others still need it.
+    pub metrics_open_on_loopback: bool,
 }
 
 /// Server options beyond the models.
@@ -109,6 +115,10 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .merge(openapi::routes())
+        .route("/metrics", get(metrics::http::handler))
+        .route("/status", get(metrics::status::page))
+        .route("/api/status", get(metrics::status::data))
+        .route_layer(middleware::from_fn(metrics::http::track))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())
@@ -162,7 +172,8 @@ async fn not_found(request: Request) -> Response {
     )
 }
 
-const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs"];
+/// Open without the key: the status page holds no data (it asks `/api/status`, which needs it).
+const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs", "/status"];
 
 async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Some(key) = state.api_key.as_deref() else {
@@ -170,6 +181,9 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
     };
     let path = request.uri().path();
     if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
+        return next.run(request).await;
+    }
+    if state.metrics_open_on_loopback && path == "/metrics" && from_loopback(&request) {
         return next.run(request).await;
     }
     let presented = request
@@ -194,6 +208,14 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     response
+}
+
+/// Whether the request came over a loopback connection.
+fn from_loopback(request: &Request) -> bool {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -235,7 +257,8 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
             }
         }
     });
-    axum::serve(listener, app(state, &http))
+    let app = app(state, &http).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal(Arc::clone(&registry), http.shutdown_grace))
         .await?;
     housekeeping.abort();

@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// before they are cancelled (the process exits at most 5 s later).
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
     shutdown_grace: std::time::Duration,
+    /// Serve `/metrics` to loopback clients (a local Prometheus) without the API key.
+    #[arg(long)]
+    metrics_open_on_loopback: bool,
 }
 
 /// A whole or fractional number of seconds, 0 or more.
@@ -165,6 +168,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .filter(|k| !k.is_empty())
             .map(Arc::from),
         models_dir: models_dir.map(Arc::from),
+        metrics_open_on_loopback: args.metrics_open_on_loopback
+            || file.metrics_open_on_loopback.unwrap_or(false),
     };
     let host = args
         .host

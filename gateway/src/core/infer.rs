@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use hypura_chat::tools::{ParsedReply, ToolStream};
 
-use super::backend::{BackendEvent, EventStream, FinishReason, Finished, ModelBackend};
+use super::backend::{
+    BackendError, BackendEvent, EventStream, FinishReason, Finished, ModelBackend,
+};
 use super::error::ApiError;
 use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
@@ -52,6 +54,7 @@ pub async fn infer(
     let named = pool
         .resolve(&request.name)
         .ok_or_else(|| ApiError::ModelNotFound(request.requested.clone()))?;
+    crate::metrics::note_model(&request.name.display);
     let tools = check_tools(&mut request, &named.info)?;
     check_thinking(&mut request, &named.info)?;
     if request.backend.prompt == Prompt::Load {
@@ -192,7 +195,18 @@ impl Generation {
         tools: Option<Tools>,
         arrived: Instant,
     ) -> Result<Generation, ApiError> {
-        let events = lease.backend.generate(request.backend.clone()).await?;
+        let events = lease
+            .backend
+            .generate(request.backend.clone())
+            .await
+            .inspect_err(|e| {
+                if let BackendError::Busy(_) = e {
+                    crate::metrics::rejected(
+                        &request.name.display,
+                        crate::metrics::Rejection::QueueFull,
+                    );
+                }
+            })?;
         Ok(Generation {
             events,
             lease,
@@ -271,7 +285,10 @@ impl Generation {
                 }
                 Some(BackendEvent::Done(finished)) => {
                     let outcome = self.outcome(finished);
-                    self.record(Ended::Finished(outcome.finished.finish_reason));
+                    self.record_usage(
+                        Ended::Finished(outcome.finished.finish_reason),
+                        Some(&outcome.finished),
+                    );
                     InferEvent::Done(Box::new(outcome))
                 }
                 Some(BackendEvent::Error(e)) => {
@@ -301,10 +318,15 @@ impl Generation {
     }
 
     fn record(&mut self, ended: Ended) {
+        self.record_usage(ended, None);
+    }
+
+    fn record_usage(&mut self, ended: Ended, finished: Option<&Finished>) {
         self.recorded = true;
         finish(&GenerationRecord {
             model: &self.model,
             ended,
+            finished,
             load: self.lease.load_duration,
             queued: self.queued_for,
             time_to_first_token: self.time_to_first_token,
@@ -339,6 +361,9 @@ pub struct GenerationRecord<'a> {
     /// The model as the client named it.
     pub model: &'a str,
     pub ended: Ended,
+    /// The backend's account of a generation that finished (tokens, prefill
+    /// and decode time); `None` when it failed or was cancelled.
+    pub finished: Option<&'a Finished>,
     pub load: Duration,
     /// Time in the model's queue (`None`: it never started).
     pub queued: Option<Duration>,
@@ -362,6 +387,7 @@ pub fn finish(record: &GenerationRecord<'_>) {
         total_ms = record.total.as_secs_f64() * 1e3,
         "generation ended"
     );
+    crate::metrics::generation_ended(record);
 }
 
 /// Embeds `request`'s texts: one L2-normalised vector each (cut to the first
@@ -373,6 +399,7 @@ pub async fn embed(
     let lease = pool
         .backend(&request.requested, &request.name, request.keep_alive)
         .await?;
+    crate::metrics::note_model(&request.name.display);
     let (mut vectors, tokens) = if request.batch.texts.is_empty() {
         (Vec::new(), 0)
     } else {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use super::registry::{LoadedModel, ModelLease};
 use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, DecodeRate, EmbedOutput, EventStream, FinishReason,
-    Finished, MemoryUse, ModelBackend, ModelFacts, Residency,
+    Finished, KvCache, MemoryUse, ModelBackend, ModelFacts, Residency, StreamCounters,
 };
 use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams, Prompt};
 use crate::core::validation::fit_to_context;
@@ -90,6 +90,20 @@ impl ModelBackend for LocalBackend {
         self.lease
             .set_residency(level)
             .map_err(BackendError::Invalid)
+    }
+
+    fn streaming(&self) -> Option<StreamCounters> {
+        self.lease.stream_counters()
+    }
+
+    fn kv_cache(&self) -> Option<KvCache> {
+        let status = self.lease.engine.status();
+        let cells = u64::from(status.n_parallel) * u64::from(status.n_ctx_per_seq);
+        Some(KvCache {
+            cells_used: status.kv_cells_used,
+            cells,
+            bytes: cells * self.lease.kv_bytes_per_token,
+        })
     }
 }
 

@@ -33,7 +33,7 @@ use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
 use super::PoolError;
-use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts};
+use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts, StreamCounters};
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
@@ -289,6 +289,12 @@ pub struct LoadedModel {
     streamer: Mutex<Option<Arc<Streamer>>>,
     /// Loaded under a global budget (the policy decides when it goes).
     budgeted: bool,
+    /// Unique to this load: tells one load's counters from the next's.
+    pub id: u64,
+    /// KV cache bytes per token of context (f16 keys and values, all layers).
+    pub kv_bytes_per_token: u64,
+    /// Streaming counters of the placements it ran in before this one.
+    stream_before: Mutex<Option<StreamCounters>>,
 }
 
 impl LoadedModel {
@@ -298,6 +304,16 @@ impl LoadedModel {
 
     pub fn expires_at(&self) -> Option<SystemTime> {
         *lock(&self.expires_at)
+    }
+
+    /// Streaming counters since load, across switches of placement (`None`
+    /// when it never streamed).
+    pub fn stream_counters(&self) -> Option<StreamCounters> {
+        let now = self.streamer().map(|s| stream_counters(&s.stats()));
+        match (lock(&self.stream_before).clone(), now) {
+            (Some(before), Some(now)) => Some(before.then(&now)),
+            (before, now) => now.or(before),
+        }
     }
 
     fn idle_ttl(&self) -> Option<Duration> {
@@ -456,8 +472,12 @@ impl Registry {
             .expire_after(KeepAliveExpiry)
             .eviction_listener(|path: Arc<Arc<PathBuf>>, model: Arc<LoadedModel>, cause| {
                 tracing::info!("unloading {} ({cause:?})", path.display());
+                crate::metrics::model_unloaded(&model.name);
                 // Finishes what is in flight; memory goes with the last lease.
-                std::thread::spawn(move || model.engine.shutdown());
+                std::thread::spawn(move || {
+                    model.engine.shutdown();
+                    crate::metrics::model_gone(&model.name, model.id, model.stream_counters());
+                });
             })
             .build();
         let budget = (settings.gpu_budget_bytes.is_some() || settings.ram_budget_bytes.is_some())
@@ -484,6 +504,13 @@ impl Registry {
 
     pub fn settings(&self) -> &EngineSettings {
         &self.settings
+    }
+
+    /// The global budget's limit and what it charges now, per tier (`None`
+    /// without a budget).
+    pub fn budget_books(&self) -> Option<(Footprint, Footprint)> {
+        let policy = self.budget.as_ref()?.policy();
+        Some((policy.budget(), policy.charged()))
     }
 
     /// Serves `path` as `name`; fails if the name is taken by another file.
@@ -997,6 +1024,7 @@ fn execute_moves(
         if switch {
             let budget = Arc::clone(budget);
             std::thread::spawn(move || {
+                let started = Instant::now();
                 // Reported whatever happens, a panic included: a move never
                 // reported would hold both placements' charge for ever.
                 let switched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1004,7 +1032,11 @@ fn execute_moves(
                 }))
                 .unwrap_or_else(|_| Err("the switch panicked".into()));
                 match switched {
-                    Ok(()) => budget.move_done(mv),
+                    Ok(()) => {
+                        budget.move_done(mv);
+                        let took = started.elapsed();
+                        crate::metrics::model_moved(&model.name, mv.from, mv.to, Some(took));
+                    }
                     Err(e) => {
                         tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
                         budget.move_failed(mv);
@@ -1025,6 +1057,7 @@ fn execute_moves(
         match resized {
             Some(streamer) => {
                 budget.move_done(mv);
+                crate::metrics::model_moved(&model.name, mv.from, mv.to, None);
                 if mv.to > mv.from {
                     std::thread::spawn(move || streamer.fill());
                 }
@@ -1055,6 +1088,10 @@ fn switch_placement(
         if let Err(e) = old.set_cache_budget(old.minimum_budget_bytes()) {
             tracing::warn!("{}: emptying the old stream cache: {e}", model.name);
         }
+        // Its counts stay the model's (the metrics count since load).
+        let mut before = lock(&model.stream_before);
+        let old = stream_counters(&old.stats());
+        *before = Some(before.take().unwrap_or_default().then(&old));
     }
     if level > Residency::Streaming {
         if let Some(streamer) = tiered.streamer.clone() {
@@ -1078,6 +1115,7 @@ fn load(
         named.name,
         named.source.local_path().display()
     );
+    let started = Instant::now();
     let failed = |e: &dyn std::fmt::Display| {
         PoolError::Failed(format!("could not load model '{}': {e}", named.name))
     };
@@ -1136,7 +1174,33 @@ fn load(
         expires_at: Mutex::new(None),
         streamer: Mutex::new(streamer),
         budgeted: budgeted.is_some(),
+        id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
+        kv_bytes_per_token: HeaderFile::open(named.source.local_path().as_path())
+            .ok()
+            .and_then(|file| llama_tiered::tiered::placement::plan_inputs(&file).ok())
+            .map_or(0, |(_, facts)| facts.kv_bytes_per_token),
+        stream_before: Mutex::new(None),
     }))
+    .inspect(|_| crate::metrics::model_loaded(&named.name, started.elapsed()))
+}
+
+/// Numbers the loads ([`LoadedModel::id`]).
+static NEXT_LOAD_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The engine's streaming statistics as the gateway reports them.
+fn stream_counters(stats: &llama_tiered::tiered::StreamStats) -> StreamCounters {
+    StreamCounters {
+        nvme_bytes_read: stats.nvme_bytes_read,
+        read_seconds: stats.read_seconds,
+        expert_hits: stats.expert_hits,
+        expert_misses: stats.expert_misses,
+        prefetch_hits: stats.prefetch_hits,
+        prefetch_wasted_bytes: stats.prefetch_wasted_bytes,
+        io_stall_seconds: stats.io_stall_seconds,
+        evictions: stats.evictions,
+        cache_bytes: stats.cache_bytes,
+        cache_budget_bytes: stats.cache_budget_bytes,
+    }
 }
 
 #[cfg(test)]
