@@ -2,7 +2,7 @@
 //! one [`AppState`], and serving it until a signal.
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
-//! and echoed), tracing, panic → 500, CORS, body size limit, bearer auth (when
+//! and echoed), the request's span ([`HttpSpans`]: its id in every log line), panic → 500, CORS, body size limit, bearer auth (when
 //! an API key is set; `/`, `/api/version` and the docs stay open).
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use tower_http::trace::TraceLayer;
 use crate::api::{ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::pool::registry::Registry;
+use crate::telemetry::http::HttpSpans;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -118,14 +119,9 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request| {
-                let id = request
-                    .headers()
-                    .get("x-request-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                tracing::info_span!("request", method = %request.method(), uri = %request.uri(), id)
-            }),
+            TraceLayer::new_for_http()
+                .make_span_with(HttpSpans)
+                .on_response(HttpSpans),
         )
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
         .with_state(state)

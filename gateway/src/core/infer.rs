@@ -9,11 +9,17 @@
 //! final usage or one [`InferEvent::Error`]. Dropping a [`Generation`]
 //! (client gone) drops the backend's stream, which cancels the request.
 //! [`finish`] records the end of every generation, whichever way it ends.
+//!
+//! Each generation and embedding runs in its span
+//! ([`crate::telemetry::genai`]), a child of the HTTP request's: model loads
+//! and log lines on the way are its children, and [`finish`] records the
+//! usage and timings on it.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use hypura_chat::tools::{ParsedReply, ToolStream};
+use tracing::{Instrument as _, Span};
 
 use super::backend::{BackendEvent, EventStream, FinishReason, Finished, ModelBackend};
 use super::error::ApiError;
@@ -21,6 +27,7 @@ use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
 use super::validation::ValidationError;
 use crate::pool::registry::{ModelInfo, Registry};
+use crate::telemetry::genai;
 
 /// What [`infer`] answers.
 pub enum Answer {
@@ -45,6 +52,22 @@ pub struct BackendLease {
 /// Runs `request` on its model. `arrived` is when the request reached the
 /// server: durations reported to clients count from it.
 pub async fn infer(
+    pool: &Registry,
+    request: InferRequest,
+    arrived: Instant,
+) -> Result<Answer, ApiError> {
+    let span = genai::generation_span(&request);
+    let answer = resolve_and_start(pool, request, arrived)
+        .instrument(span.clone())
+        .await;
+    if let Err(e) = &answer {
+        genai::record_error(&span, e);
+    }
+    answer
+}
+
+/// [`infer`] in the generation's span.
+async fn resolve_and_start(
     pool: &Registry,
     mut request: InferRequest,
     arrived: Instant,
@@ -182,6 +205,9 @@ pub struct Generation {
     time_to_first_token: Option<Duration>,
     /// Set once [`finish`] recorded this generation.
     recorded: bool,
+    /// Its span: the current one when it started ([`infer`]'s); it ends
+    /// when the generation is dropped.
+    span: Span,
 }
 
 impl Generation {
@@ -204,6 +230,7 @@ impl Generation {
             queued_for: None,
             time_to_first_token: None,
             recorded: false,
+            span: Span::current(),
         })
     }
 
@@ -271,15 +298,16 @@ impl Generation {
                 }
                 Some(BackendEvent::Done(finished)) => {
                     let outcome = self.outcome(finished);
-                    self.record(Ended::Finished(outcome.finished.finish_reason));
+                    let ended = Ended::Finished(outcome.finished.finish_reason);
+                    self.record(ended, Some(&outcome.finished));
                     InferEvent::Done(Box::new(outcome))
                 }
                 Some(BackendEvent::Error(e)) => {
-                    self.record(Ended::Failed);
+                    self.record(Ended::Failed, None);
                     InferEvent::Error(e.into())
                 }
                 None => {
-                    self.record(Ended::Failed);
+                    self.record(Ended::Failed, None);
                     InferEvent::Error(ApiError::Internal(
                         "the engine dropped the request without an answer".into(),
                     ))
@@ -300,11 +328,13 @@ impl Generation {
         }
     }
 
-    fn record(&mut self, ended: Ended) {
+    fn record(&mut self, ended: Ended, finished: Option<&Finished>) {
         self.recorded = true;
         finish(&GenerationRecord {
             model: &self.model,
             ended,
+            finished,
+            span: &self.span,
             load: self.lease.load_duration,
             queued: self.queued_for,
             time_to_first_token: self.time_to_first_token,
@@ -318,7 +348,7 @@ impl Drop for Generation {
     /// is recorded too.
     fn drop(&mut self) {
         if !self.recorded {
-            self.record(Ended::Cancelled);
+            self.record(Ended::Cancelled, None);
         }
     }
 }
@@ -339,6 +369,10 @@ pub struct GenerationRecord<'a> {
     /// The model as the client named it.
     pub model: &'a str,
     pub ended: Ended,
+    /// Usage and timings of a generation that finished.
+    pub finished: Option<&'a Finished>,
+    /// The generation's span ([`crate::telemetry::genai`]).
+    pub span: &'a Span,
     pub load: Duration,
     /// Time in the model's queue (`None`: it never started).
     pub queued: Option<Duration>,
@@ -351,6 +385,9 @@ pub struct GenerationRecord<'a> {
 /// Records the end of a generation: the one place every generation, of
 /// every dialect, ends (metrics hook in here).
 pub fn finish(record: &GenerationRecord<'_>) {
+    genai::record_generation(record);
+    // Dropped (client gone), a generation ends outside its request's span.
+    let _in = record.span.enter();
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
     tracing::info!(
         target: "hypura::generation",
@@ -360,6 +397,8 @@ pub fn finish(record: &GenerationRecord<'_>) {
         queued_ms = ?ms(record.queued),
         ttft_ms = ?ms(record.time_to_first_token),
         total_ms = record.total.as_secs_f64() * 1e3,
+        prompt_tokens = record.finished.map(|f| f.prompt_tokens),
+        generated_tokens = record.finished.map(|f| f.generated_tokens),
         "generation ended"
     );
 }
@@ -367,6 +406,20 @@ pub fn finish(record: &GenerationRecord<'_>) {
 /// Embeds `request`'s texts: one L2-normalised vector each (cut to the first
 /// `dimensions` when asked), the tokens they took, and the load time.
 pub async fn embed(
+    pool: &Registry,
+    request: EmbedRequest,
+) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
+    let span = genai::embeddings_span(&request);
+    let result = embed_texts(pool, request).instrument(span.clone()).await;
+    match &result {
+        Ok((vectors, tokens, load)) => genai::record_embeddings(&span, vectors, *tokens, *load),
+        Err(e) => genai::record_error(&span, e),
+    }
+    result
+}
+
+/// [`embed`] in its span.
+async fn embed_texts(
     pool: &Registry,
     request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
