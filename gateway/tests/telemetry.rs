@@ -192,7 +192,7 @@ fn start(extra: &[&str], rust_log: &str) -> Server {
     Server::start_logging(&args, rust_log)
 }
 
-fn post(server: &Server, path: &str, headers: &[(&str, &str)], body: Value) -> (u16, String) {
+fn send(server: &Server, path: &str, headers: &[(&str, &str)], body: Value) -> (u16, String) {
     let mut request = common::client().post(server.url(path)).json(&body);
     for (name, value) in headers {
         request = request.header(*name, *value);
@@ -209,14 +209,20 @@ const CLIENT_SPAN_ID: &str = "b7ad6b7169203331";
 fn request_spans_reach_the_collector_with_genai_attributes() {
     let (collector, endpoint) = Collector::start();
     let config = telemetry_config("export", &endpoint, "100ms");
-    let server = start(&["--config", config.to_str().unwrap()], "warn,llama.cpp=error");
+    let server = start(
+        &["--config", config.to_str().unwrap()],
+        "warn,llama.cpp=error",
+    );
 
     // A chat inside a client's trace (it loads the model).
     let traceparent = format!("00-{TRACE_ID}-{CLIENT_SPAN_ID}-01");
-    let (status, body) = post(
+    let (status, body) = send(
         &server,
         "/v1/chat/completions",
-        &[("x-request-id", "otlp-chat-1"), ("traceparent", &traceparent)],
+        &[
+            ("x-request-id", "otlp-chat-1"),
+            ("traceparent", &traceparent),
+        ],
         json!({"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}],
                "max_tokens": 8, "temperature": 0}),
     );
@@ -224,7 +230,7 @@ fn request_spans_reach_the_collector_with_genai_attributes() {
     let chat: Value = serde_json::from_str(&body).unwrap();
 
     // A streamed text completion, its usage in the last chunk.
-    let (status, body) = post(
+    let (status, body) = send(
         &server,
         "/v1/completions",
         &[],
@@ -241,7 +247,7 @@ fn request_spans_reach_the_collector_with_genai_attributes() {
         .expect("a usage chunk")["usage"]
         .clone();
 
-    let (status, body) = post(
+    let (status, body) = send(
         &server,
         "/v1/embeddings",
         &[("x-request-id", "otlp-embed-1")],
@@ -250,7 +256,7 @@ fn request_spans_reach_the_collector_with_genai_attributes() {
     assert_eq!(status, 200, "{body}");
     let embeddings: Value = serde_json::from_str(&body).unwrap();
 
-    let (status, _) = post(
+    let (status, _) = send(
         &server,
         "/v1/chat/completions",
         &[],
@@ -280,13 +286,17 @@ fn request_spans_reach_the_collector_with_genai_attributes() {
     assert!(span.seconds("hypura.queue_seconds") >= 0.0);
     assert!(span.seconds("hypura.prefill_seconds") > 0.0);
     assert!(span.seconds("hypura.decode_seconds") > 0.0);
-    assert!(span.seconds("hypura.load_seconds") > 0.0, "the chat loaded the model");
+    assert!(
+        span.seconds("hypura.load_seconds") > 0.0,
+        "the chat loaded the model"
+    );
     assert!(span.seconds("hypura.time_to_first_token_seconds") > 0.0);
     assert!(
         !span.attributes.contains_key("otel.name"),
         "otel.* fields steer the exporter, they are no attributes"
     );
     assert_eq!(span.trace_id, TRACE_ID, "the client's trace goes on");
+    assert_eq!(span.status_code, 0, "unset: no error");
 
     // Its parent: the HTTP request's span, a child of the client's span.
     let http = collector.wait_for("POST /v1/chat/completions");
@@ -342,6 +352,10 @@ fn request_spans_reach_the_collector_with_genai_attributes() {
     // A request that failed: its error, no usage.
     let span = collector.wait_for("chat no-such-model");
     assert_eq!(span.attr("error.type"), "404");
+    assert_eq!(
+        span.status_code, 0,
+        "a client's error leaves the status unset"
+    );
     assert!(!span.attributes.contains_key("gen_ai.usage.input_tokens"));
     assert_eq!(
         collector
@@ -361,8 +375,11 @@ fn spans_not_yet_sent_are_sent_at_shutdown_and_text_logs_name_the_request() {
     let (collector, endpoint) = Collector::start();
     // No batch is due for an hour: only the shutdown sends these spans.
     let config = telemetry_config("shutdown", &endpoint, "1h");
-    let mut server = start(&["--config", config.to_str().unwrap()], "info,llama.cpp=error");
-    let (status, body) = post(
+    let mut server = start(
+        &["--config", config.to_str().unwrap()],
+        "info,llama.cpp=error",
+    );
+    let (status, body) = send(
         &server,
         "/v1/chat/completions",
         &[("x-request-id", "flush-1")],
@@ -374,7 +391,10 @@ fn spans_not_yet_sent_are_sent_at_shutdown_and_text_logs_name_the_request() {
     wait_until(Duration::from_secs(10), "the request is logged", || {
         server.log().contains("request answered")
     });
-    assert!(collector.spans().is_empty(), "nothing is sent before its time");
+    assert!(
+        collector.spans().is_empty(),
+        "nothing is sent before its time"
+    );
 
     let kill = Command::new("kill")
         .args(["-TERM", &server.pid().to_string()])
@@ -403,34 +423,13 @@ fn spans_not_yet_sent_are_sent_at_shutdown_and_text_logs_name_the_request() {
     let _ = std::fs::remove_file(config);
 }
 
-#[test]
-fn json_log_lines_parse_and_carry_the_request_id() {
-    let server = start(&["--log-format", "json"], "info,llama.cpp=error");
-    let (status, body) = post(
-        &server,
-        "/api/chat",
-        &[("x-request-id", "json-chat-1")],
-        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
-               "stream": false, "options": {"num_predict": 4, "temperature": 0}}),
-    );
-    assert_eq!(status, 200, "{body}");
-    let chat: Value = serde_json::from_str(&body).unwrap();
-    let (status, _) = post(
-        &server,
-        "/api/embed",
-        &[("x-request-id", "json-embed-1")],
-        json!({"model": MODEL, "input": "hello"}),
-    );
-    assert_eq!(status, 200);
-    wait_until(Duration::from_secs(10), "both requests are logged", || {
-        server.log().matches("request answered").count() >= 2
-    });
-
-    let log = server.log();
+/// The JSON objects of a server's log, but for its own `hypura: ` lines
+/// (start-up and shutdown, for people); each has the formatter's keys.
+fn json_lines(log: &str) -> Vec<Value> {
     let mut lines = Vec::new();
     for line in log.lines() {
         if line.starts_with("hypura: ") {
-            continue; // the server's own start-up and shutdown lines, for people
+            continue;
         }
         let value: Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
@@ -439,12 +438,47 @@ fn json_log_lines_parse_and_carry_the_request_id() {
         }
         lines.push(value);
     }
-    let request_id = |line: &Value| {
-        line["spans"]
-            .as_array()
-            .and_then(|spans| spans.iter().find(|s| s["name"] == "request"))
-            .map(|s| s["request_id"].clone())
+    lines
+}
+
+/// The `request_id` of the request a JSON log line was written in.
+fn request_id(line: &Value) -> Option<Value> {
+    line["spans"]
+        .as_array()
+        .and_then(|spans| spans.iter().find(|s| s["name"] == "request"))
+        .map(|s| s["request_id"].clone())
+}
+
+#[test]
+fn json_log_lines_parse_and_carry_the_request_id() {
+    let server = start(&["--log-format", "json"], "info,llama.cpp=error");
+    let (status, body) = send(
+        &server,
+        "/api/chat",
+        &[("x-request-id", "json-chat-1")],
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+               "stream": false, "options": {"num_predict": 4, "temperature": 0}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let chat: Value = serde_json::from_str(&body).unwrap();
+    let (status, _) = send(
+        &server,
+        "/api/embed",
+        &[("x-request-id", "json-embed-1")],
+        json!({"model": MODEL, "input": "hello"}),
+    );
+    assert_eq!(status, 200);
+    let answered = |lines: &[Value], id: &str| {
+        lines
+            .iter()
+            .any(|l| request_id(l).is_some_and(|r| r == id) && l["message"] == "request answered")
     };
+    wait_until(Duration::from_secs(10), "both requests are logged", || {
+        let lines = json_lines(&server.log());
+        answered(&lines, "json-chat-1") && answered(&lines, "json-embed-1")
+    });
+    let log = server.log();
+    let lines = json_lines(&log);
     let of = |id: &str| -> Vec<&Value> {
         lines
             .iter()
@@ -473,11 +507,12 @@ fn json_log_lines_parse_and_carry_the_request_id() {
         .expect("the access line");
     assert_eq!(answered["status"], 200);
     assert_eq!(answered["spans"][0]["path"], "/api/chat");
+    let embed_lines = of("json-embed-1");
     assert!(
-        of("json-embed-1")
+        embed_lines
             .iter()
-            .any(|l| l["message"] == "request answered"),
-        "{log}"
+            .any(|l| l["message"] == "request answered" && l["spans"][0]["path"] == "/api/embed"),
+        "{embed_lines:?}"
     );
     // Every line written inside a generation names its request.
     for line in &lines {

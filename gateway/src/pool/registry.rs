@@ -36,10 +36,10 @@ use super::PoolError;
 use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts};
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
-use crate::telemetry::pool as spans;
 use crate::pool::residency::{
     full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, Terms,
 };
+use crate::telemetry::pool as spans;
 
 /// How every model is run (from the command line).
 #[derive(Debug, Clone)]
@@ -989,9 +989,9 @@ fn execute_moves(
             continue;
         };
         let budgeted = budget.model(&path);
-        let switch = budgeted.as_ref().is_some_and(|b| {
-            b.is_full_placement(mv.from) != b.is_full_placement(mv.to)
-        });
+        let switch = budgeted
+            .as_ref()
+            .is_some_and(|b| b.is_full_placement(mv.from) != b.is_full_placement(mv.to));
         let name = budget.policy().spec(mv.model).name.clone();
         let span = spans::move_span(
             &name,

@@ -39,11 +39,11 @@ pub fn generation_span(request: &InferRequest) -> Span {
         "generation",
         gen_ai.operation.name = operation,
         gen_ai.request.model = request.requested.as_str(),
-        gen_ai.request.max_tokens = params.max_tokens,
+        gen_ai.request.max_tokens = params.max_tokens.map(i64::from),
         gen_ai.request.temperature = decimal(sampling.temperature),
         gen_ai.request.top_p = decimal(sampling.top_p),
         gen_ai.request.top_k = sampling.top_k,
-        gen_ai.request.seed = sampling.seed,
+        gen_ai.request.seed = sampling.seed.map(i64::from),
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
         hypura.ended = Empty,
@@ -67,7 +67,7 @@ pub fn embeddings_span(request: &EmbedRequest) -> Span {
         gen_ai.request.model = request.requested.as_str(),
         gen_ai.embeddings.dimension.count = Empty,
         gen_ai.usage.input_tokens = Empty,
-        hypura.inputs = request.batch.texts.len(),
+        hypura.inputs = count(request.batch.texts.len()),
         hypura.load_seconds = Empty,
         error.type = Empty,
         otel.name = format!("embeddings {}", request.requested),
@@ -90,13 +90,19 @@ pub fn record_generation(record: &GenerationRecord<'_>) {
         span.record("hypura.time_to_first_token_seconds", ttft.as_secs_f64());
     }
     if let Some(finished) = record.finished {
-        span.record("gen_ai.usage.input_tokens", finished.prompt_tokens);
-        span.record("gen_ai.usage.output_tokens", finished.generated_tokens);
+        span.record("gen_ai.usage.input_tokens", count(finished.prompt_tokens));
+        span.record(
+            "gen_ai.usage.output_tokens",
+            count(finished.generated_tokens),
+        );
         span.record(
             "hypura.prefill_seconds",
             finished.prompt_eval_duration.as_secs_f64(),
         );
-        span.record("hypura.decode_seconds", finished.eval_duration.as_secs_f64());
+        span.record(
+            "hypura.decode_seconds",
+            finished.eval_duration.as_secs_f64(),
+        );
     }
     let ended = match record.ended {
         Ended::Finished(reason) => {
@@ -129,11 +135,17 @@ pub fn record_error(span: &Span, error: &ApiError) {
 
 /// Records embeddings made: the tokens they took, their dimensions and the load time.
 pub fn record_embeddings(span: &Span, vectors: &[Vec<f32>], tokens: usize, load: Duration) {
-    span.record("gen_ai.usage.input_tokens", tokens);
+    span.record("gen_ai.usage.input_tokens", count(tokens));
     if let Some(first) = vectors.first() {
-        span.record("gen_ai.embeddings.dimension.count", first.len());
+        span.record("gen_ai.embeddings.dimension.count", count(first.len()));
     }
     span.record("hypura.load_seconds", load.as_secs_f64());
+}
+
+/// A count as an `i64`: the exporter sends integers only of that type (it
+/// would send other integer types as strings).
+pub fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// An `f32` parameter as the decimal the client wrote (`0.7`, not

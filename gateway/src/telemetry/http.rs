@@ -12,9 +12,9 @@ use axum::http::{HeaderMap, Request, Response};
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tower_http::trace::{MakeSpan, OnResponse};
 use tracing::field::Empty;
 use tracing::Span;
-use tower_http::trace::{MakeSpan, OnResponse};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// `TraceLayer::make_span_with(HttpSpans).on_response(HttpSpans)`.
@@ -53,9 +53,9 @@ impl<B> MakeSpan<B> for HttpSpans {
 
 impl<B> OnResponse<B> for HttpSpans {
     fn on_response(self, response: &Response<B>, latency: Duration, span: &Span) {
-        let status = response.status().as_u16();
+        let status = i64::from(response.status().as_u16());
         span.record("status", status);
-        span.set_attribute("http.response.status_code", i64::from(status));
+        span.set_attribute("http.response.status_code", status);
         if response.status().is_server_error() {
             span.record("otel.status_code", "ERROR");
         }

@@ -207,8 +207,8 @@ impl Drop for Telemetry {
 /// filtered by `RUST_LOG` (default [`DEFAULT_LOG_FILTER`]), and with
 /// `settings.otlp` the span exporter.
 pub fn init(settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let logs = match settings.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)

@@ -63,9 +63,10 @@ pub fn move_span(model: &str, from: Residency, to: Residency, kind: &str) -> Spa
 pub fn record_plan(plan: &Plan) {
     let span = Span::current();
     span.record("hypura.mode", plan.mode.as_str());
-    span.record("hypura.gpu_bytes", plan.tier_bytes.gpu);
-    span.record("hypura.ram_bytes", plan.tier_bytes.ram);
-    span.record("hypura.stream_bytes", plan.tier_bytes.stream);
+    let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    span.record("hypura.gpu_bytes", bytes(plan.tier_bytes.gpu));
+    span.record("hypura.ram_bytes", bytes(plan.tier_bytes.ram));
+    span.record("hypura.stream_bytes", bytes(plan.tier_bytes.stream));
 }
 
 /// Marks `span` failed with `error`.
