@@ -122,7 +122,7 @@ mod tests {
         let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
         assert_eq!(
             text,
-            "  INFO request{request_id=\"abc\" status=500}: hypura::telemetry::logs::tests: \
+            " INFO request{request_id=\"abc\" status=500}: hypura::telemetry::logs::tests: \
              generation ended model=\"m\" n=3\n"
         );
     }
