@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::registry::{ModelPolicy, Pin};
+use crate::telemetry::{TelemetryConfig, TelemetrySection};
 
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PORT: u16 = 11434;
@@ -36,6 +37,9 @@ pub struct ConfigFile {
     pub server: ServerSection,
     #[serde(default)]
     pub models: Vec<ModelSection>,
+    /// `[telemetry]`: log format and span export.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
 }
 
 /// `[server]`: the same settings as `hypura serve`'s flags of the same names.
@@ -120,6 +124,7 @@ pub struct Config {
     pub ram_budget_bytes: Option<u64>,
     pub metrics_open_on_loopback: Option<bool>,
     pub models: Vec<ModelConfig>,
+    pub telemetry: TelemetryConfig,
 }
 
 /// A `[[models]]` entry, checked: its name (given, or the file stem with
@@ -253,6 +258,7 @@ impl ConfigFile {
                 .transpose()?,
             metrics_open_on_loopback: s.metrics_open_on_loopback,
             models: Vec::new(),
+            telemetry: self.telemetry.check()?,
         };
         for (i, model) in self.models.into_iter().enumerate() {
             let checked = model.check(i, base)?;
@@ -340,6 +346,15 @@ mod tests {
         assert_eq!(config.max_body_bytes, Some(DEFAULT_MAX_BODY_BYTES));
         assert_eq!(config.gpu_budget_bytes, None);
         assert_eq!(config.ram_budget_bytes, None);
+        assert_eq!(
+            config.telemetry,
+            crate::telemetry::TelemetryConfig {
+                log_format: Some(crate::telemetry::LogFormat::Text),
+                otlp_endpoint: None,
+                service_name: Some(crate::telemetry::DEFAULT_SERVICE_NAME.into()),
+                export_interval: Some(crate::telemetry::DEFAULT_EXPORT_INTERVAL),
+            }
+        );
         assert_eq!(config.models.len(), 1);
         let smol = &config.models[0];
         assert_eq!(smol.name.display, "smollm2:135m");

@@ -17,6 +17,8 @@
 //!   graceful shutdown.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
 //!   the default model's download.
+//! - [`telemetry`]: log lines (text or JSON), the spans of requests, model
+//!   loads and moves, and their OTLP export.
 pub mod api;
 pub mod cli;
 pub mod config;
@@ -25,3 +27,4 @@ pub mod fetch;
 pub mod metrics;
 pub mod pool;
 pub mod server;
+pub mod telemetry;

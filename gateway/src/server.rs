@@ -2,9 +2,10 @@
 //! one [`AppState`], and serving it until a signal.
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
-//! and echoed), tracing, panic → 500, CORS, body size limit, bearer auth (when
-//! an API key is set; `/`, `/api/version` and the docs stay open; `/metrics`
-//! too for loopback clients when so configured). Routed requests are counted
+//! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
+//! panic → 500, CORS, body size limit, bearer auth (when an API key is set;
+//! `/`, `/api/version` and the docs stay open; `/metrics` too for loopback
+//! clients when so configured). Routed requests are counted
 //! ([`crate::metrics::http::track`]).
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::api::{ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
+use crate::telemetry::http::HttpSpans;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -128,14 +130,9 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request| {
-                let id = request
-                    .headers()
-                    .get("x-request-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                tracing::info_span!("request", method = %request.method(), uri = %request.uri(), id)
-            }),
+            TraceLayer::new_for_http()
+                .make_span_with(HttpSpans)
+                .on_response(HttpSpans),
         )
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
         .with_state(state)

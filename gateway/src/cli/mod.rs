@@ -50,6 +50,10 @@ enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    // `serve` installs its own, in the format its flags and file ask for.
+    if !matches!(cli.command, Command::Serve(_)) {
+        crate::telemetry::init_text_logs();
+    }
     match cli.command {
         Command::Bench(args) => bench::bench(args),
         Command::Inspect(args) => inspect::inspect(args),

@@ -14,6 +14,7 @@ use crate::fetch;
 use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
 use crate::server::{self, AppState, HttpSettings};
+use crate::telemetry::{self, LogFormat, TelemetrySettings};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -78,6 +79,13 @@ pub struct ServeArgs {
     /// Serve `/metrics` to loopback clients (a local Prometheus) without the API key.
     #[arg(long)]
     metrics_open_on_loopback: bool,
+    /// Log lines on stderr: `text`, or `json` (one object a line) [default: text].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Send traces over OTLP/HTTP to this collector (`http://host:4318`)
+    /// [default: none, no export].
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 /// A whole or fractional number of seconds, 0 or more.
@@ -105,6 +113,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => config::load(path)?,
         None => Config::default(),
     };
+    let telemetry = TelemetrySettings::resolve(
+        &file.telemetry,
+        args.log_format,
+        args.otlp_endpoint.as_deref(),
+    )
+    .map_err(|e| anyhow::anyhow!("--otlp-endpoint: {e}"))?;
+    // Kept to the end: dropped after the runtime, it sends the last spans.
+    let _telemetry = telemetry::init(&telemetry)?;
     let parallel = args
         .parallel
         .or(file.parallel)

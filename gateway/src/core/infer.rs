@@ -9,11 +9,17 @@
 //! final usage or one [`InferEvent::Error`]. Dropping a [`Generation`]
 //! (client gone) drops the backend's stream, which cancels the request.
 //! [`finish`] records the end of every generation, whichever way it ends.
+//!
+//! Each generation and embedding runs in its span
+//! ([`crate::telemetry::genai`]), a child of the HTTP request's: model loads
+//! and log lines on the way are its children, and [`finish`] records the
+//! usage and timings on it.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use hypura_chat::tools::{ParsedReply, ToolStream};
+use tracing::{Instrument as _, Span};
 
 use super::backend::{
     BackendError, BackendEvent, EventStream, FinishReason, Finished, ModelBackend,
@@ -23,6 +29,7 @@ use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
 use super::validation::ValidationError;
 use crate::pool::registry::{ModelInfo, Registry};
+use crate::telemetry::genai;
 
 /// What [`infer`] answers.
 pub enum Answer {
@@ -47,6 +54,22 @@ pub struct BackendLease {
 /// Runs `request` on its model. `arrived` is when the request reached the
 /// server: durations reported to clients count from it.
 pub async fn infer(
+    pool: &Registry,
+    request: InferRequest,
+    arrived: Instant,
+) -> Result<Answer, ApiError> {
+    let span = genai::generation_span(&request);
+    let answer = resolve_and_start(pool, request, arrived)
+        .instrument(span.clone())
+        .await;
+    if let Err(e) = &answer {
+        genai::record_error(&span, e);
+    }
+    answer
+}
+
+/// [`infer`] in the generation's span.
+async fn resolve_and_start(
     pool: &Registry,
     mut request: InferRequest,
     arrived: Instant,
@@ -185,6 +208,9 @@ pub struct Generation {
     time_to_first_token: Option<Duration>,
     /// Set once [`finish`] recorded this generation.
     recorded: bool,
+    /// Its span: the current one when it started ([`infer`]'s); it ends
+    /// when the generation is dropped.
+    span: Span,
 }
 
 impl Generation {
@@ -218,6 +244,7 @@ impl Generation {
             queued_for: None,
             time_to_first_token: None,
             recorded: false,
+            span: Span::current(),
         })
     }
 
@@ -327,6 +354,7 @@ impl Generation {
             model: &self.model,
             ended,
             finished,
+            span: &self.span,
             load: self.lease.load_duration,
             queued: self.queued_for,
             time_to_first_token: self.time_to_first_token,
@@ -364,6 +392,8 @@ pub struct GenerationRecord<'a> {
     /// The backend's account of a generation that finished (tokens, prefill
     /// and decode time); `None` when it failed or was cancelled.
     pub finished: Option<&'a Finished>,
+    /// The generation's span ([`crate::telemetry::genai`]).
+    pub span: &'a Span,
     pub load: Duration,
     /// Time in the model's queue (`None`: it never started).
     pub queued: Option<Duration>,
@@ -376,6 +406,9 @@ pub struct GenerationRecord<'a> {
 /// Records the end of a generation: the one place every generation, of
 /// every dialect, ends (metrics hook in here).
 pub fn finish(record: &GenerationRecord<'_>) {
+    genai::record_generation(record);
+    // Dropped (client gone), a generation ends outside its request's span.
+    let _in = record.span.enter();
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
     tracing::info!(
         target: "hypura::generation",
@@ -385,6 +418,8 @@ pub fn finish(record: &GenerationRecord<'_>) {
         queued_ms = ?ms(record.queued),
         ttft_ms = ?ms(record.time_to_first_token),
         total_ms = record.total.as_secs_f64() * 1e3,
+        prompt_tokens = record.finished.map(|f| f.prompt_tokens),
+        generated_tokens = record.finished.map(|f| f.generated_tokens),
         "generation ended"
     );
     crate::metrics::generation_ended(record);
@@ -393,6 +428,20 @@ pub fn finish(record: &GenerationRecord<'_>) {
 /// Embeds `request`'s texts: one L2-normalised vector each (cut to the first
 /// `dimensions` when asked), the tokens they took, and the load time.
 pub async fn embed(
+    pool: &Registry,
+    request: EmbedRequest,
+) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
+    let span = genai::embeddings_span(&request);
+    let result = embed_texts(pool, request).instrument(span.clone()).await;
+    match &result {
+        Ok((vectors, tokens, load)) => genai::record_embeddings(&span, vectors, *tokens, *load),
+        Err(e) => genai::record_error(&span, e),
+    }
+    result
+}
+
+/// [`embed`] in its span.
+async fn embed_texts(
     pool: &Registry,
     request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {

@@ -39,6 +39,7 @@ use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
     full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, Terms,
 };
+use crate::telemetry::pool as spans;
 
 /// How every model is run (from the command line).
 #[derive(Debug, Clone)]
@@ -659,8 +660,9 @@ impl Registry {
                 let loaded = self.loaded.clone();
                 let settings = self.settings.clone();
                 let key = Arc::clone(named.source.local_path());
+                let span = tracing::Span::current();
                 let model = tokio::task::spawn_blocking(move || {
-                    loaded.try_get_with(key, || load(&named, &settings, None))
+                    span.in_scope(|| loaded.try_get_with(key, || load(&named, &settings, None)))
                 })
                 .await
                 .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
@@ -740,8 +742,11 @@ impl Registry {
                     let key = Arc::clone(named.source.local_path());
                     let budgeted = budget.model(named.source.local_path()).map(|m| (m, level));
                     let named_for_load = named.clone();
+                    let span = tracing::Span::current();
                     let result = tokio::task::spawn_blocking(move || {
-                        loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
+                        span.in_scope(|| {
+                            loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
+                        })
                     })
                     .await;
                     match result {
@@ -1010,21 +1015,35 @@ fn execute_moves(
             budget.move_failed(mv);
             continue;
         };
+        let budgeted = budget.model(&path);
+        let switch = budgeted
+            .as_ref()
+            .is_some_and(|b| b.is_full_placement(mv.from) != b.is_full_placement(mv.to));
+        let name = budget.policy().spec(mv.model).name.clone();
+        let span = spans::move_span(
+            &name,
+            mv.from,
+            mv.to,
+            spans::move_kind(mv.from, mv.to, switch),
+        );
+        let _in = span.enter();
         tracing::info!("{}: {} → {}", path.display(), mv.from, mv.to);
         if mv.to == Residency::Unloaded {
             loaded.invalidate(&path);
             budget.move_done(mv);
             continue;
         }
-        let (Some(model), Some(budgeted)) = (loaded.get(&path), budget.model(&path)) else {
+        let (Some(model), Some(budgeted)) = (loaded.get(&path), budgeted) else {
+            spans::record_failure(&span, &"the model is not loaded");
             budget.move_failed(mv);
             continue;
         };
-        let switch = budgeted.is_full_placement(mv.from) != budgeted.is_full_placement(mv.to);
         if switch {
             let budget = Arc::clone(budget);
+            let span = span.clone();
             std::thread::spawn(move || {
                 let started = Instant::now();
+                let _in = span.enter();
                 // Reported whatever happens, a panic included: a move never
                 // reported would hold both placements' charge for ever.
                 let switched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1039,6 +1058,7 @@ fn execute_moves(
                     }
                     Err(e) => {
                         tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
+                        spans::record_failure(&span, &e);
                         budget.move_failed(mv);
                     }
                 }
@@ -1050,6 +1070,7 @@ fn execute_moves(
                 Ok(()) => Some(streamer),
                 Err(e) => {
                     tracing::error!("{}: {e}", path.display());
+                    spans::record_failure(&span, &e);
                     None
                 }
             }
@@ -1059,7 +1080,9 @@ fn execute_moves(
                 budget.move_done(mv);
                 crate::metrics::model_moved(&model.name, mv.from, mv.to, None);
                 if mv.to > mv.from {
-                    std::thread::spawn(move || streamer.fill());
+                    // The promotion's span lasts until its cache is filled.
+                    let span = span.clone();
+                    std::thread::spawn(move || span.in_scope(|| streamer.fill()));
                 }
             }
             None => budget.move_failed(mv),
@@ -1104,8 +1127,25 @@ fn switch_placement(
 
 /// Loads a model in the planner's placement: for the server's budgets and
 /// the model's contexts, or (under a global budget) for `budgeted`'s
-/// residency.
+/// residency; in its span, a child of the current one.
 fn load(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    budgeted: Option<(BudgetedModel, Residency)>,
+) -> Result<Arc<LoadedModel>, PoolError> {
+    let residency = budgeted
+        .as_ref()
+        .map_or("no budget".to_string(), |(_, level)| level.to_string());
+    let span = spans::load_span(&named.name, &residency);
+    let _in = span.enter();
+    let loaded = load_engine(named, settings, budgeted);
+    if let Err(e) = &loaded {
+        spans::record_failure(&span, e);
+    }
+    loaded
+}
+
+fn load_engine(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
