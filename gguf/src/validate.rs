@@ -270,21 +270,28 @@ impl GgufFile {
     /// Checks that llama.cpp can load this file, build its tokenizer and run it without
     /// aborting: every rule of [`RULES`], in order.
     pub fn validate(&self) -> Result<(), GgufError> {
-        for rule in RULES {
-            match (rule.check)(self) {
-                Ok(()) => {}
-                Err(Refusal::File(e)) => return Err(e),
-                Err(Refusal::Value { key, detail }) => {
-                    return Err(GgufError::BadValue {
-                        path: self.path.clone(),
-                        rule: rule.name,
-                        key,
-                        detail,
-                    })
-                }
-            }
+        match self.broken_rule() {
+            None => Ok(()),
+            Some((_, e)) => Err(e),
         }
-        Ok(())
+    }
+
+    /// The first rule of [`RULES`] this file breaks, with the error [`GgufFile::validate`]
+    /// returns for it.
+    pub fn broken_rule(&self) -> Option<(&'static Rule, GgufError)> {
+        RULES.iter().find_map(|rule| match (rule.check)(self) {
+            Ok(()) => None,
+            Err(Refusal::File(e)) => Some((rule, e)),
+            Err(Refusal::Value { key, detail }) => Some((
+                rule,
+                GgufError::BadValue {
+                    path: self.path.clone(),
+                    rule: rule.name,
+                    key,
+                    detail,
+                },
+            )),
+        })
     }
 
     // ---- tensor layout ----------------------------------------------------------------------
@@ -1283,4 +1290,261 @@ fn check_layer_shapes(hp: &Hparams<'_>) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+
+    /// The first rule `bytes` break, and the message.
+    fn broken(bytes: &[u8]) -> Option<(&'static str, String)> {
+        let file = GgufFile::from_bytes("model.gguf", bytes).expect("the header parses");
+        file.broken_rule().map(|(rule, e)| (rule.name, e.to_string()))
+    }
+
+    fn assert_breaks(rule: &str, bytes: Vec<u8>, needle: &str) {
+        match broken(&bytes) {
+            Some((name, message)) => {
+                assert_eq!(name, rule, "{message}");
+                assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+            }
+            None => panic!("the model breaks no rule; expected {rule}"),
+        }
+    }
+
+    fn valid() -> Model {
+        Model::valid()
+    }
+
+    /// The valid model under another architecture (its `llama.*` keys renamed).
+    fn as_arch(arch: &str, mut model: Model) -> Model {
+        for (key, _) in &mut model.kv {
+            if let Some(rest) = key.strip_prefix("llama.") {
+                *key = format!("{arch}.{rest}");
+            }
+        }
+        model.set("general.architecture", s(arch))
+    }
+
+    /// The valid model as a 4-expert MoE (2 used), with the expert tensors in place of the
+    /// dense FFN.
+    fn moe() -> Model {
+        let mut model = valid()
+            .set("llama.expert_count", V::U32(4))
+            .set("llama.expert_used_count", V::U32(2));
+        let dense = ["blk.0.ffn_gate.weight", "blk.0.ffn_down.weight", "blk.0.ffn_up.weight"];
+        model.tensors.retain(|t| !dense.contains(&t.name.as_str()));
+        model.tensors.extend([
+            t("blk.0.ffn_gate_inp.weight", &[32, 4], 0),
+            t("blk.0.ffn_gate_exps.weight", &[32, 64, 4], 2),
+            t("blk.0.ffn_down_exps.weight", &[64, 32, 4], 2),
+            t("blk.0.ffn_up_exps.weight", &[32, 64, 4], 2),
+        ]);
+        model
+    }
+
+    fn spm_without_bytes() -> Model {
+        let tokens = ["<unk>", "<s>", "</s>", "a", "b"].map(String::from).to_vec();
+        valid().set("tokenizer.ggml.model", s("llama")).vocab(tokens)
+    }
+
+    #[test]
+    fn valid_models_break_no_rule() {
+        for model in [valid(), moe(), as_arch("qwen3", valid()), as_arch("qwen3moe", moe())] {
+            assert_eq!(broken(&model.bytes()), None);
+        }
+        let smollm2 = GgufFile::open(smollm2()).expect("opens");
+        assert!(smollm2.broken_rule().is_none());
+    }
+
+    #[test]
+    fn rule_names_are_unique_and_cite_llama_cpp() {
+        let names: HashSet<_> = RULES.iter().map(|r| r.name).collect();
+        assert_eq!(names.len(), RULES.len());
+        for rule in RULES {
+            assert!(
+                rule.mirrors.starts_with("src/") || rule.mirrors.starts_with("ggml/"),
+                "{}: {}",
+                rule.name,
+                rule.mirrors
+            );
+        }
+    }
+
+    /// One test per way of breaking a rule: `test_name: "rule" => bytes, "message part";`.
+    /// `every_rule_has_a_test` checks the list covers [`RULES`].
+    macro_rules! breaks {
+        ($($test:ident: $rule:literal => $bytes:expr, $needle:literal;)*) => {
+            $(
+                #[test]
+                fn $test() {
+                    assert_breaks($rule, $bytes, $needle);
+                }
+            )*
+            const TESTED: &[&str] = &[$($rule),*];
+        };
+    }
+
+    #[test]
+    fn every_rule_has_a_test() {
+        for rule in RULES {
+            assert!(TESTED.contains(&rule.name), "no test breaks rule {}", rule.name);
+        }
+    }
+
+    breaks! {
+        misaligned_tensor: "tensor-alignment" => {
+            let mut m = valid();
+            m.tensors[1].offset = Some(100);
+            m.bytes()
+        }, "not a multiple of the file's alignment 32";
+        gap_between_tensors: "tensor-packing" => {
+            let mut m = valid();
+            m.tensors[2].offset = Some(512);
+            m.bytes()
+        }, "ggml expects 224";
+        truncated_data: "tensor-data-in-file" => {
+            let bytes = valid().bytes();
+            bytes[..bytes.len() - 10].to_vec()
+        }, "is truncated";
+        unknown_architecture: "architecture" =>
+            valid().set("general.architecture", s("nope")).bytes(), "'nope'";
+        vocab_none: "tokenizer-model" =>
+            valid().set("tokenizer.ggml.model", s("none")).bytes(), "has no vocabulary";
+        vocab_unknown: "tokenizer-model" =>
+            valid().set("tokenizer.ggml.model", s("klingon")).bytes(), "unknown tokenizer model";
+        tokens_missing: "tokenizer-tokens" =>
+            valid().remove("tokenizer.ggml.tokens").bytes(), "tokenizer.ggml.tokens is missing";
+        token_types_short: "tokenizer-per-token-arrays" =>
+            valid().set("tokenizer.ggml.token_type", V::I32Arr(vec![1, 1])).bytes(),
+            "token_type has 2 entries but the vocabulary has 4 tokens";
+        scores_long: "tokenizer-per-token-arrays" =>
+            valid().set("tokenizer.ggml.scores", V::F32Arr(vec![0.0; 5])).bytes(),
+            "scores has 5 entries";
+        duplicate_token: "tokenizer-unique-tokens" =>
+            valid().set("tokenizer.ggml.tokens", strs(["a", "b", "a", "c"])).bytes(),
+            "token 2 (\"a\") appears twice";
+        eos_outside_vocab: "special-token-ids" =>
+            valid().set("tokenizer.ggml.eos_token_id", V::U32(4)).bytes(),
+            "eos_token_id is 4, outside the vocabulary of 4 tokens";
+        special_id_not_u32: "special-token-ids" =>
+            valid().set("tokenizer.ggml.unknown_token_id", V::I32(0)).bytes(),
+            "must be a u32 token id";
+        bos_added_but_missing: "add-bos-eos" =>
+            valid()
+                .set("tokenizer.ggml.add_bos_token", V::Bool(true))
+                .remove("tokenizer.ggml.bos_token_id")
+                .bytes(),
+            "adds BOS to every prompt";
+        spm_lacks_byte_tokens: "spm-byte-tokens" =>
+            spm_without_bytes().bytes(), "lacks 254 of the 256 byte tokens";
+        bpe_lacks_merges: "bpe-merges" =>
+            valid().remove("tokenizer.ggml.merges").bytes(), "needs tokenizer.ggml.merges";
+        context_length_zero: "context-length" =>
+            valid().set("llama.context_length", V::U32(0)).bytes(), "'llama.context_length' is 0";
+        context_length_missing: "context-length" =>
+            valid().remove("llama.context_length").bytes(), "the key is missing";
+        embedding_length_zero: "embedding-length" =>
+            valid().set("llama.embedding_length", V::U32(0)).bytes(), "is 0";
+        block_count_zero: "block-count" =>
+            valid().set("llama.block_count", V::U32(0)).bytes(), "is 0; llama.cpp needs 1 to 512";
+        block_count_above_max: "block-count" =>
+            valid().set("llama.block_count", V::U32(513)).bytes(), "is 513";
+        block_count_u64: "block-count" =>
+            valid().set("llama.block_count", V::U64(1)).bytes(), "must be a u32";
+        head_count_u64: "hparam-types" =>
+            valid().set("llama.attention.head_count", V::U64(4)).bytes(), "found u64";
+        head_count_array_too_long: "hparam-types" =>
+            valid().set("llama.attention.head_count", V::U32Arr(vec![4, 4])).bytes(),
+            "has 2 entries but the model has 1 layers";
+        eps_f64: "hparam-types" =>
+            valid().set("llama.attention.layer_norm_rms_epsilon", V::U32(1)).bytes(),
+            "must be an f32";
+        nextn_above_layers: "nextn-layers" =>
+            valid().set("llama.nextn_predict_layers", V::U32(2)).bytes(),
+            "more than the model's 1 layers";
+        too_many_experts: "expert-count" =>
+            moe().set("llama.expert_count", V::U32(1025)).bytes(), "at most 1024 experts";
+        more_used_than_experts: "expert-used-count" =>
+            moe().set("llama.expert_used_count", V::U32(5)).bytes(), "more than the 4 experts";
+        experts_none_used: "expert-used-count" =>
+            moe().set("llama.expert_used_count", V::U32(0)).bytes(), "needs at least one";
+        used_without_experts: "expert-used-count" =>
+            valid().set("llama.expert_used_count", V::U32(2)).bytes(), "has no experts";
+        groups_not_below_experts: "expert-groups" =>
+            moe().set("llama.expert_group_count", V::U32(4)).bytes(), "below the 4 experts";
+        groups_without_group_used: "expert-groups" =>
+            moe().set("llama.expert_group_count", V::U32(2)).bytes(),
+            "with 2 expert groups it must be 1 to 1";
+        qwen3moe_without_experts: "moe-needs-experts" =>
+            as_arch("qwen3moe", valid()).bytes(), "a qwen3moe model is a mixture of experts";
+        head_count_zero: "head-count" =>
+            valid().set("llama.attention.head_count", V::U32(0)).bytes(), "is 0 for layer 0";
+        head_count_missing: "head-count" =>
+            valid().remove("llama.attention.head_count").bytes(), "the key is missing";
+        gemma2_head_count_zero: "head-count" =>
+            as_arch("gemma2", valid()).set("gemma2.attention.head_count", V::U32(0)).bytes(),
+            "is 0 for layer 0";
+        head_count_kv_not_divisor: "head-count-kv" =>
+            valid().set("llama.attention.head_count_kv", V::U32(3)).bytes(),
+            "does not divide its 4 query heads";
+        head_count_kv_zero: "head-count-kv" =>
+            valid().set("llama.attention.head_count_kv", V::U32(0)).bytes(), "is 0 for layer 0";
+        key_and_value_lengths_differ: "head-dimensions" =>
+            valid().set("llama.attention.value_length", V::U32(16)).bytes(),
+            "is 16 but the key length is 8";
+        rope_dims_odd: "rope-dimensions" =>
+            as_arch("gemma", valid()).set("gemma.rope.dimension_count", V::U32(7)).bytes(),
+            "come in pairs";
+        rope_dims_above_head: "rope-dimensions" =>
+            as_arch("gemma", valid()).set("gemma.rope.dimension_count", V::U32(16)).bytes(),
+            "more than the head size 8";
+        rope_dims_not_head_for_llama: "rope-dimensions" =>
+            valid().set("llama.rope.dimension_count", V::U32(4)).bytes(),
+            "llama.cpp's llama graph needs them equal";
+        eps_nan: "norm-epsilon" =>
+            valid().set("llama.attention.layer_norm_rms_epsilon", V::F32(f32::NAN)).bytes(),
+            "is NaN";
+        eps_negative: "norm-epsilon" =>
+            valid().set("llama.attention.layer_norm_rms_epsilon", V::F32(-1e-5)).bytes(),
+            "must be finite and >= 0";
+        eps_missing: "norm-epsilon" =>
+            valid().remove("llama.attention.layer_norm_rms_epsilon").bytes(), "the key is missing";
+        plain_eps_infinite: "norm-epsilon" =>
+            valid().set("llama.attention.layer_norm_epsilon", V::F32(f32::INFINITY)).bytes(),
+            "is inf";
+        freq_base_zero: "rope-freq-base" =>
+            valid().set("llama.rope.freq_base", V::F32(0.0)).bytes(), "must be finite and > 0";
+        freq_base_nan: "rope-freq-base" =>
+            valid().set("llama.rope.freq_base", V::F32(f32::NAN)).bytes(), "is NaN";
+        rope_scaling_unknown: "rope-scaling" =>
+            valid().set("llama.rope.scaling.type", s("bogus")).bytes(), "is 'bogus'";
+        rope_scaling_factor_negative: "rope-scaling" =>
+            valid().set("llama.rope.scaling.factor", V::F32(-2.0)).bytes(), "finite and >= 0";
+        ffn_zero: "feed-forward-length" =>
+            valid().set("llama.feed_forward_length", V::U32(0)).bytes(), "is 0 for layer 0";
+        ffn_missing: "feed-forward-length" =>
+            valid().remove("llama.feed_forward_length").bytes(), "the key is missing";
+        embedding_vocab_mismatch: "vocab-tensor-shapes" => {
+            let mut m = valid();
+            m.tensor_mut("token_embd.weight").dims = vec![32, 8];
+            m.bytes()
+        }, "the hyperparameters make it [32, 4]";
+        output_vocab_mismatch: "vocab-tensor-shapes" => {
+            let mut m = valid();
+            m.tensors.push(t("output.weight", &[32, 5], 0));
+            m.bytes()
+        }, "bad tensor 'output.weight'";
+        attn_k_wrong_width: "layer-tensor-shapes" => {
+            let mut m = valid();
+            m.tensor_mut("blk.0.attn_k.weight").dims = vec![32, 32];
+            m.bytes()
+        }, "the hyperparameters make it [32, 16]";
+        experts_in_wrong_dim: "layer-tensor-shapes" => {
+            let mut m = moe();
+            m.tensor_mut("blk.0.ffn_up_exps.weight").dims = vec![32, 64, 3];
+            m.bytes()
+        }, "should hold 4 experts";
+    }
 }
