@@ -345,8 +345,14 @@ mod tests {
         let mut model = Model::valid()
             .set("llama.expert_count", V::U32(4))
             .set("llama.expert_used_count", V::U32(2));
-        let dense_ffn = ["blk.0.ffn_gate.weight", "blk.0.ffn_down.weight", "blk.0.ffn_up.weight"];
-        model.tensors.retain(|t| !dense_ffn.contains(&t.name.as_str()));
+        let dense_ffn = [
+            "blk.0.ffn_gate.weight",
+            "blk.0.ffn_down.weight",
+            "blk.0.ffn_up.weight",
+        ];
+        model
+            .tensors
+            .retain(|t| !dense_ffn.contains(&t.name.as_str()));
         model.tensors.extend([
             t("blk.0.ffn_gate_inp.weight", &[32, 4], 0),
             t("blk.0.ffn_gate_exps.weight", &[32, 8, 4], 2),

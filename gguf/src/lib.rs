@@ -16,4 +16,4 @@ pub mod reader;
 pub mod testing;
 pub mod validate;
 
-pub use reader::{GgufArray, GgufError, GgufFile, GgufValue, TensorInfo};
+pub use reader::{GgufArray, GgufError, GgufFile, GgufString, GgufValue, TensorInfo};

@@ -450,6 +450,12 @@ impl GgufString {
     }
 }
 
+impl From<Vec<u8>> for GgufString {
+    fn from(bytes: Vec<u8>) -> Self {
+        GgufString(bytes)
+    }
+}
+
 impl From<&str> for GgufString {
     fn from(text: &str) -> Self {
         GgufString(text.as_bytes().to_vec())

@@ -29,7 +29,9 @@ pub const CHECKED_ARCHITECTURES: &[&str] = &[
 ];
 
 /// Graphs that assert `n_embd_head_v == n_embd_head_k == n_rot` (`models/<arch>.cpp`).
-const HEAD_IS_ROPE: &[&str] = &["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "mistral3"];
+const HEAD_IS_ROPE: &[&str] = &[
+    "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "mistral3",
+];
 /// Graphs that assert `n_embd_head_v == n_embd_head_k` only.
 const HEAD_K_IS_V: &[&str] = &["phi2", "phi3"];
 /// Whose Q projection is `n_embd` wide rather than `n_embd_head_k * n_head`.
@@ -46,7 +48,8 @@ pub struct Rule {
     check: fn(&GgufFile) -> Result<(), Refusal>,
 }
 
-/// Every check, in the order [`GgufFile::validate`] runs them.
+/// Every check, in the order [`GgufFile::validate`] runs them. Tensor data inside the file
+/// comes last: the header alone (a truncated download, the fuzz corpus) passes every other rule.
 pub const RULES: &[Rule] = &[
     // ---- tensor layout ----------------------------------------------------------------------
     Rule {
@@ -59,12 +62,6 @@ pub const RULES: &[Rule] = &[
         name: "tensor-packing",
         mirrors: "ggml/src/gguf.cpp: \"tensor '%s' has offset %\" PRIu64 \", expected %zu\"",
         check: |f| f.check_packing().map_err(Refusal::from),
-    },
-    Rule {
-        name: "tensor-data-in-file",
-        mirrors: "src/llama-model-loader.h: \"tensor '%s' data is not within the file bounds, \
-                  model is corrupted or incomplete\"",
-        check: |f| f.check_data_in_file().map_err(Refusal::from),
     },
     // ---- architecture -----------------------------------------------------------------------
     Rule {
@@ -98,7 +95,8 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         name: "special-token-ids",
-        mirrors: "src/llama-vocab.cpp: ml.get_key(LLM_KV_TOKENIZER_*_ID, uint32_t) throws \"key %s \
+        mirrors:
+            "src/llama-vocab.cpp: ml.get_key(LLM_KV_TOKENIZER_*_ID, uint32_t) throws \"key %s \
                   has wrong type\" (llama-model-loader.cpp); BOS/EOS outside the vocabulary \
                   are dropped (\"bad special token\")",
         check: |f| f.check_special_token_ids().map_err(Refusal::from),
@@ -156,7 +154,8 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         name: "expert-count",
-        mirrors: "src/llama-model.cpp load_hparams: GGML_ASSERT(hparams.n_expert <= LLAMA_MAX_EXPERTS)",
+        mirrors:
+            "src/llama-model.cpp load_hparams: GGML_ASSERT(hparams.n_expert <= LLAMA_MAX_EXPERTS)",
         check: |f| hparams(f, check_expert_count),
     },
     Rule {
@@ -242,6 +241,13 @@ pub const RULES: &[Rule] = &[
                   FFN_GATE_INP {n_embd, n_expert}, FFN_*_EXPS {.., n_expert}; \
                   src/llama-model-loader.cpp: \"tensor '%s' has wrong shape\"",
         check: |f| hparams(f, check_layer_shapes),
+    },
+    // ---- last, so that the metadata of a truncated download is checked too ------------------
+    Rule {
+        name: "tensor-data-in-file",
+        mirrors: "src/llama-model-loader.h: \"tensor '%s' data is not within the file bounds, \
+                  model is corrupted or incomplete\"",
+        check: |f| f.check_data_in_file().map_err(Refusal::from),
     },
 ];
 
@@ -330,7 +336,9 @@ impl GgufFile {
                     previous.map_or(String::new(), |p| format!(" with tensor '{}'", p.name));
                 return Err(self.bad_tensor(
                     tensor,
-                    format!("its data at offset {offset} overlaps{other}, which ends at {expected}"),
+                    format!(
+                        "its data at offset {offset} overlaps{other}, which ends at {expected}"
+                    ),
                 ));
             }
             if offset > expected {
@@ -691,10 +699,7 @@ struct Hparams<'a> {
 
 /// Runs `check` on the file's hyperparameters; nothing to check without an architecture
 /// (the `architecture` rule refuses that first).
-fn hparams(
-    file: &GgufFile,
-    check: fn(&Hparams<'_>) -> Result<(), Refusal>,
-) -> Result<(), Refusal> {
+fn hparams(file: &GgufFile, check: fn(&Hparams<'_>) -> Result<(), Refusal>) -> Result<(), Refusal> {
     match file.architecture() {
         Some(arch) => check(&Hparams { file, arch }),
         None => Ok(()),
@@ -722,7 +727,10 @@ impl Hparams<'_> {
             Some(GgufValue::U32(v)) => Ok(Some(*v)),
             Some(other) => refuse(
                 key,
-                format!("must be a u32 (llama.cpp reads it as one), found {}", other.type_name()),
+                format!(
+                    "must be a u32 (llama.cpp reads it as one), found {}",
+                    other.type_name()
+                ),
             ),
         }
     }
@@ -740,7 +748,10 @@ impl Hparams<'_> {
             Some(GgufValue::F32(v)) => Ok(Some(*v)),
             Some(other) => refuse(
                 key,
-                format!("must be an f32 (llama.cpp reads it as one), found {}", other.type_name()),
+                format!(
+                    "must be an f32 (llama.cpp reads it as one), found {}",
+                    other.type_name()
+                ),
             ),
         }
     }
@@ -871,7 +882,10 @@ impl Hparams<'_> {
 
 fn check_context_length(hp: &Hparams<'_>) -> Result<(), Refusal> {
     match hp.required_u32("context_length")? {
-        0 => refuse(hp.key("context_length"), "is 0; the model needs a training context length"),
+        0 => refuse(
+            hp.key("context_length"),
+            "is 0; the model needs a training context length",
+        ),
         _ => Ok(()),
     }
 }
@@ -955,7 +969,10 @@ fn check_expert_used(hp: &Hparams<'_>) -> Result<(), Refusal> {
     if n_expert == 0 && used > 0 {
         return refuse(
             key,
-            format!("is {used} but the model has no experts ({} is absent or 0)", hp.key("expert_count")),
+            format!(
+                "is {used} but the model has no experts ({} is absent or 0)",
+                hp.key("expert_count")
+            ),
         );
     }
     if n_expert > 0 && used == 0 {
@@ -982,7 +999,10 @@ fn check_expert_groups(hp: &Hparams<'_>) -> Result<(), Refusal> {
         return Ok(());
     }
     if groups >= n_expert {
-        return refuse(key, format!("is {groups}; it must be below the {n_expert} experts"));
+        return refuse(
+            key,
+            format!("is {groups}; it must be below the {n_expert} experts"),
+        );
     }
     if groups > 1 {
         if n_expert % groups != 0 {
@@ -994,7 +1014,10 @@ fn check_expert_groups(hp: &Hparams<'_>) -> Result<(), Refusal> {
         if used == 0 || used >= groups {
             return refuse(
                 hp.key("expert_group_used_count"),
-                format!("is {used}; with {groups} expert groups it must be 1 to {}", groups - 1),
+                format!(
+                    "is {used}; with {groups} expert groups it must be 1 to {}",
+                    groups - 1
+                ),
             );
         }
     }
@@ -1005,7 +1028,10 @@ fn check_moe_needs_experts(hp: &Hparams<'_>) -> Result<(), Refusal> {
     if hp.is(NEED_EXPERTS) && hp.n_expert()? == 0 {
         return refuse(
             hp.key("expert_count"),
-            format!("is absent or 0, but a {} model is a mixture of experts", hp.arch),
+            format!(
+                "is absent or 0, but a {} model is a mixture of experts",
+                hp.arch
+            ),
         );
     }
     Ok(())
@@ -1021,7 +1047,10 @@ fn check_head_count(hp: &Hparams<'_>) -> Result<(), Refusal> {
     }
     let n_head = hp.n_head()?;
     if let Some(il) = n_head.iter().position(|&n| n == 0) {
-        return refuse(key, format!("is 0 for layer {il}; every layer needs attention heads"));
+        return refuse(
+            key,
+            format!("is 0 for layer {il}; every layer needs attention heads"),
+        );
     }
     let n_embd = hp.n_embd()?;
     if hp.u32("attention.key_length")?.is_none() && n_embd % n_head[0] != 0 {
@@ -1046,7 +1075,10 @@ fn check_head_count_kv(hp: &Hparams<'_>) -> Result<(), Refusal> {
             continue; // a layer without attention (recurrent models)
         }
         if kv == 0 && hp.checked() {
-            return refuse(key, format!("is 0 for layer {il}, which has {q} query heads"));
+            return refuse(
+                key,
+                format!("is 0 for layer {il}, which has {q} query heads"),
+            );
         }
         if kv != 0 && q % kv != 0 {
             return refuse(
@@ -1065,7 +1097,11 @@ fn check_head_dims(hp: &Hparams<'_>) -> Result<(), Refusal> {
     let (k, v) = hp.head_dims()?;
     if hp.checked() && (k == 0 || v == 0) {
         return refuse(
-            hp.key(if k == 0 { "attention.key_length" } else { "attention.value_length" }),
+            hp.key(if k == 0 {
+                "attention.key_length"
+            } else {
+                "attention.value_length"
+            }),
             "the attention head size is 0",
         );
     }
@@ -1112,7 +1148,10 @@ fn check_norm_eps(hp: &Hparams<'_>) -> Result<(), Refusal> {
     let rms = hp.f32("attention.layer_norm_rms_epsilon")?;
     let plain = hp.f32("attention.layer_norm_epsilon")?;
     if hp.checked() && rms.is_none() {
-        return refuse(hp.key("attention.layer_norm_rms_epsilon"), "the key is missing");
+        return refuse(
+            hp.key("attention.layer_norm_rms_epsilon"),
+            "the key is missing",
+        );
     }
     for (suffix, eps) in [
         ("attention.layer_norm_rms_epsilon", rms),
@@ -1260,9 +1299,24 @@ fn check_layer_shapes(hp: &Hparams<'_>) -> Result<(), Refusal> {
         let q_width = if hp.is(Q_IS_EMBD) { n_embd } else { head_k * q };
         check_shape(hp, &name("attn_norm"), &[n_embd], "embedding_length")?;
         check_shape(hp, &name("attn_q"), &[n_embd, q_width], "heads × head size")?;
-        check_shape(hp, &name("attn_k"), &[n_embd, head_k * kv], "KV heads × key length")?;
-        check_shape(hp, &name("attn_v"), &[n_embd, head_v * kv], "KV heads × value length")?;
-        check_shape(hp, &name("attn_output"), &[q_width, n_embd], "heads × head size")?;
+        check_shape(
+            hp,
+            &name("attn_k"),
+            &[n_embd, head_k * kv],
+            "KV heads × key length",
+        )?;
+        check_shape(
+            hp,
+            &name("attn_v"),
+            &[n_embd, head_v * kv],
+            "KV heads × value length",
+        )?;
+        check_shape(
+            hp,
+            &name("attn_output"),
+            &[q_width, n_embd],
+            "heads × head size",
+        )?;
         if n_expert == 0 {
             if let Some(ff) = &ff {
                 let ff = u64::from(ff[il]);
@@ -1270,7 +1324,12 @@ fn check_layer_shapes(hp: &Hparams<'_>) -> Result<(), Refusal> {
                 check_shape(hp, &name("ffn_down"), &[ff, n_embd], "feed_forward_length")?;
             }
         } else {
-            check_shape(hp, &name("ffn_gate_inp"), &[n_embd, n_expert], "expert_count")?;
+            check_shape(
+                hp,
+                &name("ffn_gate_inp"),
+                &[n_embd, n_expert],
+                "expert_count",
+            )?;
             for t in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
                 if let Some(tensor) = hp.file.tensor(&name(t)) {
                     if tensor.dims.len() != 3 || tensor.dims[2] != n_expert {
@@ -1300,7 +1359,8 @@ mod tests {
     /// The first rule `bytes` break, and the message.
     fn broken(bytes: &[u8]) -> Option<(&'static str, String)> {
         let file = GgufFile::from_bytes("model.gguf", bytes).expect("the header parses");
-        file.broken_rule().map(|(rule, e)| (rule.name, e.to_string()))
+        file.broken_rule()
+            .map(|(rule, e)| (rule.name, e.to_string()))
     }
 
     fn assert_breaks(rule: &str, bytes: Vec<u8>, needle: &str) {
@@ -1333,7 +1393,11 @@ mod tests {
         let mut model = valid()
             .set("llama.expert_count", V::U32(4))
             .set("llama.expert_used_count", V::U32(2));
-        let dense = ["blk.0.ffn_gate.weight", "blk.0.ffn_down.weight", "blk.0.ffn_up.weight"];
+        let dense = [
+            "blk.0.ffn_gate.weight",
+            "blk.0.ffn_down.weight",
+            "blk.0.ffn_up.weight",
+        ];
         model.tensors.retain(|t| !dense.contains(&t.name.as_str()));
         model.tensors.extend([
             t("blk.0.ffn_gate_inp.weight", &[32, 4], 0),
@@ -1345,13 +1409,22 @@ mod tests {
     }
 
     fn spm_without_bytes() -> Model {
-        let tokens = ["<unk>", "<s>", "</s>", "a", "b"].map(String::from).to_vec();
-        valid().set("tokenizer.ggml.model", s("llama")).vocab(tokens)
+        let tokens = ["<unk>", "<s>", "</s>", "a", "b"]
+            .map(String::from)
+            .to_vec();
+        valid()
+            .set("tokenizer.ggml.model", s("llama"))
+            .vocab(tokens)
     }
 
     #[test]
     fn valid_models_break_no_rule() {
-        for model in [valid(), moe(), as_arch("qwen3", valid()), as_arch("qwen3moe", moe())] {
+        for model in [
+            valid(),
+            moe(),
+            as_arch("qwen3", valid()),
+            as_arch("qwen3moe", moe()),
+        ] {
             assert_eq!(broken(&model.bytes()), None);
         }
         let smollm2 = GgufFile::open(smollm2()).expect("opens");
@@ -1389,7 +1462,11 @@ mod tests {
     #[test]
     fn every_rule_has_a_test() {
         for rule in RULES {
-            assert!(TESTED.contains(&rule.name), "no test breaks rule {}", rule.name);
+            assert!(
+                TESTED.contains(&rule.name),
+                "no test breaks rule {}",
+                rule.name
+            );
         }
     }
 
