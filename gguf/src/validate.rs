@@ -108,6 +108,13 @@ pub const RULES: &[Rule] = &[
         check: |f| f.check_add_bos_eos().map_err(Refusal::from),
     },
     Rule {
+        name: "wpm-byte-tokens",
+        mirrors: "src/llama-vocab.cpp token_to_byte: case LLAMA_VOCAB_TYPE_WPM: \
+                  GGML_ABORT(\"fatal error\"), reached at load (the token-to-piece cache) for \
+                  every token typed BYTE in a BERT vocabulary",
+        check: |f| f.check_wpm_byte_tokens().map_err(Refusal::from),
+    },
+    Rule {
         name: "spm-byte-tokens",
         mirrors: "src/llama-vocab.cpp byte_to_token: throw \"Byte token for <0x..> is not set\" \
                   while tokenizing, where nothing catches it (std::terminate)",
@@ -162,7 +169,9 @@ pub const RULES: &[Rule] = &[
         name: "expert-used-count",
         mirrors: "src/llama-model.cpp load_hparams: GGML_ASSERT(n_expert_used_max <= \
                   hparams.n_expert); GGML_ASSERT(n_expert_used_max > 0) with experts, \
-                  GGML_ASSERT(n_expert_used_max == 0) without",
+                  GGML_ASSERT(n_expert_used_max == 0) without; a layer routing to 0 experts \
+                  (per-layer expert_used_count) crashes the MoE graph (SIGSEGV, found by \
+                  gateway/tests/mutated.rs)",
         check: |f| hparams(f, check_expert_used),
     },
     Rule {
@@ -662,6 +671,25 @@ impl GgufFile {
         )))
     }
 
+    /// A BERT (WPM) vocabulary has no byte tokens: llama.cpp aborts on any token typed BYTE
+    /// (`LLAMA_TOKEN_TYPE_BYTE`, 6) when it caches the tokens' texts.
+    fn check_wpm_byte_tokens(&self) -> Result<(), GgufError> {
+        const BYTE: i32 = 6;
+        if self.tokenizer_model()? != "bert" {
+            return Ok(());
+        }
+        let Some(GgufArray::I32(types)) = self.get_array("tokenizer.ggml.token_type") else {
+            return Ok(());
+        };
+        match types.iter().position(|&t| t == BYTE) {
+            Some(id) => Err(self.bad_tokenizer(format!(
+                "token {id} of the BERT (WPM) vocabulary is typed BYTE (6), which llama.cpp \
+                 aborts on"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn check_merges(&self) -> Result<(), GgufError> {
         const KEY: &str = "tokenizer.ggml.merges";
         let model = self.tokenizer_model()?;
@@ -873,10 +901,12 @@ impl Hparams<'_> {
         Ok(self.u32("rope.dimension_count")?.unwrap_or(head_k))
     }
 
-    fn expert_used(&self) -> Result<u32, Refusal> {
+    /// `expert_used_count` per layer (0s when absent).
+    fn expert_used(&self) -> Result<Vec<u32>, Refusal> {
+        let n_layer = self.n_layer()? as usize;
         Ok(self
             .per_layer("expert_used_count")?
-            .map_or(0, |v| v.into_iter().max().unwrap_or(0)))
+            .unwrap_or_else(|| vec![0; n_layer]))
     }
 }
 
@@ -964,8 +994,17 @@ fn check_expert_count(hp: &Hparams<'_>) -> Result<(), Refusal> {
 
 fn check_expert_used(hp: &Hparams<'_>) -> Result<(), Refusal> {
     let n_expert = hp.n_expert()?;
-    let used = hp.expert_used()?;
+    let per_layer = hp.expert_used()?;
+    let used = per_layer.iter().copied().max().unwrap_or(0);
     let key = hp.key("expert_used_count");
+    if n_expert > 0 && used > 0 {
+        if let Some(il) = per_layer.iter().position(|&n| n == 0) {
+            return refuse(
+                key,
+                format!("is 0 for layer {il}: every layer of a mixture of experts routes to at least one"),
+            );
+        }
+    }
     if n_expert == 0 && used > 0 {
         return refuse(
             key,
@@ -1545,6 +1584,14 @@ mod tests {
             moe().set("llama.expert_count", V::U32(1025)).bytes(), "at most 1024 experts";
         more_used_than_experts: "expert-used-count" =>
             moe().set("llama.expert_used_count", V::U32(5)).bytes(), "more than the 4 experts";
+        a_layer_with_no_expert_used: "expert-used-count" =>
+            moe().set("llama.block_count", V::U32(2))
+                .set("llama.expert_used_count", V::U32Arr(vec![2, 0])).bytes(),
+            "is 0 for layer 1";
+        bert_with_byte_tokens: "wpm-byte-tokens" =>
+            valid().set("tokenizer.ggml.model", s("bert"))
+                .set("tokenizer.ggml.token_type", V::I32Arr(vec![1, 6, 1, 3])).bytes(),
+            "token 1 of the BERT (WPM) vocabulary is typed BYTE";
         experts_none_used: "expert-used-count" =>
             moe().set("llama.expert_used_count", V::U32(0)).bytes(), "needs at least one";
         used_without_experts: "expert-used-count" =>
