@@ -248,7 +248,8 @@ pub const RULES: &[Rule] = &[
         name: "layer-tensor-shapes",
         mirrors: "src/models/<arch>.cpp load_arch_tensors: create_tensor_qkv, ATTN_OUT, FFN_*, \
                   FFN_GATE_INP {n_embd, n_expert}, FFN_*_EXPS {.., n_expert}; \
-                  src/llama-model-loader.cpp: \"tensor '%s' has wrong shape\"",
+                  src/llama-model-loader.cpp: \"tensor '%s' has wrong shape\", \
+                  \"missing tensor '%s'\", \"wrong number of tensors\"",
         check: |f| hparams(f, check_layer_shapes),
     },
     // ---- last, so that the metadata of a truncated download is checked too ------------------
@@ -967,6 +968,28 @@ fn check_types(hp: &Hparams<'_>) -> Result<(), Refusal> {
         hp.f32(key)?;
     }
     hp.str("rope.scaling.type")?;
+    // Keys outside `{arch}.` that llama.cpp reads with a fixed type.
+    let typed = |key: &str, wanted: &str, ok: fn(&GgufValue) -> bool| match hp.file.get(key) {
+        Some(value) if !ok(value) => refuse(
+            key,
+            format!(
+                "must be a {wanted} (llama.cpp reads it as one), found {}",
+                value.type_name()
+            ),
+        ),
+        _ => Ok(()),
+    };
+    typed("general.file_type", "u32", |v| {
+        matches!(v, GgufValue::U32(_))
+    })?;
+    for key in [
+        "tokenizer.ggml.add_bos_token",
+        "tokenizer.ggml.add_eos_token",
+        "tokenizer.ggml.add_sep_token",
+        "tokenizer.ggml.add_space_prefix",
+    ] {
+        typed(key, "bool", |v| matches!(v, GgufValue::Bool(_)))?;
+    }
     Ok(())
 }
 
@@ -1331,7 +1354,39 @@ fn check_layer_shapes(hp: &Hparams<'_>) -> Result<(), Refusal> {
     let (head_k, head_v) = (u64::from(head_k), u64::from(head_v));
     let n_expert = u64::from(hp.n_expert()?);
     let ff = hp.per_layer("feed_forward_length")?;
-    for il in 0..hp.n_layer()? as usize {
+    let n_layer = hp.n_layer()? as usize;
+    // Layers without tensors, or tensors of layers the model does not have.
+    for tensor in &hp.file.tensors {
+        let layer = tensor
+            .name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(il) = layer.filter(|&il| il >= n_layer) {
+            return Err(Refusal::File(GgufError::BadTensor {
+                path: hp.file.path.clone(),
+                tensor: tensor.name.clone(),
+                detail: format!(
+                    "it belongs to layer {il} but {} is {n_layer}",
+                    hp.key("block_count")
+                ),
+            }));
+        }
+    }
+    for il in 0..n_layer {
+        let norm = format!("blk.{il}.attn_norm.weight");
+        if hp.file.tensor(&norm).is_none() {
+            return Err(Refusal::File(GgufError::BadTensor {
+                path: hp.file.path.clone(),
+                tensor: norm,
+                detail: format!(
+                    "the tensor is missing: {} says the model has {n_layer} layers",
+                    hp.key("block_count")
+                ),
+            }));
+        }
+    }
+    for il in 0..n_layer {
         let q = u64::from(n_head[il]);
         let kv = u64::from(n_head_kv[il]);
         let name = |t: &str| format!("blk.{il}.{t}.weight");
@@ -1574,6 +1629,10 @@ mod tests {
         head_count_array_too_long: "hparam-types" =>
             valid().set("llama.attention.head_count", V::U32Arr(vec![4, 4])).bytes(),
             "has 2 entries but the model has 1 layers";
+        add_bos_not_bool: "hparam-types" =>
+            valid().set("tokenizer.ggml.add_bos_token", V::U32(1)).bytes(), "must be a bool";
+        file_type_u64: "hparam-types" =>
+            valid().set("general.file_type", V::U64(1)).bytes(), "must be a u32";
         eps_f64: "hparam-types" =>
             valid().set("llama.attention.layer_norm_rms_epsilon", V::U32(1)).bytes(),
             "must be an f32";
@@ -1665,6 +1724,14 @@ mod tests {
             m.tensor_mut("blk.0.attn_k.weight").dims = vec![32, 32];
             m.bytes()
         }, "the hyperparameters make it [32, 16]";
+        block_count_above_tensors: "layer-tensor-shapes" =>
+            valid().set("llama.block_count", V::U32(2)).bytes(),
+            "'blk.1.attn_norm.weight': the tensor is missing";
+        tensors_beyond_block_count: "layer-tensor-shapes" => {
+            let mut m = valid();
+            m.tensors.push(t("blk.1.attn_norm.weight", &[32], 0));
+            m.bytes()
+        }, "it belongs to layer 1 but llama.block_count is 1";
         experts_in_wrong_dim: "layer-tensor-shapes" => {
             let mut m = moe();
             m.tensor_mut("blk.0.ffn_up_exps.weight").dims = vec![32, 64, 3];
