@@ -8,7 +8,7 @@
 //! Prints a summary: per outcome (validator rule, llama.cpp refusal, answered) the count.
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

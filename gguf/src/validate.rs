@@ -1167,16 +1167,14 @@ fn check_head_dims(hp: &Hparams<'_>) -> Result<(), Refusal> {
             "the attention head size is 0",
         );
     }
-    if hp.is(HEAD_IS_ROPE) || hp.is(HEAD_K_IS_V) {
-        if k != v {
-            return refuse(
-                hp.key("attention.value_length"),
-                format!(
-                    "is {v} but the key length is {k}; llama.cpp's {} graph needs them equal",
-                    hp.arch
-                ),
-            );
-        }
+    if (hp.is(HEAD_IS_ROPE) || hp.is(HEAD_K_IS_V)) && k != v {
+        return refuse(
+            hp.key("attention.value_length"),
+            format!(
+                "is {v} but the key length is {k}; llama.cpp's {} graph needs them equal",
+                hp.arch
+            ),
+        );
     }
     Ok(())
 }
