@@ -109,7 +109,8 @@ pub fn plan_model(
     profile: &HardwareProfile,
     settings: PlanSettings,
 ) -> Result<(Plan, TieredParams), String> {
-    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
+    // Validated again: the file may have changed since it was registered.
+    let file = GgufFile::open_validated(path).map_err(|e| e.to_string())?;
     let plan = plan_file(&file, profile, settings).map_err(|e| e.to_string())?;
     let planned = PlannedLoad::from_plan(&file, &plan).map_err(|e| e.to_string())?;
     let params = TieredParams {
