@@ -55,6 +55,28 @@ pub struct ServerSection {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget: Option<Text>,
     pub ram_budget: Option<Text>,
+    /// The key `/api/pull`, `/api/create`, `/api/copy` and `/api/delete` need.
+    pub admin_key: Option<String>,
+    /// Serve a non-loopback address without an API key.
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Web origins besides the local ones that may call the API.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// `Host` names besides the loopback ones the server answers to.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Where `/api/pull` may serve local files from.
+    #[serde(default)]
+    pub model_roots: Vec<PathBuf>,
+    /// Hosts `/api/pull` may download from.
+    #[serde(default)]
+    pub pull_hosts: Vec<String>,
+    /// Let `/api/pull` reach loopback and private addresses.
+    #[serde(default)]
+    pub pull_allow_private: bool,
+    /// Largest download of `/api/pull`.
+    pub pull_max_bytes: Option<Text>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -117,6 +139,8 @@ pub struct Config {
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
     pub models: Vec<ModelConfig>,
+    /// Origins, hosts, keys and pull limits (`default_roots` left empty).
+    pub security: crate::security::SecuritySettings,
 }
 
 /// A `[[models]]` entry, checked: its name (given, or the file stem with
@@ -249,6 +273,21 @@ impl ConfigFile {
                 .map(|t| size("server.ram_budget", &t))
                 .transpose()?,
             models: Vec::new(),
+            security: crate::security::SecuritySettings {
+                allowed_origins: s.allowed_origins,
+                allowed_hosts: s.allowed_hosts,
+                api_key: None,
+                admin_key: s.admin_key,
+                insecure_no_auth: s.insecure_no_auth,
+                model_roots: s.model_roots.iter().map(|r| base.join(r)).collect(),
+                default_roots: Vec::new(),
+                pull_hosts: s.pull_hosts,
+                pull_allow_private: s.pull_allow_private,
+                pull_max_bytes: s
+                    .pull_max_bytes
+                    .map(|t| size("server.pull_max_bytes", &t))
+                    .transpose()?,
+            },
         };
         for (i, model) in self.models.into_iter().enumerate() {
             let checked = model.check(i, base)?;
@@ -336,6 +375,13 @@ mod tests {
         assert_eq!(config.max_body_bytes, Some(DEFAULT_MAX_BODY_BYTES));
         assert_eq!(config.gpu_budget_bytes, None);
         assert_eq!(config.ram_budget_bytes, None);
+        let security = &config.security;
+        assert_eq!(
+            security.pull_max_bytes,
+            Some(crate::security::remote::DEFAULT_PULL_MAX_BYTES)
+        );
+        assert!(!security.insecure_no_auth && !security.pull_allow_private);
+        assert!(security.allowed_origins.is_empty() && security.pull_hosts.is_empty());
         assert_eq!(config.models.len(), 1);
         let smol = &config.models[0];
         assert_eq!(smol.name.display, "smollm2:135m");
@@ -365,7 +411,9 @@ mod tests {
             error("[server]\nport = 1\nprot = 2\n"),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget` (line 3)"
+             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, `admin_key`, \
+             `insecure_no_auth`, `allowed_origins`, `allowed_hosts`, `model_roots`, \
+             `pull_hosts`, `pull_allow_private`, `pull_max_bytes` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

@@ -11,6 +11,8 @@
 //! - [`pool`]: model names → sources, loaded models with keep-alive, the
 //!   global memory budget and its moves, and the in-process llama-tiered
 //!   backend ([`pool::local`]).
+//! - [`security`]: who may drive the API (origins, hosts, keys) and what a
+//!   pull may touch (model roots, allowed hosts, no private addresses).
 //! - [`server`]: the axum application (routes, auth, CORS, limits) and its
 //!   graceful shutdown.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
@@ -18,7 +20,9 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod core;
 pub mod fetch;
 pub mod pool;
+pub mod security;
 pub mod server;
