@@ -17,8 +17,8 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::api::{ollama, openai, openapi, pull};
@@ -83,7 +83,10 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
     let origins = state.security.origins.clone();
     let cors = CorsLayer::new()
         .allow_origin(AllowOrigin::predicate(move |origin, parts| {
-            let host = parts.headers.get(header::HOST).and_then(|h| h.to_str().ok());
+            let host = parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok());
             origin
                 .to_str()
                 .is_ok_and(|o| origins.origin_allowed(o, host))
@@ -186,15 +189,19 @@ async fn origin_guard(State(state): State<AppState>, request: Request, next: Nex
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let origins = &state.security.origins;
     let refusal = if !origins.host_allowed(host) {
-        Some("this server does not answer to that Host name: use localhost or 127.0.0.1, or \
-              list the name in [server] allowed_hosts")
+        Some(
+            "this server does not answer to that Host name: use localhost or 127.0.0.1, or \
+              list the name in [server] allowed_hosts",
+        )
     } else if headers.get(header::ORIGIN).is_some_and(|origin| {
         !origin
             .to_str()
             .is_ok_and(|o| origins.origin_allowed(o, host))
     }) {
-        Some("requests from this web page's origin are not allowed: list it in [server] \
-              allowed_origins")
+        Some(
+            "requests from this web page's origin are not allowed: list it in [server] \
+              allowed_origins",
+        )
     } else {
         None
     };

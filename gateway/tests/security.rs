@@ -71,7 +71,11 @@ fn foreign_origins_and_hosts_are_refused_by_default() {
     // A page of another site: refused, whatever the route, and told nothing by CORS.
     for (method, path, body) in [
         ("POST", "/api/pull", json!({"model": "/etc/shadow"})),
-        ("POST", "/api/generate", json!({"model": MODEL, "prompt": "x"})),
+        (
+            "POST",
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "x"}),
+        ),
         ("GET", "/api/tags", Value::Null),
     ] {
         let request = client()
@@ -99,7 +103,11 @@ fn foreign_origins_and_hosts_are_refused_by_default() {
         .is_none());
 
     // Local pages and desktop apps pass, and may read the answer.
-    for origin in ["http://localhost:3000", "http://127.0.0.1:8080", "app://obsidian.md"] {
+    for origin in [
+        "http://localhost:3000",
+        "http://127.0.0.1:8080",
+        "app://obsidian.md",
+    ] {
         let r = client()
             .get(s.url("/api/tags"))
             .header("origin", origin)
@@ -204,7 +212,11 @@ fn admin_routes_need_the_admin_key() {
     assert_eq!(send(Some("admin-key"), "/api/show", show.clone()), 200);
     assert_eq!(send(None, "/api/show", show), 401);
     assert_eq!(
-        send(Some("user-key"), "/api/delete", json!({"model": "smol:copy"})),
+        send(
+            Some("user-key"),
+            "/api/delete",
+            json!({"model": "smol:copy"})
+        ),
         403
     );
 }
@@ -264,7 +276,11 @@ fn pulls_of_what_is_not_allowed_reveal_nothing() {
     let port = files.rsplit(':').next().unwrap().to_string();
     let dir = empty_dir("refused");
     let fifo = dir.join("fifo.gguf");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     std::os::unix::fs::symlink("/etc/passwd", dir.join("passwd.gguf")).unwrap();
     let s = Server::start(&["--models-dir", dir.to_str().unwrap()]);
 
@@ -403,7 +419,11 @@ fn pulls_never_overwrite_a_served_file() {
     );
     let s = start_with_config(
         &config,
-        &["--models-dir", dir.to_str().unwrap(), original_path.to_str().unwrap()],
+        &[
+            "--models-dir",
+            dir.to_str().unwrap(),
+            original_path.to_str().unwrap(),
+        ],
     );
     let before = std::fs::read(&original_path).unwrap();
     let r = s.post(
@@ -418,7 +438,9 @@ fn pulls_never_overwrite_a_served_file() {
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(
-        names.iter().any(|n| n.starts_with("smol-") && n.ends_with(".gguf")),
+        names
+            .iter()
+            .any(|n| n.starts_with("smol-") && n.ends_with(".gguf")),
         "{names:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -137,7 +137,10 @@ pub fn document() -> utoipa::openapi::OpenApi {
             }
             if MODEL_ROUTES.contains(&path.as_str()) {
                 add("404", "No model of that name");
-                add("503", "The model's queue is full, or it is stopping: retry later");
+                add(
+                    "503",
+                    "The model's queue is full, or it is stopping: retry later",
+                );
                 add("500", "The model failed");
             }
         }
@@ -153,9 +156,7 @@ mod tests {
     fn every_route_lists_the_statuses_of_the_layers() {
         let doc = serde_json::to_value(document()).unwrap();
         let status = |path: &str, method: &str, code: &str| {
-            doc["paths"][path][method]["responses"]
-                .get(code)
-                .is_some()
+            doc["paths"][path][method]["responses"].get(code).is_some()
         };
         for (path, method) in [
             ("/api/generate", "post"),

@@ -43,10 +43,10 @@ use utoipa::ToSchema;
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::validation::{parse_json, ModelName};
 use crate::pool::registry::{hex, ModelInfo, Registry};
-use crate::server::body_bytes;
 use crate::security::remote::{check_gguf_header, Refused, GGUF_HEADER_BYTES};
 use crate::security::roots::NotAllowed;
 use crate::security::PullPolicy;
+use crate::server::body_bytes;
 use crate::server::AppState;
 
 /// Least time between two progress lines of one transfer.
@@ -477,7 +477,9 @@ fn fetch_error(url: &reqwest::Url, e: &reqwest::Error) -> ApiError {
         source = cause.source();
     }
     if e.is_timeout() {
-        ApiError::Internal(format!("downloading {url}: the server did not answer in time"))
+        ApiError::Internal(format!(
+            "downloading {url}: the server did not answer in time"
+        ))
     } else if e.is_redirect() {
         remote_refusal(url.as_str())
     } else {
@@ -606,7 +608,13 @@ async fn pull_remote(
             )
         })?;
         info.digest = digest;
-        let target = place_download(&dir_owned, &file_name_owned, &info.digest, &users, &part_path)?;
+        let target = place_download(
+            &dir_owned,
+            &file_name_owned,
+            &info.digest,
+            &users,
+            &part_path,
+        )?;
         Ok::<_, ApiError>((info, target))
     })
     .await
@@ -706,7 +714,10 @@ pub fn remove_stale_parts(dir: &Path) {
             .any(|pid| Path::new("/proc").join(pid).exists());
         if !alive && entry.file_type().is_ok_and(|t| t.is_file()) {
             match std::fs::remove_file(entry.path()) {
-                Ok(()) => eprintln!("hypura: removed the stale download {}", entry.path().display()),
+                Ok(()) => eprintln!(
+                    "hypura: removed the stale download {}",
+                    entry.path().display()
+                ),
                 Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
             }
         }

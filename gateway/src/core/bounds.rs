@@ -33,6 +33,10 @@ pub const MAX_REPEAT: u64 = 2000;
 /// The largest maximum count accepted (llama.cpp treats any maximum above
 /// [`MAX_REPEAT`] as unbounded; this keeps `get<int>` from wrapping).
 pub const MAX_COUNT: u64 = 1_000_000;
+/// Most `properties` of one object: llama.cpp's converter writes a rule per
+/// suffix of the optional ones, in time and memory quadratic in their
+/// number (2000 took over a minute).
+pub const MAX_PROPERTIES: u64 = 128;
 /// Longest `pattern`, in bytes.
 pub const MAX_PATTERN_BYTES: usize = 4096;
 /// Largest product of the counts of repetitions nested in one pattern.
@@ -109,6 +113,17 @@ pub fn check_object(map: &Map<String, Value>, path: &str) -> Result<(), BoundsPr
             }
         }
     }
+    if let Some(properties) = map.get("properties").and_then(Value::as_object) {
+        let count = properties.len() as u64;
+        if count > MAX_PROPERTIES {
+            return Err(BoundsProblem::TooLarge {
+                path: path.to_string(),
+                key: "properties",
+                value: count,
+                limit: MAX_PROPERTIES,
+            });
+        }
+    }
     if let Some(pattern) = map.get("pattern").and_then(Value::as_str) {
         check_pattern(pattern).map_err(|reason| BoundsProblem::Pattern {
             path: path.to_string(),
@@ -129,7 +144,15 @@ fn shorten(pattern: &str) -> String {
 
 /// Checks a regular expression's repetitions as llama.cpp's pattern
 /// converter reads them: `{m}`, `{m,}`, `{,n}`, `{m,n}` after an item;
-/// groups nest; `\` escapes the next character; `[...]` is one item.
+/// groups nest; `\\` escapes the next character; `[...]` is one item.
+///
+/// Two costs are bounded. Nested counts multiply the grammar
+/// ([`MAX_PATTERN_PRODUCT`]). Items that may match nothing (`a?`, `(b*)`,
+/// `x{0,3}`) one after another, or repeated, let llama.cpp's grammar reach
+/// each of them without reading a character: it keeps one stack per such
+/// place and walks all of them for every token of the vocabulary, so
+/// `^(a?){2000}$` held a decode thread for minutes; their number is bounded
+/// by [`MAX_EMPTY_RUN`], and an unbounded repetition of one is refused.
 pub fn check_pattern(pattern: &str) -> Result<(), String> {
     if pattern.len() > MAX_PATTERN_BYTES {
         return Err(format!(
@@ -137,20 +160,17 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
             pattern.len()
         ));
     }
+    let mut scan = PatternScan::default();
     let bytes = pattern.as_bytes();
-    // Per open group, the largest product of nested counts inside it so far;
-    // `last` is that of the item just read (a group's inner product, or 1).
-    let mut maxes: Vec<u64> = vec![1];
-    let mut last: u64 = 1;
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             b'\\' => {
-                last = 1;
+                scan.item(Item::atom())?;
                 i += 1;
             }
             b'[' => {
-                last = 1;
+                scan.item(Item::atom())?;
                 i += 1;
                 if i < bytes.len() && bytes[i] == b']' {
                     i += 1;
@@ -159,42 +179,187 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
                     i += if bytes[i] == b'\\' { 2 } else { 1 };
                 }
             }
-            b'(' => {
-                maxes.push(1);
-                last = 1;
-            }
-            b')' => {
-                last = if maxes.len() > 1 { maxes.pop().unwrap_or(1) } else { 1 };
-                if let Some(top) = maxes.last_mut() {
-                    *top = (*top).max(last);
-                }
-            }
+            b'(' => scan.open()?,
+            b')' => scan.close()?,
+            b'|' => scan.alternative()?,
+            b'?' => scan.quantify(0, 1)?,
+            b'*' => scan.quantify(0, u64::MAX)?,
+            b'+' => scan.quantify(1, u64::MAX)?,
             b'{' => {
                 let close = pattern[i..]
                     .find('}')
                     .map(|n| i + n)
                     .ok_or_else(|| "a '{' without its '}'".to_string())?;
                 let (min, max) = parse_braces(&pattern[i + 1..close])?;
-                let factor = if max <= MAX_REPEAT { max } else { min.max(1) };
-                let product = last.saturating_mul(factor.max(1));
-                if product > MAX_PATTERN_PRODUCT {
-                    return Err(format!(
-                        "its nested repetitions multiply to {product}, more than \
-                         {MAX_PATTERN_PRODUCT}"
-                    ));
-                }
-                if let Some(top) = maxes.last_mut() {
-                    *top = (*top).max(product);
-                }
-                last = 1;
+                scan.quantify(min, max)?;
                 i = close;
             }
-            b'*' | b'+' | b'?' => {}
-            _ => last = 1,
+            b'^' | b'$' => {}
+            _ => scan.item(Item::atom())?,
         }
         i += 1;
     }
-    Ok(())
+    scan.finish()
+}
+
+/// Most places a pattern's grammar can reach without reading a character:
+/// items that may match nothing, one after another or repeated.
+pub const MAX_EMPTY_RUN: u64 = 64;
+
+/// One item of a pattern, once read (its quantifier applied).
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    /// It may match nothing.
+    empty: bool,
+    /// Places inside it reachable without reading (a group's longest run).
+    run: u64,
+    /// Product of the counts of the repetitions nested inside it.
+    product: u64,
+}
+
+impl Item {
+    fn atom() -> Item {
+        Item {
+            empty: false,
+            run: 0,
+            product: 1,
+        }
+    }
+}
+
+/// One open group (the whole pattern is the outermost).
+#[derive(Debug, Default)]
+struct Level {
+    /// The item read last, waiting for a quantifier.
+    pending: Option<Item>,
+    /// Length of the current run of items that may match nothing.
+    run: u64,
+    max_run: u64,
+    /// Every item of the current alternative so far may match nothing.
+    alternative_empty: bool,
+    /// Some finished alternative may match nothing.
+    any_alternative_empty: bool,
+    max_product: u64,
+}
+
+impl Level {
+    fn new() -> Level {
+        Level {
+            alternative_empty: true,
+            max_product: 1,
+            ..Level::default()
+        }
+    }
+
+    /// Folds the pending item into the current alternative.
+    fn flush(&mut self) -> Result<(), String> {
+        let Some(item) = self.pending.take() else {
+            return Ok(());
+        };
+        self.max_product = self.max_product.max(item.product);
+        if item.empty {
+            self.run += item.run.max(1);
+            self.max_run = self.max_run.max(self.run);
+            if self.run > MAX_EMPTY_RUN {
+                return Err(format!(
+                    "more than {MAX_EMPTY_RUN} parts of it in a row may match nothing"
+                ));
+            }
+        } else {
+            self.max_run = self.max_run.max(item.run);
+            self.run = 0;
+            self.alternative_empty = false;
+        }
+        Ok(())
+    }
+
+    fn end_alternative(&mut self) -> Result<(), String> {
+        self.flush()?;
+        self.any_alternative_empty |= self.alternative_empty;
+        self.alternative_empty = true;
+        self.run = 0;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct PatternScan {
+    levels: Vec<Level>,
+}
+
+impl Default for PatternScan {
+    fn default() -> Self {
+        PatternScan {
+            levels: vec![Level::new()],
+        }
+    }
+}
+
+impl PatternScan {
+    fn top(&mut self) -> &mut Level {
+        let last = self.levels.len() - 1;
+        &mut self.levels[last]
+    }
+
+    fn item(&mut self, item: Item) -> Result<(), String> {
+        self.top().flush()?;
+        self.top().pending = Some(item);
+        Ok(())
+    }
+
+    fn open(&mut self) -> Result<(), String> {
+        self.top().flush()?;
+        self.levels.push(Level::new());
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), String> {
+        if self.levels.len() == 1 {
+            return Ok(());
+        }
+        let mut level = self.levels.pop().unwrap_or_else(Level::new);
+        level.end_alternative()?;
+        self.top().pending = Some(Item {
+            empty: level.any_alternative_empty,
+            run: level.max_run,
+            product: level.max_product,
+        });
+        Ok(())
+    }
+
+    fn alternative(&mut self) -> Result<(), String> {
+        self.top().end_alternative()
+    }
+
+    fn quantify(&mut self, min: u64, max: u64) -> Result<(), String> {
+        let Some(mut item) = self.top().pending else {
+            return Ok(());
+        };
+        let factor = if max <= MAX_REPEAT { max } else { min.max(1) };
+        if item.empty {
+            if max > MAX_REPEAT {
+                return Err("it repeats without bound something that may match nothing".into());
+            }
+            item.run = item.run.max(1).saturating_mul(factor.max(1));
+        }
+        item.product = item.product.saturating_mul(factor.max(1));
+        if item.product > MAX_PATTERN_PRODUCT {
+            return Err(format!(
+                "its nested repetitions multiply to {}, more than {MAX_PATTERN_PRODUCT}",
+                item.product
+            ));
+        }
+        item.empty |= min == 0;
+        self.top().pending = Some(item);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        while self.levels.len() > 1 {
+            self.close()?;
+        }
+        self.top().end_alternative()
+    }
 }
 
 /// `m`, `m,`, `,n` or `m,n` (the inside of braces) → (min, max), checked.
@@ -271,12 +436,12 @@ pub fn check_grammar(grammar: &str) -> Result<(), GrammarProblem> {
                 }
             }
             b'{' => {
-                let close = grammar[i..]
-                    .find('}')
-                    .map(|n| i + n)
-                    .ok_or_else(|| GrammarProblem::Repetition(grammar[i..].chars().take(16).collect()))?;
+                let close = grammar[i..].find('}').map(|n| i + n).ok_or_else(|| {
+                    GrammarProblem::Repetition(grammar[i..].chars().take(16).collect())
+                })?;
                 let inside = &grammar[i + 1..close];
-                parse_braces(inside).map_err(|_| GrammarProblem::Repetition(format!("{{{inside}}}")))?;
+                parse_braces(inside)
+                    .map_err(|_| GrammarProblem::Repetition(format!("{{{inside}}}")))?;
                 i = close;
             }
             _ => {}
@@ -330,7 +495,10 @@ mod tests {
         assert!(check_object(&object(json!({"maxLength": 5000})), "#").is_ok());
         assert!(matches!(
             check_object(&object(json!({"maxLength": 10_000_000_000u64})), "#"),
-            Err(BoundsProblem::TooLarge { key: "maxLength", .. })
+            Err(BoundsProblem::TooLarge {
+                key: "maxLength",
+                ..
+            })
         ));
     }
 
@@ -360,12 +528,40 @@ mod tests {
         assert!(check_pattern("^a{x}$").is_err());
         assert!(check_pattern("^a{3").is_err());
         assert_eq!(
-            check_pattern("^((a?){200}){200}$").unwrap_err(),
+            check_pattern("^((ab){200}){200}$").unwrap_err(),
             "its nested repetitions multiply to 40000, more than 10000"
         );
         assert!(check_pattern("^((a{100}){100}){100}$").is_err());
         assert!(check_pattern("^(a{100}b{100}){50}$").is_ok());
         assert!(check_pattern(&"a".repeat(MAX_PATTERN_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn runs_of_items_that_may_match_nothing_are_bounded() {
+        for ok in [
+            "^(a?){64}$",
+            "^a?b?c?$",
+            "^(ab?){2000}$",
+            "^[a-z]{0,2000}$",
+            "^(a|b){0,2000}$",
+            "^(-?[0-9]+)(,[0-9]*)*$",
+        ] {
+            assert_eq!(check_pattern(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "^(a?){2000}$",
+            "^(a?){65}$",
+            &format!("^{}$", "a?".repeat(65)),
+            "^((a|){100}){2}$",
+            "^(a*)*$",
+            "^(b?c?){40}$",
+        ] {
+            assert!(check_pattern(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            check_pattern("^(a?){2000}$").unwrap_err(),
+            "more than 64 parts of it in a row may match nothing"
+        );
     }
 
     #[test]

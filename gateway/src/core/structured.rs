@@ -404,9 +404,9 @@ pub fn prepare_tools(
             check_schema(&value, &value, "#")
                 .and_then(|()| check_bounds(&value, "#"))
                 .map_err(|fault| match fault {
-                SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
-                bounds => bounds.into_error("tools"),
-            })?;
+                    SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
+                    bounds => bounds.into_error("tools"),
+                })?;
             let grammar = json_schema_to_grammar(schema)
                 .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))?;
             check_grammar_text(&grammar, "tools")?;
@@ -613,23 +613,38 @@ mod tests {
             ValidationError::SchemaBoundsInverted { field, path, min_key: "minItems", .. }
                 if field == "response_format.json_schema.schema" && path == "#/properties/tags"));
         assert!(matches!(
-            rule(ollama_format(Some(&json!({"type": "object", "minProperties": 2, "maxProperties": 1})))),
-            ValidationError::SchemaBoundsInverted { min_key: "minProperties", .. }
+            rule(ollama_format(Some(
+                &json!({"type": "object", "minProperties": 2, "maxProperties": 1})
+            ))),
+            ValidationError::SchemaBoundsInverted {
+                min_key: "minProperties",
+                ..
+            }
         ));
         assert!(matches!(
             rule(ollama_format(Some(&json!({"type": "string", "pattern": "^a{5,1}$"})))),
             ValidationError::SchemaPattern { reason, .. } if reason.contains("at least 5 but at most 1")
         ));
         assert!(matches!(
-            rule(ollama_format(Some(&json!({"type": "string", "pattern": "^a{100000}$"})))),
+            rule(ollama_format(Some(
+                &json!({"type": "string", "pattern": "^a{100000}$"})
+            ))),
             ValidationError::SchemaPattern { .. }
         ));
         assert!(matches!(
-            rule(ollama_format(Some(&json!({"type": "array", "minItems": 100000})))),
-            ValidationError::SchemaCountTooLarge { key: "minItems", value: 100000, limit: 2000, .. }
+            rule(ollama_format(Some(
+                &json!({"type": "array", "minItems": 100000})
+            ))),
+            ValidationError::SchemaCountTooLarge {
+                key: "minItems",
+                value: 100000,
+                limit: 2000,
+                ..
+            }
         ));
         // Behind a $ref, even outside $defs.
-        let hidden = json!({"$ref": "#/x", "x": {"type": "string", "minLength": 9, "maxLength": 2}});
+        let hidden =
+            json!({"$ref": "#/x", "x": {"type": "string", "minLength": 9, "maxLength": 2}});
         assert!(matches!(
             rule(ollama_format(Some(&hidden))),
             ValidationError::SchemaBoundsInverted { path, .. } if path == "#/x"

@@ -559,7 +559,6 @@ impl OllamaOptions {
             seed: seed(self.seed),
             ..SamplingParams::default()
         };
-        check_sampling(&sampling, "options.")?;
         check_ranges(&[
             ("options.temperature", Some(sampling.temperature), 0.0, 10.0),
             ("options.top_p", Some(sampling.top_p), 0.0, 1.0),
@@ -578,6 +577,7 @@ impl OllamaOptions {
                 2.0,
             ),
         ])?;
+        check_sampling(&sampling, "options.")?;
         let max_tokens = match self.num_predict {
             None | Some(-1) | Some(-2) => None,
             Some(n) if n < 0 => return Err(ValidationError::NumPredict(n)),
@@ -864,7 +864,15 @@ mod tests {
 
     #[test]
     fn path_like_names_have_their_own_variant() {
-        for bad in ["../x", "../../etc/passwd", "/abs", "a//b", "./x", "a/./b", "x/"] {
+        for bad in [
+            "../x",
+            "../../etc/passwd",
+            "/abs",
+            "a//b",
+            "./x",
+            "a/./b",
+            "x/",
+        ] {
             assert_eq!(
                 ModelName::parse(bad, "destination").unwrap_err(),
                 ValidationError::PathLikeModelName {
@@ -874,7 +882,12 @@ mod tests {
                 "{bad}"
             );
         }
-        for ok in ["hf.co/user/repo:Q4_K_M", "library/llama3:8b", "a.b:1.0", "x..y"] {
+        for ok in [
+            "hf.co/user/repo:Q4_K_M",
+            "library/llama3:8b",
+            "a.b:1.0",
+            "x..y",
+        ] {
             assert!(ModelName::parse(ok, "model").is_ok(), "{ok}");
         }
     }
@@ -950,7 +963,10 @@ mod tests {
                 value: 5.0
             }
         );
-        assert_eq!(e.to_string(), "options.top_p must be between 0 and 1, got 5");
+        assert_eq!(
+            e.to_string(),
+            "options.top_p must be between 0 and 1, got 5"
+        );
         let cold = OllamaOptions {
             temperature: Some(-1.0),
             ..OllamaOptions::default()
@@ -965,7 +981,10 @@ mod tests {
         };
         assert!(matches!(
             typical.to_params().unwrap_err(),
-            ValidationError::OptionOutOfRange { field: "options.typical_p", .. }
+            ValidationError::OptionOutOfRange {
+                field: "options.typical_p",
+                ..
+            }
         ));
         let openai = OpenAiSampling {
             top_p: Some(1.5),

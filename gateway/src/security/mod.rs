@@ -76,10 +76,7 @@ impl Security {
                 bind.ip()
             );
         }
-        let admin_key = settings
-            .admin_key
-            .filter(|k| !k.is_empty())
-            .map(Arc::from);
+        let admin_key = settings.admin_key.filter(|k| !k.is_empty()).map(Arc::from);
         let roots = if settings.model_roots.is_empty() {
             settings.default_roots
         } else {

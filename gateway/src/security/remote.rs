@@ -219,7 +219,8 @@ pub fn check_gguf_header(start: &[u8]) -> bool {
     if start.len() < GGUF_HEADER_BYTES || &start[..4] != b"GGUF" {
         return false;
     }
-    let u32_at = |i: usize| u32::from_le_bytes([start[i], start[i + 1], start[i + 2], start[i + 3]]);
+    let u32_at =
+        |i: usize| u32::from_le_bytes([start[i], start[i + 1], start[i + 2], start[i + 3]]);
     let u64_at = |i: usize| u64::from_le_bytes(start[i..i + 8].try_into().unwrap_or([0xff; 8]));
     let version = u32_at(4);
     (2..=3).contains(&version) && u64_at(8) < (1 << 24) && u64_at(16) < (1 << 24)
@@ -230,7 +231,11 @@ mod tests {
     use super::*;
 
     fn policy(hosts: &[&str], allow_private: bool) -> PullPolicy {
-        PullPolicy::new(hosts.iter().map(|h| h.to_string()).collect(), allow_private, None)
+        PullPolicy::new(
+            hosts.iter().map(|h| h.to_string()).collect(),
+            allow_private,
+            None,
+        )
     }
 
     #[test]
@@ -285,7 +290,11 @@ mod tests {
             "https://huggingface.co.evil.example/x.gguf",
             "https://evilhuggingface.co/x.gguf",
         ] {
-            assert_eq!(default.check_url(&Url::parse(bad).unwrap()), Err(Refused), "{bad}");
+            assert_eq!(
+                default.check_url(&Url::parse(bad).unwrap()),
+                Err(Refused),
+                "{bad}"
+            );
         }
     }
 
@@ -305,10 +314,14 @@ mod tests {
 
     #[tokio::test]
     async fn names_resolving_to_loopback_are_refused() {
-        let guarded = GuardedResolver { allow_private: false };
+        let guarded = GuardedResolver {
+            allow_private: false,
+        };
         let name: Name = "localhost".parse().unwrap();
         assert!(guarded.resolve(name).await.is_err());
-        let open = GuardedResolver { allow_private: true };
+        let open = GuardedResolver {
+            allow_private: true,
+        };
         let name: Name = "localhost".parse().unwrap();
         assert!(open.resolve(name).await.is_ok());
     }
