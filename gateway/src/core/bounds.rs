@@ -317,7 +317,9 @@ impl PatternScan {
         if self.levels.len() == 1 {
             return Ok(());
         }
-        let mut level = self.levels.pop().unwrap_or_else(Level::new);
+        let Some(mut level) = self.levels.pop() else {
+            return Ok(());
+        };
         level.end_alternative()?;
         self.top().pending = Some(Item {
             empty: level.any_alternative_empty,
