@@ -18,9 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::cors::{AllowHeaders, Any, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::api::{ollama, openai, openapi, pull};
@@ -42,6 +43,8 @@ pub struct AppState {
     /// `/metrics` answers loopback clients without the API key (a local
     /// Prometheus); others still need it.
     pub metrics_open_on_loopback: bool,
+    /// Origins, hosts, the admin key and what pulls may touch.
+    pub security: Arc<crate::security::Security>,
 }
 
 /// Server options beyond the models.
@@ -85,8 +88,17 @@ const CORS_HEADERS: &[&str] = &[
 /// The whole application.
 pub fn app(state: AppState, http: &HttpSettings) -> Router {
     let x_request_id = HeaderName::from_static("x-request-id");
+    let origins = state.security.origins.clone();
     let cors = CorsLayer::new()
-        .allow_origin(Any)
+        .allow_origin(AllowOrigin::predicate(move |origin, parts| {
+            let host = parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok());
+            origin
+                .to_str()
+                .is_ok_and(|o| origins.origin_allowed(o, host))
+        }))
         .allow_methods([
             Method::GET,
             Method::POST,
@@ -125,6 +137,10 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(http.max_body_bytes))
+        .layer(RequestBodyTimeoutLayer::new(
+            crate::connections::BODY_READ_TIMEOUT,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), origin_guard))
         .layer(cors)
         // A bug must cost one request a 500, never the server.
         .layer(CatchPanicLayer::custom(panic_response))
@@ -172,18 +188,43 @@ async fn not_found(request: Request) -> Response {
 /// Open without the key: the status page holds no data (it asks `/api/status`, which needs it).
 const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs", "/status"];
 
-async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(key) = state.api_key.as_deref() else {
-        return next.run(request).await;
+/// Refuses (403) a request from a web page of a foreign origin, or one
+/// naming a `Host` this server does not answer to (DNS rebinding); see
+/// [`crate::security::origin`]. Runs inside the CORS layer, so a refused
+/// preflight gets no CORS headers either.
+async fn origin_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origins = &state.security.origins;
+    let refusal = if !origins.host_allowed(host) {
+        Some(
+            "this server does not answer to that Host name: use localhost or 127.0.0.1, or \
+              list the name in [server] allowed_hosts",
+        )
+    } else if headers.get(header::ORIGIN).is_some_and(|origin| {
+        !origin
+            .to_str()
+            .is_ok_and(|o| origins.origin_allowed(o, host))
+    }) {
+        Some(
+            "requests from this web page's origin are not allowed: list it in [server] \
+              allowed_origins",
+        )
+    } else {
+        None
     };
-    let path = request.uri().path();
-    if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
-        return next.run(request).await;
+    match refusal {
+        Some(message) => {
+            let path = request.uri().path().to_string();
+            family_error(&path, ApiError::Forbidden(message.into()))
+        }
+        None => next.run(request).await,
     }
-    if state.metrics_open_on_loopback && path == "/metrics" && from_loopback(&request) {
-        return next.run(request).await;
-    }
-    let presented = request
+}
+
+/// The key of `Authorization: Bearer <key>`, if sent.
+fn bearer(request: &Request) -> Option<&str> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -191,11 +232,47 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim);
-    if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.as_bytes())) {
+        .map(str::trim)
+}
+
+/// The API key on every route but the open ones; the admin key (when set)
+/// on the routes that add or remove models, where the API key is not
+/// enough. The admin key opens every route.
+async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
         return next.run(request).await;
     }
-    let message = if presented.is_some() {
+    if state.metrics_open_on_loopback && path == "/metrics" && from_loopback(&request) {
+        return next.run(request).await;
+    }
+    let presented = bearer(&request);
+    let matches = |key: Option<&str>| {
+        key.zip(presented)
+            .is_some_and(|(k, p)| constant_time_eq(p.as_bytes(), k.as_bytes()))
+    };
+    let admin_key = state.security.admin_key.as_deref();
+    let is_admin = matches(admin_key);
+    if admin_key.is_some() && crate::security::origin::is_admin_route(path) {
+        if is_admin {
+            return next.run(request).await;
+        }
+        if presented.is_some() && (state.api_key.is_none() || matches(state.api_key.as_deref())) {
+            return family_error(
+                path,
+                ApiError::Forbidden("this route needs the admin key".into()),
+            );
+        }
+        return unauthorized(path, presented.is_some());
+    }
+    if state.api_key.is_none() || is_admin || matches(state.api_key.as_deref()) {
+        return next.run(request).await;
+    }
+    unauthorized(path, presented.is_some())
+}
+
+fn unauthorized(path: &str, presented: bool) -> Response {
+    let message = if presented {
         "invalid API key"
     } else {
         "missing API key: send the header `Authorization: Bearer <key>`"
@@ -254,10 +331,12 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
             }
         }
     });
-    let app = app(state, &http).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal(Arc::clone(&registry), http.shutdown_grace))
-        .await?;
+    crate::connections::serve(
+        listener,
+        app(state, &http),
+        shutdown_signal(Arc::clone(&registry), http.shutdown_grace),
+    )
+    .await?;
     housekeeping.abort();
     eprintln!("hypura: requests finished, stopping the models");
     tokio::task::spawn_blocking(move || registry.shutdown())

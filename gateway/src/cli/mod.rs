@@ -3,10 +3,12 @@ mod bench;
 mod client;
 mod gpu;
 mod inspect;
+mod output;
 mod profile;
 mod progress;
 mod run;
 mod serve;
+mod threads;
 
 use clap::{Parser, Subcommand};
 

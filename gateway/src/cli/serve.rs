@@ -13,6 +13,7 @@ use crate::core::validation::{KeepAlive, ModelName};
 use crate::fetch;
 use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
+use crate::security::{Security, SecuritySettings};
 use crate::server::{self, AppState, HttpSettings};
 use crate::telemetry::{self, LogFormat, TelemetrySettings};
 
@@ -43,13 +44,20 @@ pub struct ServeArgs {
     /// Tokens per decode call when evaluating prompts [default: 512].
     #[arg(long, value_parser = flag(config::check_batch))]
     batch: Option<u32>,
-    /// Decode threads per model [default: all cores].
+    /// Decode threads per model [default: the physical cores, less one when more than two].
     #[arg(long)]
     threads: Option<u32>,
     /// Require `Authorization: Bearer KEY` on every route but `/` and `/api/version`
     /// (also read from HYPURA_API_KEY).
     #[arg(long, env = "HYPURA_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /api/pull, /api/create, /api/copy and
+    /// /api/delete, where the API key is not enough (also read from HYPURA_ADMIN_KEY).
+    #[arg(long, env = "HYPURA_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+    /// Allow listening on a non-loopback address without an API key.
+    #[arg(long)]
+    insecure_no_auth: bool,
     /// How long a model stays loaded after its last request (`5m`, `1h`, `0`, `-1` = forever)
     /// [default: 5m].
     #[arg(long, value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
@@ -140,7 +148,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .or(file.batch)
             .unwrap_or(config::DEFAULT_BATCH)
             .max(parallel),
-        n_threads: args.threads.or(file.threads).unwrap_or(0),
+        n_threads: super::threads::decode_threads(args.threads.or(file.threads)),
         queue_limit: args
             .queue_limit
             .or(file.queue_limit)
@@ -176,17 +184,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(fetch::cache_dir)
         .map_err(|e| tracing::warn!("/api/pull cannot download: {e:#}"))
         .ok();
-    let state = AppState {
-        registry: Arc::new(registry),
-        api_key: args
-            .api_key
-            .or(file.api_key)
-            .filter(|k| !k.is_empty())
-            .map(Arc::from),
-        models_dir: models_dir.map(Arc::from),
-        metrics_open_on_loopback: args.metrics_open_on_loopback
-            || file.metrics_open_on_loopback.unwrap_or(false),
-    };
     let host = args
         .host
         .or(file.host)
@@ -197,6 +194,31 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|mut addrs| addrs.next())
         .with_context(|| format!("host {host}: not an address or a known host name"))?;
+    let api_key = args.api_key.or(file.api_key).filter(|k| !k.is_empty());
+    let mut default_roots: Vec<PathBuf> = models_dir.iter().cloned().collect();
+    default_roots.extend(paths.iter().cloned());
+    default_roots.extend(file.models.iter().map(|m| m.path.clone()));
+    let security = Security::new(
+        SecuritySettings {
+            api_key: api_key.clone(),
+            admin_key: args.admin_key.or(file.security.admin_key.clone()),
+            insecure_no_auth: args.insecure_no_auth || file.security.insecure_no_auth,
+            default_roots,
+            ..file.security
+        },
+        addr,
+    )?;
+    if let Some(dir) = &models_dir {
+        crate::api::pull::remove_stale_parts(dir);
+    }
+    let state = AppState {
+        registry: Arc::new(registry),
+        api_key: api_key.map(Arc::from),
+        models_dir: models_dir.map(Arc::from),
+        security: Arc::new(security),
+        metrics_open_on_loopback: args.metrics_open_on_loopback
+            || file.metrics_open_on_loopback.unwrap_or(false),
+    };
     let http = HttpSettings {
         max_body_bytes: args
             .max_body_bytes

@@ -27,7 +27,7 @@ use super::backend::{
 use super::error::ApiError;
 use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
-use super::validation::ValidationError;
+use super::validation::{self, ValidationError};
 use crate::pool::registry::{ModelInfo, Registry};
 use crate::telemetry::genai;
 
@@ -213,6 +213,16 @@ pub struct Generation {
     span: Span,
 }
 
+/// The bytes of text a prompt will be tokenized from (messages: their
+/// contents; the template adds a few per message).
+fn prompt_bytes(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Text { text } => text.len(),
+        Prompt::Messages { messages, .. } => messages.iter().map(|m| m.content.len()).sum(),
+        Prompt::Load | Prompt::Tokens(_) => 0,
+    }
+}
+
 impl Generation {
     /// Submits `request` to the leased backend.
     pub async fn start(
@@ -221,6 +231,13 @@ impl Generation {
         tools: Option<Tools>,
         arrived: Instant,
     ) -> Result<Generation, ApiError> {
+        let n_ctx = lease.backend.status().context_length;
+        let n_ctx = request
+            .backend
+            .params
+            .num_ctx
+            .map_or(n_ctx, |n| n.min(n_ctx));
+        validation::check_prompt_bytes(prompt_bytes(&request.backend.prompt), n_ctx)?;
         let events = lease
             .backend
             .generate(request.backend.clone())
@@ -443,8 +460,10 @@ pub async fn embed(
 /// [`embed`] in its span.
 async fn embed_texts(
     pool: &Registry,
-    request: EmbedRequest,
+    mut request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
+    let truncate = request.batch.truncate;
+    validation::check_embed_texts(&mut request.batch.texts, truncate)?;
     let lease = pool
         .backend(&request.requested, &request.name, request.keep_alive)
         .await?;
