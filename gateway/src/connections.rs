@@ -52,14 +52,13 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(
-            app.clone().map_request(move |request: Request<Incoming>| {
+        let service =
+            TowerToHyperService::new(app.clone().map_request(move |request: Request<Incoming>| {
                 let mut request = request.map(Body::new);
                 // What `into_make_service_with_connect_info` gives handlers.
                 request.extensions_mut().insert(ConnectInfo(peer));
                 request
-            }),
-        );
+            }));
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
