@@ -55,6 +55,7 @@ pub struct ServerSection {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget: Option<Text>,
     pub ram_budget: Option<Text>,
+    pub in_process: Option<bool>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -116,6 +117,8 @@ pub struct Config {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
+    /// Run every model in the server's process, not in runner processes.
+    pub in_process: Option<bool>,
     pub models: Vec<ModelConfig>,
 }
 
@@ -248,6 +251,7 @@ impl ConfigFile {
                 .ram_budget
                 .map(|t| size("server.ram_budget", &t))
                 .transpose()?,
+            in_process: s.in_process,
             models: Vec::new(),
         };
         for (i, model) in self.models.into_iter().enumerate() {
@@ -365,7 +369,7 @@ mod tests {
             error("[server]\nport = 1\nprot = 2\n"),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget` (line 3)"
+             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, `in_process` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

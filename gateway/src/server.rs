@@ -20,7 +20,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use crate::api::{ollama, openai, openapi, pull};
+use crate::api::{debug, ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::pool::registry::Registry;
 
@@ -109,6 +109,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .merge(openapi::routes())
+        .merge(debug::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())

@@ -6,6 +6,7 @@ mod inspect;
 mod profile;
 mod progress;
 mod run;
+mod runner;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,9 @@ enum Command {
     /// Generate text from a prompt, or chat with --interactive; a model name
     /// instead of a file chats through a running server.
     Run(run::RunArgs),
+    /// Run one model for a server (started by `hypura serve`, not by hand).
+    #[command(hide = true)]
+    Runner(runner::RunnerArgs),
     /// Serve models over Ollama- and OpenAI-compatible HTTP APIs.
     Serve(serve::ServeArgs),
     /// Show a served model's facts, capabilities and parameters (client).
@@ -58,6 +62,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Ps(args) => client::ps::ps(args),
         Command::Pull(args) => client::pull::pull(args),
         Command::Run(args) => run::run(args),
+        Command::Runner(args) => runner::runner(args),
         Command::Serve(args) => serve::serve(args),
         Command::Show(args) => client::show::show(args),
         Command::Stop(args) => client::stop::stop(args),

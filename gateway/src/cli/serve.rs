@@ -13,6 +13,7 @@ use crate::core::validation::{KeepAlive, ModelName};
 use crate::fetch;
 use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
+use crate::pool::runner::Runners;
 use crate::server::{self, AppState, HttpSettings};
 
 #[derive(Args, Debug)]
@@ -75,6 +76,10 @@ pub struct ServeArgs {
     /// before they are cancelled (the process exits at most 5 s later).
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
     shutdown_grace: std::time::Duration,
+    /// Run every model inside this process instead of one runner process
+    /// per model (a crash in a model then ends the server).
+    #[arg(long)]
+    in_process: bool,
 }
 
 /// A whole or fractional number of seconds, 0 or more.
@@ -109,6 +114,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let profile = ServerProfile::resolve(args.profile.as_deref())?;
     let gpu = GpuBudget::resolve(args.gpu_budget.or(file.gpu_budget_bytes));
     eprintln!("hypura: {}", gpu.describe());
+    let runners = if args.in_process || file.in_process == Some(true) {
+        None
+    } else {
+        Some(Arc::new(Runners::start().map_err(anyhow::Error::msg)?))
+    };
     let registry = Registry::new(EngineSettings {
         n_ctx_per_seq: args
             .context
@@ -133,6 +143,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gpu_budget_bytes: gpu.bytes,
         ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
         profile: Arc::clone(&profile),
+        runners,
     });
     let mut count = 0;
     for (i, model) in file.models.iter().enumerate() {

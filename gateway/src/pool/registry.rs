@@ -32,6 +32,7 @@ use hypura_scheduler::profile::HardwareProfile;
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
+use super::runner::{self, RunnerProcess, Runners};
 use super::PoolError;
 use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts};
 use crate::core::validation::{KeepAlive, ModelName};
@@ -59,6 +60,8 @@ pub struct EngineSettings {
     pub ram_budget_bytes: Option<u64>,
     /// The hardware profile every placement is planned with.
     pub profile: Arc<ServerProfile>,
+    /// Runs each model in a runner process of its own (`None`: in this process).
+    pub runners: Option<Arc<Runners>>,
 }
 
 /// The residency floor of a model: the budget scheduler never demotes it below
@@ -266,15 +269,52 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A model in memory: its engine, its compiled chat template, and its keep-alive state.
+/// Where a loaded model runs.
+pub enum Engine {
+    /// In this process.
+    InProcess(Arc<InProcess>),
+    /// In a runner process of its own ([`crate::pool::runner`]).
+    Runner(Arc<RunnerProcess>),
+}
+
+/// A model run by this process: its engine and compiled chat template.
+pub struct InProcess {
+    pub engine: BatchEngine,
+    /// The model's own template (ChatML when it has none), or why it does not compile.
+    pub template: Result<ChatTemplate, String>,
+    /// Streams its weights (under a global budget, in its streaming
+    /// placement): the cache to resize on promotion and demotion. Replaced
+    /// when the engine switches placement.
+    streamer: Mutex<Option<Arc<Streamer>>>,
+}
+
+impl InProcess {
+    pub fn streamer(&self) -> Option<Arc<Streamer>> {
+        lock(&self.streamer).clone()
+    }
+
+    /// Weight bytes per tier in the placement loaded now (during a switch,
+    /// the old one).
+    pub fn tier_bytes(&self, budgeted: &BudgetedModel) -> TierBytes {
+        let streamer = self.streamer();
+        let loaded = if streamer.is_none() {
+            Residency::Full
+        } else {
+            Residency::Streaming
+        };
+        let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
+        let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
+        TierBytes { gpu, ram, stream }
+    }
+}
+
+/// A model in memory: where it runs, and its keep-alive state.
 pub struct LoadedModel {
     /// The name it was loaded under.
     pub name: String,
     pub path: Arc<PathBuf>,
     pub info: Arc<ModelInfo>,
-    pub engine: BatchEngine,
-    /// The model's own template (ChatML when it has none), or why it does not compile.
-    pub template: Result<ChatTemplate, String>,
+    pub engine: Engine,
     pub n_ctx_per_seq: u32,
     /// Tokens per second of its recent generations.
     pub decode_rate: Arc<DecodeRate>,
@@ -283,17 +323,53 @@ pub struct LoadedModel {
     keep_alive: Mutex<KeepAlive>,
     /// When it will be unloaded if idle; `None` = never.
     expires_at: Mutex<Option<SystemTime>>,
-    /// Streams its weights (under a global budget, in its streaming
-    /// placement): the cache to resize on promotion and demotion. Replaced
-    /// when the engine switches placement.
-    streamer: Mutex<Option<Arc<Streamer>>>,
     /// Loaded under a global budget (the policy decides when it goes).
     budgeted: bool,
 }
 
 impl LoadedModel {
-    pub fn streamer(&self) -> Option<Arc<Streamer>> {
-        lock(&self.streamer).clone()
+    /// Whether its runner process is gone (a crash): it reloads on the next request.
+    pub fn is_dead(&self) -> bool {
+        match &self.engine {
+            Engine::InProcess(_) => false,
+            Engine::Runner(runner) => runner.is_dead(),
+        }
+    }
+
+    /// Lets in-flight requests finish and refuses new ones.
+    pub fn shutdown(&self) {
+        match &self.engine {
+            Engine::InProcess(local) => local.engine.shutdown(),
+            Engine::Runner(runner) => runner.shutdown(),
+        }
+    }
+
+    /// Moves a model run here from `from` to `to` under the budget: a
+    /// switch of placement (blocking until the engine runs the new one) or
+    /// a stream-cache resize (a promotion then fills the cache on a
+    /// background thread).
+    pub fn move_in_process(
+        &self,
+        budgeted: &BudgetedModel,
+        from: Residency,
+        to: Residency,
+    ) -> Result<(), String> {
+        let Engine::InProcess(local) = &self.engine else {
+            return Err(format!("{}: runs in a runner process", self.name));
+        };
+        if budgeted.is_full_placement(from) != budgeted.is_full_placement(to) {
+            return switch_placement(self, local, budgeted, to);
+        }
+        let streamer = local
+            .streamer()
+            .ok_or_else(|| format!("{}: has no stream cache to resize", self.name))?;
+        streamer
+            .set_cache_budget(budgeted.cache_bytes(to))
+            .map_err(|e| format!("{}: {e}", self.name))?;
+        if to > from {
+            std::thread::spawn(move || streamer.fill());
+        }
+        Ok(())
     }
 
     pub fn expires_at(&self) -> Option<SystemTime> {
@@ -400,6 +476,19 @@ impl ModelLease {
         Ok(())
     }
 
+    /// A lease on `model` outside any registry (a runner's one model):
+    /// never counted, no budget, never cancelled by a shutdown.
+    pub fn standalone(model: Arc<LoadedModel>) -> ModelLease {
+        ModelLease {
+            model,
+            loaded: Cache::new(0),
+            load_duration: Duration::ZERO,
+            budget: None,
+            cancel: tokio::sync::watch::channel(false).1,
+            counted: false,
+        }
+    }
+
     /// Turns true when the server cancels in-flight requests (shutdown past
     /// its grace period); never before.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
@@ -457,7 +546,7 @@ impl Registry {
             .eviction_listener(|path: Arc<Arc<PathBuf>>, model: Arc<LoadedModel>, cause| {
                 tracing::info!("unloading {} ({cause:?})", path.display());
                 // Finishes what is in flight; memory goes with the last lease.
-                std::thread::spawn(move || model.engine.shutdown());
+                std::thread::spawn(move || model.shutdown());
             })
             .build();
         let budget = (settings.gpu_budget_bytes.is_some() || settings.ram_budget_bytes.is_some())
@@ -633,11 +722,16 @@ impl Registry {
                 let settings = self.settings.clone();
                 let key = Arc::clone(named.source.local_path());
                 let model = tokio::task::spawn_blocking(move || {
-                    loaded.try_get_with(key, || load(&named, &settings, None))
+                    let model = loaded
+                        .try_get_with(Arc::clone(&key), || load(&named, &settings, None))
+                        .map_err(|e| (*e).clone())?;
+                    if !model.is_dead() {
+                        return Ok(model);
+                    }
+                    replace_dead(&loaded, key, || load(&named, &settings, None))
                 })
                 .await
-                .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
-                .map_err(|e| (*e).clone())?;
+                .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))??;
                 (model, None)
             }
         };
@@ -700,8 +794,16 @@ impl Registry {
             changed.as_mut().enable();
             match budget.request(id) {
                 Admission::Ready => {
-                    if let Some(model) = self.loaded.get(named.source.local_path()) {
-                        return Ok((model, id));
+                    match self.loaded.get(named.source.local_path()) {
+                        Some(model) if model.is_dead() => {
+                            let revived = self.revive(budget, &named).await;
+                            if revived.is_err() {
+                                budget.finish(id);
+                            }
+                            return revived.map(|model| (model, id));
+                        }
+                        Some(model) => return Ok((model, id)),
+                        None => {}
                     }
                     // Another request is loading it: wait for that load.
                     budget.finish(id);
@@ -748,6 +850,31 @@ impl Registry {
             // room (idle models become demotable), so look again each second.
             let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
         }
+    }
+
+    /// Reloads a model whose runner crashed, at its residency under the
+    /// budget (which still counts it loaded there).
+    async fn revive(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: &NamedModel,
+    ) -> Result<Arc<LoadedModel>, PoolError> {
+        let path = Arc::clone(named.source.local_path());
+        let budgeted = budget
+            .model(&path)
+            .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?;
+        let level = budget
+            .residency(&path)
+            .unwrap_or(Residency::Streaming)
+            .max(Residency::Streaming);
+        let (loaded, settings, named) = (self.loaded.clone(), self.settings.clone(), named.clone());
+        tokio::task::spawn_blocking(move || {
+            replace_dead(&loaded, path, || {
+                load(&named, &settings, Some((budgeted, level)))
+            })
+        })
+        .await
+        .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
     }
 
     /// Unloads the model named `name` if it is loaded (in-flight requests finish).
@@ -814,8 +941,30 @@ impl Registry {
     /// Stops every engine: in-flight requests finish, new ones are refused.
     pub fn shutdown(&self) {
         for (_, model) in self.loaded.iter() {
-            model.engine.shutdown();
+            model.shutdown();
         }
+    }
+}
+
+/// The model at `key`, loaded anew if its runner died (once, whoever asks
+/// first: a request that finds a live one takes it).
+fn replace_dead(
+    loaded: &Cache<Arc<PathBuf>, Arc<LoadedModel>>,
+    key: Arc<PathBuf>,
+    load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
+) -> Result<Arc<LoadedModel>, PoolError> {
+    use moka::ops::compute::{CompResult, Op};
+    let result = loaded.entry(key).and_try_compute_with(|entry| match entry {
+        Some(entry) if !entry.value().is_dead() => Ok(Op::Nop),
+        _ => load().map(Op::Put),
+    })?;
+    match result {
+        CompResult::Inserted(entry)
+        | CompResult::ReplacedWith(entry)
+        | CompResult::Unchanged(entry) => Ok(entry.into_value()),
+        CompResult::StillNone(_) | CompResult::Removed(_) => Err(PoolError::Failed(
+            "the model was unloaded while it was reloaded: retry".into(),
+        )),
     }
 }
 
@@ -834,18 +983,18 @@ fn memory_of(budget: Option<&Arc<GlobalBudget>>, model: &LoadedModel) -> MemoryU
     let residency = budget
         .and_then(|b| b.residency(&model.path))
         .unwrap_or(Residency::Unloaded);
-    // What is loaded now (during a switch of placement, the old one).
-    let streamer = model.streamer();
-    let loaded = if streamer.is_none() {
-        Residency::Full
-    } else {
-        Residency::Streaming
+    let tier_bytes = match &model.engine {
+        Engine::InProcess(local) => local.tier_bytes(&budgeted),
+        // A runner gone holds nothing.
+        Engine::Runner(runner) => runner.memory().unwrap_or(TierBytes {
+            gpu: 0,
+            ram: 0,
+            stream: 0,
+        }),
     };
-    let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
-    let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
     MemoryUse {
         residency,
-        tier_bytes: TierBytes { gpu, ram, stream },
+        tier_bytes,
     }
 }
 
@@ -952,6 +1101,13 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
         footprint,
         streaming_contexts: streaming.ram_bytes + streaming.gpu_bytes,
         full,
+        overhead: Footprint::new(
+            0,
+            settings
+                .runners
+                .as_ref()
+                .map_or(0, |r| r.overhead_ram_bytes),
+        ),
         settings: base,
         profile: Arc::clone(&settings.profile),
     })
@@ -994,42 +1150,37 @@ fn execute_moves(
             continue;
         };
         let switch = budgeted.is_full_placement(mv.from) != budgeted.is_full_placement(mv.to);
-        if switch {
+        if switch || matches!(model.engine, Engine::Runner(_)) {
             let budget = Arc::clone(budget);
             std::thread::spawn(move || {
                 // Reported whatever happens, a panic included: a move never
                 // reported would hold both placements' charge for ever.
-                let switched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    switch_placement(&model, &budgeted, mv.to)
+                let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    move_model(&model, &budgeted, mv)
                 }))
-                .unwrap_or_else(|_| Err("the switch panicked".into()));
-                match switched {
-                    Ok(()) => budget.move_done(mv),
-                    Err(e) => {
-                        tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
-                        budget.move_failed(mv);
-                    }
-                }
+                .unwrap_or_else(|_| Err("the move panicked".into()));
+                report_move(&budget, &path, mv, moved);
             });
             continue;
         }
-        let resized = model.streamer().and_then(|streamer| {
-            match streamer.set_cache_budget(budgeted.cache_bytes(mv.to)) {
-                Ok(()) => Some(streamer),
-                Err(e) => {
-                    tracing::error!("{}: {e}", path.display());
-                    None
-                }
-            }
-        });
-        match resized {
-            Some(streamer) => {
-                budget.move_done(mv);
-                if mv.to > mv.from {
-                    std::thread::spawn(move || streamer.fill());
-                }
-            }
-            None => budget.move_failed(mv),
+        report_move(budget, &path, mv, move_model(&model, &budgeted, mv));
+    }
+}
+
+/// Moves `model` where it runs: in this process, or in its runner.
+fn move_model(model: &LoadedModel, budgeted: &BudgetedModel, mv: Move) -> Result<(), String> {
+    match &model.engine {
+        Engine::InProcess(_) => model.move_in_process(budgeted, mv.from, mv.to),
+        Engine::Runner(runner) => runner.set_residency(mv.from, mv.to),
+    }
+}
+
+fn report_move(budget: &GlobalBudget, path: &Path, mv: Move, moved: Result<(), String>) {
+    match moved {
+        Ok(()) => budget.move_done(mv),
+        Err(e) => {
+            tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
+            budget.move_failed(mv);
         }
     }
 }
@@ -1039,17 +1190,18 @@ fn execute_moves(
 /// freed when this returns (once in-flight handles to it are gone).
 fn switch_placement(
     model: &LoadedModel,
+    local: &InProcess,
     budgeted: &BudgetedModel,
     level: Residency,
 ) -> Result<(), String> {
     let (plan, params) = budgeted.load_params(&model.path, level)?;
     log_placement(&model.name, &level.to_string(), &plan);
     let tiered = TieredModel::load(&model.path, &params).map_err(|e| e.to_string())?;
-    model
+    local
         .engine
         .switch_model(Arc::clone(&tiered.model), tiered.hook())
         .map_err(|e| e.to_string())?;
-    let old = std::mem::replace(&mut *lock(&model.streamer), tiered.streamer.clone());
+    let old = std::mem::replace(&mut *lock(&local.streamer), tiered.streamer.clone());
     if let Some(old) = old {
         // A fill still running on the old cache stops at its next unit.
         if let Err(e) = old.set_cache_budget(old.minimum_budget_bytes()) {
@@ -1068,7 +1220,7 @@ fn switch_placement(
 /// Loads a model in the planner's placement: for the server's budgets and
 /// the model's contexts, or (under a global budget) for `budgeted`'s
 /// residency.
-fn load(
+pub fn load(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
@@ -1078,6 +1230,46 @@ fn load(
         named.name,
         named.source.local_path().display()
     );
+    let is_budgeted = budgeted.is_some();
+    let (engine, n_ctx_per_seq) = match &settings.runners {
+        Some(runners) => {
+            let spec = runner::load_spec(named, settings, budgeted);
+            let (runner, n_ctx_per_seq) = runners.load(spec).map_err(|e| {
+                PoolError::Failed(format!("could not load model '{}': {e}", named.name))
+            })?;
+            (Engine::Runner(runner), n_ctx_per_seq)
+        }
+        None => {
+            let (local, n_ctx_per_seq) = load_in_process(named, settings, budgeted)?;
+            (Engine::InProcess(Arc::new(local)), n_ctx_per_seq)
+        }
+    };
+    Ok(Arc::new(LoadedModel {
+        name: named.name.clone(),
+        path: Arc::clone(named.source.local_path()),
+        info: Arc::clone(&named.info),
+        engine,
+        n_ctx_per_seq,
+        decode_rate: Arc::default(),
+        active: AtomicUsize::new(0),
+        keep_alive: Mutex::new(
+            named
+                .policy
+                .keep_alive
+                .unwrap_or(settings.default_keep_alive),
+        ),
+        expires_at: Mutex::new(None),
+        budgeted: is_budgeted,
+    }))
+}
+
+/// Loads a model's placement in this process and starts its engine; its
+/// context per sequence.
+fn load_in_process(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    budgeted: Option<(BudgetedModel, Residency)>,
+) -> Result<(InProcess, u32), PoolError> {
     let failed = |e: &dyn std::fmt::Display| {
         PoolError::Failed(format!("could not load model '{}': {e}", named.name))
     };
@@ -1118,25 +1310,14 @@ fn load(
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
     let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)
         .map_err(|e| PoolError::Failed(format!("could not start model '{}': {e}", named.name)))?;
-    Ok(Arc::new(LoadedModel {
-        name: named.name.clone(),
-        path: Arc::clone(named.source.local_path()),
-        info: Arc::clone(&named.info),
-        engine,
-        template,
+    Ok((
+        InProcess {
+            engine,
+            template,
+            streamer: Mutex::new(streamer),
+        },
         n_ctx_per_seq,
-        decode_rate: Arc::default(),
-        active: AtomicUsize::new(0),
-        keep_alive: Mutex::new(
-            named
-                .policy
-                .keep_alive
-                .unwrap_or(settings.default_keep_alive),
-        ),
-        expires_at: Mutex::new(None),
-        streamer: Mutex::new(streamer),
-        budgeted: budgeted.is_some(),
-    }))
+    ))
 }
 
 #[cfg(test)]
