@@ -412,7 +412,10 @@ mod tests {
             Some(KeepAlive::For(std::time::Duration::from_secs(30)))
         );
         assert_eq!(config.max_body_bytes, Some(1 << 20));
+        assert_eq!(config.in_process, None);
         assert!(config.models.is_empty());
+        let config = parse("[server]\nin_process = true\n", &repo()).unwrap();
+        assert_eq!(config.in_process, Some(true));
     }
 
     #[test]

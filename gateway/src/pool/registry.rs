@@ -1101,13 +1101,9 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
         footprint,
         streaming_contexts: streaming.ram_bytes + streaming.gpu_bytes,
         full,
-        overhead: Footprint::new(
-            0,
-            settings
-                .runners
-                .as_ref()
-                .map_or(0, |r| r.overhead_ram_bytes),
-        ),
+        overhead: settings.runners.as_ref().map_or(Footprint::ZERO, |r| {
+            Footprint::new(r.overhead_gpu_bytes, r.overhead_ram_bytes)
+        }),
         settings: base,
         profile: Arc::clone(&settings.profile),
     })

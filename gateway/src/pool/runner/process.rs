@@ -44,6 +44,9 @@ pub struct Runners {
     /// RSS of an idle runner (started, llama.cpp's backends initialised,
     /// no model): charged to every runner's model under a budget.
     pub overhead_ram_bytes: u64,
+    /// GPU memory an idle runner takes (its GPU context: the drop in the
+    /// GPUs' free memory while it runs; 0 without a GPU), charged likewise.
+    pub overhead_gpu_bytes: u64,
 }
 
 impl Runners {
@@ -52,18 +55,22 @@ impl Runners {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find this executable to start runners: {e}"))?;
         let crashes = Arc::new(AtomicU64::new(0));
+        let gpu_free_before = gpu_free_bytes();
         let probe = RunnerProcess::start(&exe, "(probe)", Arc::clone(&crashes))?;
         let overhead_ram_bytes = probe.rss_bytes().unwrap_or(0);
+        let overhead_gpu_bytes = gpu_free_before.saturating_sub(gpu_free_bytes());
         probe.stop();
         eprintln!(
             "hypura: models run in runner processes; an idle runner holds {} MiB of RAM \
-             (charged to each model under a budget)",
-            overhead_ram_bytes >> 20
+             and {} MiB of GPU memory (charged to each model under a budget)",
+            overhead_ram_bytes >> 20,
+            overhead_gpu_bytes >> 20
         );
         Ok(Runners {
             exe,
             crashes,
             overhead_ram_bytes,
+            overhead_gpu_bytes,
         })
     }
 
@@ -394,6 +401,14 @@ fn spawn_child(command: Command) -> std::io::Result<Child> {
         .map_err(|_| std::io::Error::other("the runner spawner thread is gone"))?;
     rx.recv()
         .map_err(|_| std::io::Error::other("the runner spawner thread is gone"))?
+}
+
+/// Free memory of every GPU together now.
+fn gpu_free_bytes() -> u64 {
+    llama_tiered::llama::gpu_devices()
+        .iter()
+        .map(|d| d.free_bytes)
+        .sum()
 }
 
 /// Resident set size of process `pid`, from `/proc`.
