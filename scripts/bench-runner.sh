@@ -5,7 +5,7 @@
 #   scripts/bench-runner.sh [MODEL] [N_TOKENS] [GENERATIONS] [ROUNDS]
 #
 # Each round starts both servers in turn (the order alternates between rounds),
-# warms each with one request, then times GENERATIONS generations of N_TOKENS
+# warms each with one short request, then times GENERATIONS generations of N_TOKENS
 # tokens at temperature 0 (one at a time) and takes the median of
 # eval_count / eval_duration from the responses. Prints each round and the
 # median over rounds with the ratio runner / in-process.
@@ -51,7 +51,8 @@ bench_one() {
   name=$(basename "$model" .gguf):latest
   body="{\"model\": \"$name\", \"prompt\": \"The history of the city of Paris begins\", \"raw\": true,
          \"stream\": false, \"options\": {\"temperature\": 0, \"num_predict\": $n}}"
-  curl -sf "$base/api/generate" -d "$body" >/dev/null
+  # Loads the model (and warms its caches) with a short generation.
+  curl -sf "$base/api/generate" -d "${body/\"num_predict\": $n/\"num_predict\": 8}" >/dev/null
   for _ in $(seq "$generations"); do
     curl -sf "$base/api/generate" -d "$body" |
       python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["eval_count"] / r["eval_duration"] * 1e9)'

@@ -137,7 +137,10 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
         .split_once("an idle runner holds ")
         .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
         .expect("the server logs its runners' overhead");
-    assert!(idle_runner_mib << 20 < RUNNER_ALLOWANCE, "{idle_runner_mib} MiB");
+    assert!(
+        idle_runner_mib << 20 < RUNNER_ALLOWANCE,
+        "{idle_runner_mib} MiB"
+    );
 
     // The cold model first: it takes what fits.
     let cold_text = generate(&server, cold_name);

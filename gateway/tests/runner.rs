@@ -69,9 +69,15 @@ fn rest(mut reader: BufReader<reqwest::blocking::Response>) -> String {
 /// Child processes of `pid` (its runners).
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
         let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        out.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
     }
     out
 }
@@ -121,7 +127,10 @@ fn a_runner_crash_ends_only_its_requests_and_the_model_comes_back() {
     let last = lines.last().unwrap();
     let message = last["error"].as_str().unwrap_or_else(|| panic!("{last}"));
     assert!(message.contains("runner process"), "{message}");
-    assert!(message.contains("reloaded on the next request"), "{message}");
+    assert!(
+        message.contains("reloaded on the next request"),
+        "{message}"
+    );
     assert!(lines.iter().all(|l| l["done"] != true));
     // OpenAI: an error event, then [DONE].
     let events = common::sse(rest(openai).trim_start());

@@ -24,7 +24,11 @@ pub fn runner(args: RunnerArgs) -> anyhow::Result<()> {
     // llama.cpp's backends (a GPU context included) before the server
     // measures this idle runner: they are part of every runner's overhead.
     let devices = llama_tiered::llama::gpu_devices();
-    tracing::debug!("runner {}: {} GPU device(s)", std::process::id(), devices.len());
+    tracing::debug!(
+        "runner {}: {} GPU device(s)",
+        std::process::id(),
+        devices.len()
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -954,10 +954,12 @@ fn replace_dead(
     load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
 ) -> Result<Arc<LoadedModel>, PoolError> {
     use moka::ops::compute::{CompResult, Op};
-    let result = loaded.entry(key).and_try_compute_with(|entry| match entry {
-        Some(entry) if !entry.value().is_dead() => Ok(Op::Nop),
-        _ => load().map(Op::Put),
-    })?;
+    let result = loaded
+        .entry(key)
+        .and_try_compute_with(|entry| match entry {
+            Some(entry) if !entry.value().is_dead() => Ok(Op::Nop),
+            _ => load().map(Op::Put),
+        })?;
     match result {
         CompResult::Inserted(entry)
         | CompResult::ReplacedWith(entry)

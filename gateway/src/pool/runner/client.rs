@@ -18,8 +18,8 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
-use super::protocol::{Call, Msg, Op, Reply};
 use super::process::RunnerProcess;
+use super::protocol::{Call, Msg, Op, Reply};
 use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelBackend,
     ModelFacts, Residency,
@@ -45,7 +45,7 @@ impl Waiter {
     }
 }
 
-/// Calls waiting for replies; `None` once the socket closed (with why).
+/// Calls waiting for replies; once the socket closed, why it closed.
 type Waiting = Result<HashMap<u64, Waiter>, String>;
 
 /// One connection to a runner. Lock order: `writer` and `waiting` are
@@ -233,7 +233,7 @@ impl ModelBackend for RunnerBackend {
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         async move {
             let runner = Arc::clone(&self.runner);
-            let (id, mut replies) = self.connection().call(Op::Generate(request))?;
+            let (id, mut replies) = self.connection().call(Op::Generate(Box::new(request)))?;
             let guard = CancelOnDrop {
                 runner: Arc::clone(&runner),
                 id,

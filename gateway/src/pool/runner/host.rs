@@ -114,7 +114,7 @@ impl Host {
                     self.reply(id, msg);
                 });
             }
-            Op::Generate(request) => self.generate(id, request),
+            Op::Generate(request) => self.generate(id, *request),
             Op::Cancel { call } => {
                 if let Some(task) = lock(&self.running).remove(&call) {
                     task.abort();
@@ -197,7 +197,9 @@ impl Host {
         let n_ctx_per_seq = model.n_ctx_per_seq;
         let lease = ModelLease::standalone(Arc::clone(&model));
         let Engine::InProcess(local) = &model.engine else {
-            return Err(BackendError::Failed("a runner loads in its own process".into()));
+            return Err(BackendError::Failed(
+                "a runner loads in its own process".into(),
+            ));
         };
         let backend: Arc<dyn ModelBackend> = Arc::new(LocalBackend::new(lease, Arc::clone(local)));
         let held = Held {

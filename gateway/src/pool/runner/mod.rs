@@ -34,9 +34,7 @@ pub use process::{RunnerProcess, Runners};
 use protocol::{BudgetedSpec, EngineSpec, FullSpec, LoadSpec};
 
 use super::planner::ServerProfile;
-use super::registry::{
-    EngineSettings, ModelInfo, ModelPolicy, ModelSource, NamedModel, Registry,
-};
+use super::registry::{EngineSettings, ModelInfo, ModelPolicy, ModelSource, NamedModel, Registry};
 use super::residency::{BudgetedModel, FullPlacement};
 use crate::core::validation::{KeepAlive, ModelName};
 

@@ -85,7 +85,10 @@ impl Runners {
                 rss >> 20
             );
         }
-        match runner.connection().call_blocking(Op::Load(Box::new(spec)), None) {
+        match runner
+            .connection()
+            .call_blocking(Op::Load(Box::new(spec)), None)
+        {
             Msg::Loaded { n_ctx_per_seq } => Ok((runner, n_ctx_per_seq)),
             Msg::Failed(e) => Err(e.to_string()),
             other => Err(format!("the runner answered load with {other:?}")),
@@ -109,7 +112,11 @@ pub struct RunnerProcess {
 }
 
 impl RunnerProcess {
-    fn start(exe: &Path, name: &str, crashes: Arc<AtomicU64>) -> Result<Arc<RunnerProcess>, String> {
+    fn start(
+        exe: &Path,
+        name: &str,
+        crashes: Arc<AtomicU64>,
+    ) -> Result<Arc<RunnerProcess>, String> {
         let failed = |e: &dyn std::fmt::Display| format!("starting a runner for {name}: {e}");
         let dir = private_dir().map_err(|e| failed(&e))?;
         let socket = dir.join("runner.sock");
@@ -135,7 +142,10 @@ impl RunnerProcess {
         let (mut child, stream) = started?;
         let pid = child.id();
         let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let stderr = child.stderr.take().map(|s| copy_stderr(s, Arc::clone(&tail)));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| copy_stderr(s, Arc::clone(&tail)));
         let child = Arc::new(Mutex::new(child));
         let stopping = Arc::new(AtomicBool::new(false));
         let watch = Watch {
@@ -224,7 +234,10 @@ impl RunnerProcess {
     /// Test hook: asks the runner to abort (honoured only when it runs
     /// with `HYPURA_RUNNER_TEST_HOOKS=1`).
     pub fn abort(&self) -> Result<(), BackendError> {
-        match self.connection.call_blocking(Op::Abort, Some(Duration::from_secs(5))) {
+        match self
+            .connection
+            .call_blocking(Op::Abort, Some(Duration::from_secs(5)))
+        {
             Msg::Failed(BackendError::Failed(_)) if self.is_dead() => Ok(()),
             Msg::Failed(e) => Err(e),
             _ => Ok(()),

@@ -56,7 +56,7 @@ pub enum Op {
         version: u32,
     },
     Load(Box<LoadSpec>),
-    Generate(BackendRequest),
+    Generate(Box<BackendRequest>),
     /// Ends the generation started by call `call`.
     Cancel {
         call: u64,
@@ -89,8 +89,13 @@ pub struct Reply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Msg {
-    Hello { version: u32, pid: u32 },
-    Loaded { n_ctx_per_seq: u32 },
+    Hello {
+        version: u32,
+        pid: u32,
+    },
+    Loaded {
+        n_ctx_per_seq: u32,
+    },
     /// The generation is queued: events follow.
     Accepted,
     Event(BackendEvent),
