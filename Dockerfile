@@ -1,10 +1,11 @@
 # hypura, CPU build. Serves on port 11434 (all interfaces inside the container).
 #
 #   docker build -t hypura .
-#   docker run --rm -p 11434:11434 hypura                 # SmolLM2, fetched on first start
-#   docker run --rm -p 11434:11434 -v /srv/models:/models:ro hypura serve --host 0.0.0.0 /models
+#   docker run --rm -p 11434:11434 -e HYPURA_API_KEY=change-me hypura   # SmolLM2, fetched on first start
+#   docker run --rm -p 11434:11434 -e HYPURA_API_KEY=change-me -v /srv/models:/models:ro hypura serve --host 0.0.0.0 /models
 #
-# Models are only read (mount them read-only); downloads (`/api/pull`) and the
+# Listening on all interfaces needs an API key (HYPURA_API_KEY), or
+# --insecure-no-auth for a trusted network. Models are only read (mount them read-only); downloads (`/api/pull`) and the
 # default model go to the volume /var/lib/hypura. `docker stop` sends SIGTERM:
 # in-flight requests get --shutdown-grace (default 30 s) — give `docker stop -t 40`.
 FROM rust:1-bookworm AS build

@@ -8,6 +8,10 @@
 #            all); pip itself is exercised by installing the test clients
 #   --build  also `cargo build --release -p hypura` inside that root (the
 #            host's Rust toolchain bind-mounted read-only; ~15 min on 2 cores)
+#   --runtime  instead, the Dockerfile's runtime stage without Docker (no engine
+#            or image registry here): only the packages its last stage installs,
+#            then the built target/release/hypura serves models/SmolLM2 there
+#            and must answer /api/generate (scripts/check-runtime.py)
 # Fails when a prerequisite is missing from install-deps.sh. Needs root (or
 # sudo) and the Debian mirror; the bootstrapped base is cached as a tarball
 # under ${HYPURA_CACHE_DIR:-~/.cache/hypura}, so later runs only reinstall.
@@ -15,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 mode="${1:-probe}"
-case "$mode" in probe | --build) ;; *) echo "usage: $0 [--build]" >&2; exit 2 ;; esac
+case "$mode" in probe | --build | --runtime) ;; *) echo "usage: $0 [--build|--runtime]" >&2; exit 2 ;; esac
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -76,6 +80,23 @@ in_root() {
     RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo RUSTUP_TOOLCHAIN="$(rustup show active-toolchain 2>/dev/null | cut -d' ' -f1)" \
     DEBIAN_FRONTEND=noninteractive bash -euo pipefail -c "$1"
 }
+
+if [ "$mode" = --runtime ]; then
+  # The packages of the Dockerfile's last `apt-get install` (its runtime stage).
+  runtime_pkgs=$(grep -o 'install -y --no-install-recommends [a-z0-9. +-]*' Dockerfile | tail -1 | cut -d' ' -f4-)
+  [ -x target/release/hypura ] && [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || {
+    echo "check-install-deps.sh: --runtime needs target/release/hypura and models/ (build and fetch first)" >&2
+    exit 1
+  }
+  echo "check-install-deps.sh: runtime stage: only $runtime_pkgs"
+  in_root "apt-get update -qq && apt-get install -y -qq --no-install-recommends $runtime_pkgs >/dev/null"
+  bind "$repo/target/release" /opt/hypura ro
+  bind "$repo/models" /models ro
+  bind "$repo/scripts" /opt/scripts ro
+  in_root 'python3 /opt/scripts/check-runtime.py /opt/hypura/hypura /models/SmolLM2-135M-Instruct.Q4_1.gguf'
+  echo "check-install-deps.sh: ok, the runtime stage's packages run hypura"
+  exit 0
+fi
 
 echo "check-install-deps.sh: running install-deps.sh --test in the bare root"
 in_root "cd /src && ./scripts/install-deps.sh --test"

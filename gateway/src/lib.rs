@@ -11,14 +11,24 @@
 //! - [`pool`]: model names → sources, loaded models with keep-alive, the
 //!   global memory budget and its moves, and the in-process llama-tiered
 //!   backend ([`pool::local`]).
+//! - [`metrics`]: Prometheus `/metrics` (requests, latencies, tokens,
+//!   tiers, budget, moves, streaming).
+//! - [`security`]: who may drive the API (origins, hosts, keys) and what a
+//!   pull may touch (model roots, allowed hosts, no private addresses).
 //! - [`server`]: the axum application (routes, auth, CORS, limits) and its
 //!   graceful shutdown.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
 //!   the default model's download.
+//! - [`telemetry`]: log lines (text or JSON), the spans of requests, model
+//!   loads and moves, and their OTLP export.
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod core;
 pub mod fetch;
+pub mod metrics;
 pub mod pool;
+pub mod security;
 pub mod server;
+pub mod telemetry;

@@ -7,13 +7,7 @@
 use clap::Parser;
 
 fn main() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,llama.cpp=error"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-
+    // The log subscriber is installed by `dispatch`: `serve` chooses its format.
     let args = hypura::cli::Cli::parse();
     if let Err(e) = hypura::cli::dispatch(args) {
         eprintln!("error: {e:#}");

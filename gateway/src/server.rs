@@ -2,27 +2,33 @@
 //! one [`AppState`], and serving it until a signal.
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
-//! and echoed), tracing, panic → 500, CORS, body size limit, bearer auth (when
-//! an API key is set; `/`, `/api/version` and the docs stay open).
+//! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
+//! panic → 500, CORS, body size limit, bearer auth (when an API key is set;
+//! `/`, `/api/version` and the docs stay open; `/metrics` too for loopback
+//! clients when so configured). Routed requests are counted
+//! ([`crate::metrics::http::track`]).
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::cors::{AllowHeaders, Any, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::api::{debug, ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
+use crate::metrics;
 use crate::pool::registry::Registry;
+use crate::telemetry::http::HttpSpans;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -34,6 +40,11 @@ pub struct AppState {
     /// Where `/api/pull` saves downloaded models (`None`: no directory could
     /// be found; pulling URLs then fails with a message that says how to set one).
     pub models_dir: Option<Arc<std::path::Path>>,
+    /// `/metrics` answers loopback clients without the API key (a local
+    /// Prometheus); others still need it.
+    pub metrics_open_on_loopback: bool,
+    /// Origins, hosts, the admin key and what pulls may touch.
+    pub security: Arc<crate::security::Security>,
 }
 
 /// Server options beyond the models.
@@ -77,8 +88,17 @@ const CORS_HEADERS: &[&str] = &[
 /// The whole application.
 pub fn app(state: AppState, http: &HttpSettings) -> Router {
     let x_request_id = HeaderName::from_static("x-request-id");
+    let origins = state.security.origins.clone();
     let cors = CorsLayer::new()
-        .allow_origin(Any)
+        .allow_origin(AllowOrigin::predicate(move |origin, parts| {
+            let host = parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok());
+            origin
+                .to_str()
+                .is_ok_and(|o| origins.origin_allowed(o, host))
+        }))
         .allow_methods([
             Method::GET,
             Method::POST,
@@ -110,23 +130,26 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .merge(openapi::routes())
         .merge(debug::routes())
+        .route("/metrics", get(metrics::http::handler))
+        .route("/status", get(metrics::status::page))
+        .route("/api/status", get(metrics::status::data))
+        .route_layer(middleware::from_fn(metrics::http::track))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(http.max_body_bytes))
+        .layer(RequestBodyTimeoutLayer::new(
+            crate::connections::BODY_READ_TIMEOUT,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), origin_guard))
         .layer(cors)
         // A bug must cost one request a 500, never the server.
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request| {
-                let id = request
-                    .headers()
-                    .get("x-request-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                tracing::info_span!("request", method = %request.method(), uri = %request.uri(), id)
-            }),
+            TraceLayer::new_for_http()
+                .make_span_with(HttpSpans)
+                .on_response(HttpSpans),
         )
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
         .with_state(state)
@@ -163,17 +186,46 @@ async fn not_found(request: Request) -> Response {
     )
 }
 
-const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs"];
+/// Open without the key: the status page holds no data (it asks `/api/status`, which needs it).
+const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs", "/status"];
 
-async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(key) = state.api_key.as_deref() else {
-        return next.run(request).await;
+/// Refuses (403) a request from a web page of a foreign origin, or one
+/// naming a `Host` this server does not answer to (DNS rebinding); see
+/// [`crate::security::origin`]. Runs inside the CORS layer, so a refused
+/// preflight gets no CORS headers either.
+async fn origin_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origins = &state.security.origins;
+    let refusal = if !origins.host_allowed(host) {
+        Some(
+            "this server does not answer to that Host name: use localhost or 127.0.0.1, or \
+              list the name in [server] allowed_hosts",
+        )
+    } else if headers.get(header::ORIGIN).is_some_and(|origin| {
+        !origin
+            .to_str()
+            .is_ok_and(|o| origins.origin_allowed(o, host))
+    }) {
+        Some(
+            "requests from this web page's origin are not allowed: list it in [server] \
+              allowed_origins",
+        )
+    } else {
+        None
     };
-    let path = request.uri().path();
-    if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
-        return next.run(request).await;
+    match refusal {
+        Some(message) => {
+            let path = request.uri().path().to_string();
+            family_error(&path, ApiError::Forbidden(message.into()))
+        }
+        None => next.run(request).await,
     }
-    let presented = request
+}
+
+/// The key of `Authorization: Bearer <key>`, if sent.
+fn bearer(request: &Request) -> Option<&str> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -181,11 +233,47 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim);
-    if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), key.as_bytes())) {
+        .map(str::trim)
+}
+
+/// The API key on every route but the open ones; the admin key (when set)
+/// on the routes that add or remove models, where the API key is not
+/// enough. The admin key opens every route.
+async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
         return next.run(request).await;
     }
-    let message = if presented.is_some() {
+    if state.metrics_open_on_loopback && path == "/metrics" && from_loopback(&request) {
+        return next.run(request).await;
+    }
+    let presented = bearer(&request);
+    let matches = |key: Option<&str>| {
+        key.zip(presented)
+            .is_some_and(|(k, p)| constant_time_eq(p.as_bytes(), k.as_bytes()))
+    };
+    let admin_key = state.security.admin_key.as_deref();
+    let is_admin = matches(admin_key);
+    if admin_key.is_some() && crate::security::origin::is_admin_route(path) {
+        if is_admin {
+            return next.run(request).await;
+        }
+        if presented.is_some() && (state.api_key.is_none() || matches(state.api_key.as_deref())) {
+            return family_error(
+                path,
+                ApiError::Forbidden("this route needs the admin key".into()),
+            );
+        }
+        return unauthorized(path, presented.is_some());
+    }
+    if state.api_key.is_none() || is_admin || matches(state.api_key.as_deref()) {
+        return next.run(request).await;
+    }
+    unauthorized(path, presented.is_some())
+}
+
+fn unauthorized(path: &str, presented: bool) -> Response {
+    let message = if presented {
         "invalid API key"
     } else {
         "missing API key: send the header `Authorization: Bearer <key>`"
@@ -195,6 +283,14 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     response
+}
+
+/// Whether the request came over a loopback connection.
+fn from_loopback(request: &Request) -> bool {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -236,9 +332,12 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
             }
         }
     });
-    axum::serve(listener, app(state, &http))
-        .with_graceful_shutdown(shutdown_signal(Arc::clone(&registry), http.shutdown_grace))
-        .await?;
+    crate::connections::serve(
+        listener,
+        app(state, &http),
+        shutdown_signal(Arc::clone(&registry), http.shutdown_grace),
+    )
+    .await?;
     housekeeping.abort();
     eprintln!("hypura: requests finished, stopping the models");
     tokio::task::spawn_blocking(move || registry.shutdown())

@@ -110,6 +110,23 @@ fn tag<'a>(tags: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{name} is not in {tags}"))
 }
 
+/// A server that may pull from the loopback file server: `127.0.0.1` is an
+/// allowed host and private addresses are allowed (by default neither is).
+fn start_pulling(dir: &Path) -> Server {
+    let config = dir.with_extension("toml");
+    std::fs::write(
+        &config,
+        "[server]\npull_hosts = [\"127.0.0.1\"]\npull_allow_private = true\n",
+    )
+    .unwrap();
+    Server::start(&[
+        "--models-dir",
+        dir.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ])
+}
+
 fn pull_lines(s: &Server, body: Value) -> Vec<Value> {
     let r = s.post("/api/pull", body);
     assert_eq!(r.status(), 200);
@@ -127,7 +144,7 @@ fn greedy_answer(s: &Server, model: &str) -> Value {
 fn pulls_a_url_into_the_models_dir_and_serves_it() {
     let files = file_server();
     let dir = empty_dir("url");
-    let s = Server::start(&["--models-dir", dir.to_str().unwrap()]);
+    let s = start_pulling(&dir);
     let url = format!("{files}/files/smol-pulled.gguf");
     let digest = format!("sha256:{SMOL_SHA256}");
 
@@ -193,7 +210,7 @@ fn pulls_a_url_into_the_models_dir_and_serves_it() {
 fn failed_pulls_leave_nothing_behind() {
     let files = file_server();
     let dir = empty_dir("fail");
-    let s = Server::start(&["--models-dir", dir.to_str().unwrap()]);
+    let s = start_pulling(&dir);
 
     // 404: the error is a line of the stream, or the status when not streamed.
     let missing = format!("{files}/files/missing.gguf");
@@ -210,26 +227,17 @@ fn failed_pulls_leave_nothing_behind() {
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().unwrap(), json!({"error": message}));
 
-    // Not a GGUF: downloaded, hashed, refused, removed.
+    // Not a GGUF: refused from its first bytes, which are not echoed; removed.
     let html = format!("{files}/files/not-a-model.gguf");
-    let lines = pull_lines(&s, json!({"model": html}));
-    let n = lines.len();
-    let digest = format!("sha256:{}", {
-        let mut h = Sha256::new();
-        h.update(NOT_A_MODEL);
-        h.finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    });
     assert_eq!(
-        lines[n - 2],
-        json!({"status": "verifying sha256 digest", "digest": digest})
-    );
-    assert_eq!(
-        lines[n - 1],
-        json!({"error": format!("{html} is not a GGUF file (bad magic \"<htm\", expected \
-            \"GGUF\"); hypura loads GGUF model files only")})
+        pull_lines(&s, json!({"model": html})),
+        [
+            json!({"status": "pulling manifest"}),
+            json!({"status": "downloading not-a-model.gguf",
+                   "total": NOT_A_MODEL.len(), "completed": 0}),
+            json!({"error": format!("{html} is not a GGUF file (it does not begin with a GGUF \
+                header); hypura loads GGUF model files only")}),
+        ]
     );
 
     let truncated = format!("{files}/files/truncated.gguf");
@@ -358,15 +366,15 @@ fn pulls_a_local_path_in_place() {
     assert_eq!(r.status(), 400);
     assert_eq!(
         r.json::<Value>().unwrap(),
-        json!({"error": format!("{} is not a GGUF file (bad magic \"hell\", expected \"GGUF\"); \
+        json!({"error": format!("{} is not a GGUF file (it does not begin with a GGUF header); \
             hypura loads GGUF model files only", fake.display())})
     );
     let r = s.post("/api/pull", json!({"model": "/nonexistent/x.gguf"}));
     assert_eq!(r.status(), 400);
     assert_eq!(
         r.json::<Value>().unwrap(),
-        json!({"error": "/nonexistent/x.gguf: No such file or directory (os error 2); give the \
-            path of a GGUF file on the server"})
+        json!({"error": "cannot pull '/nonexistent/x.gguf': not found or not allowed; give the \
+            path of a GGUF file under the server's model roots ([server] model_roots)"})
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

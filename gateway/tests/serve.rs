@@ -674,7 +674,11 @@ fn api_key_cors_and_request_ids() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    // A local origin is echoed (other origins are refused: tests/security.rs).
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
     let allowed = r.headers()["access-control-allow-headers"]
         .to_str()
         .unwrap();

@@ -3,8 +3,8 @@
 //!
 //! - [`reader`]: [`GgufFile`] — the header, metadata and tensor infos of a file, read with
 //!   hard limits (the file is untrusted input); the types of values and tensors.
-//! - `validate`: [`GgufFile::validate`], which refuses what would make llama.cpp fail or
-//!   abort later.
+//! - [`validate`]: [`GgufFile::validate`], which refuses what would make llama.cpp fail or
+//!   abort later: the rules of [`validate::RULES`], each naming the llama.cpp code it mirrors.
 //! - [`inspect`]: what a model file holds (architecture, parameters, bytes per tensor role).
 //! - [`paths`]: where model files and hypura's caches live (`HYPURA_MODELS_DIR`,
 //!   `HYPURA_CACHE_DIR`).
@@ -14,6 +14,6 @@ pub mod paths;
 pub mod reader;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-mod validate;
+pub mod validate;
 
-pub use reader::{GgufArray, GgufError, GgufFile, GgufValue, TensorInfo};
+pub use reader::{GgufArray, GgufError, GgufFile, GgufString, GgufValue, TensorInfo};

@@ -114,6 +114,17 @@ pub enum GgufError {
         .path.display())]
     BadTokenizer { path: PathBuf, detail: String },
 
+    /// A hyperparameter llama.cpp would abort the process on, or refuse: one of the
+    /// validator's rules (`rule`, see `RULES`).
+    #[error("{} cannot be loaded: '{key}' {detail}; re-convert the model with a current llama.cpp",
+        .path.display())]
+    BadValue {
+        path: PathBuf,
+        rule: &'static str,
+        key: String,
+        detail: String,
+    },
+
     /// `general.architecture` names an architecture the bundled llama.cpp cannot run.
     #[error("{} is a '{architecture}' model, an architecture the bundled llama.cpp does not support; \
         use a model of a supported architecture", .path.display())]
@@ -144,6 +155,7 @@ impl GgufError {
             | GgufError::BadTensor { path, .. }
             | GgufError::BadMetadata { path, .. }
             | GgufError::BadTokenizer { path, .. }
+            | GgufError::BadValue { path, .. }
             | GgufError::UnsupportedArchitecture { path, .. } => path,
         }
     }
@@ -435,6 +447,12 @@ impl GgufString {
 
     pub fn to_string_lossy(&self) -> Cow<'_, str> {
         String::from_utf8_lossy(&self.0)
+    }
+}
+
+impl From<Vec<u8>> for GgufString {
+    fn from(bytes: Vec<u8>) -> Self {
+        GgufString(bytes)
     }
 }
 
@@ -1331,7 +1349,7 @@ mod tests {
         assert_eq!(file.architecture(), Some("llama"));
         assert_eq!(file.arch_u64("context_length"), Some(128));
         assert_eq!(file.get_str("general.name"), Some("tiny"));
-        assert_eq!(file.tensors().len(), 3);
+        assert_eq!(file.tensors().len(), 11);
         assert_eq!(file.data_offset() % 32, 0);
         let embd = file.tensor("token_embd.weight").expect("tensor");
         assert_eq!(embd.dims, [32, 4]);
@@ -1340,10 +1358,17 @@ mod tests {
         assert_eq!(embd.offset_in_file, file.data_offset());
         let norm = file.tensor("blk.0.attn_norm.weight").expect("tensor");
         assert_eq!(norm.offset_in_file, file.data_offset() + 96); // 72 padded to 32
-        let last = file.tensor("output_norm.weight").expect("tensor");
+        let last = file.tensor("blk.0.ffn_up.weight").expect("tensor");
         assert_eq!(last.end_in_file(), Some(bytes.len() as u64));
-        assert_eq!(file.tensor_bytes(), 72 + 128 + 128);
-        assert_eq!(file.parameter_count(), 128 + 32 + 32);
+        // token_embd, two norms; attn q, k, v, output; ffn_norm; ffn gate, down, up.
+        assert_eq!(
+            file.tensor_bytes(),
+            72 + 128 + 128 + 576 + 288 + 288 + 576 + 128 + 3 * 1152
+        );
+        assert_eq!(
+            file.parameter_count(),
+            128 + 32 + 32 + 1024 + 512 + 512 + 1024 + 32 + 3 * 2048
+        );
     }
 
     #[test]
@@ -1414,20 +1439,22 @@ mod tests {
     fn spm_vocab_with_byte_tokens_is_valid() {
         let model = Model::valid()
             .set("tokenizer.ggml.model", s("llama"))
-            .set("tokenizer.ggml.tokens", V::StrArr(spm_vocab(true)))
+            .vocab(spm_vocab(true))
             .set("tokenizer.ggml.scores", V::F32Arr(vec![0.0; 261]))
-            .remove("tokenizer.ggml.token_type")
             .remove("tokenizer.ggml.merges");
         validate(&model).expect("valid");
     }
 
     #[test]
-    fn vocab_less_models_need_no_tokens() {
-        let model = Model::valid()
-            .set("tokenizer.ggml.model", s("no_vocab"))
-            .remove("tokenizer.ggml.tokens")
-            .remove("tokenizer.ggml.token_type");
-        validate(&model).expect("valid");
+    fn vocab_less_models_are_refused() {
+        // llama.cpp loads them, then aborts on the first text it tokenizes.
+        for name in ["no_vocab", "none"] {
+            let model = Model::valid()
+                .set("tokenizer.ggml.model", s(name))
+                .remove("tokenizer.ggml.tokens")
+                .remove("tokenizer.ggml.token_type");
+            assert_bad_tokenizer(model, "the model has no vocabulary");
+        }
     }
 
     // ---- not GGUF, truncated, unsupported --------------------------------------------------
@@ -1480,9 +1507,9 @@ mod tests {
         let err = file.validate().unwrap_err();
         assert!(matches!(err, GgufError::Truncated { .. }), "{err}");
         let end = bytes.len();
-        let start = end - 128;
+        let start = end - 1152;
         let expected = format!(
-            "is truncated: tensor output_norm.weight needs bytes {start}..{end} but the file has {} bytes; re-download it",
+            "is truncated: tensor blk.0.ffn_up.weight needs bytes {start}..{end} but the file has {} bytes; re-download it",
             end - 10
         );
         assert!(err.to_string().contains(&expected), "{err}");
@@ -1792,8 +1819,7 @@ mod tests {
     fn spm_vocab_without_byte_tokens_is_rejected() {
         let model = Model::valid()
             .set("tokenizer.ggml.model", s("llama"))
-            .set("tokenizer.ggml.tokens", V::StrArr(spm_vocab(false)))
-            .remove("tokenizer.ggml.token_type");
+            .vocab(spm_vocab(false));
         assert_bad_tokenizer(model, "lacks 256 of the 256 byte tokens (<0x00>, <0x01>");
     }
 
@@ -1805,12 +1831,11 @@ mod tests {
         tokens.push("A".into());
         let model = Model::valid()
             .set("tokenizer.ggml.model", s("llama"))
-            .set("tokenizer.ggml.tokens", V::StrArr(tokens.clone()))
-            .remove("tokenizer.ggml.token_type");
+            .vocab(tokens.clone());
         validate(&model).expect("valid");
 
         tokens.retain(|t| t != "A");
-        let model = model.set("tokenizer.ggml.tokens", V::StrArr(tokens));
+        let model = model.vocab(tokens);
         assert_bad_tokenizer(model, "lacks 1 of the 256 byte tokens (<0x41>)");
     }
 
@@ -1861,7 +1886,7 @@ mod tests {
             .expect("an out-of-range padding id is accepted");
         assert_bad_tokenizer(
             Model::valid().set("tokenizer.ggml.unknown_token_id", s("0")),
-            "must be an integer token id",
+            "must be a u32 token id",
         );
     }
 

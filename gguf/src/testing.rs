@@ -16,9 +16,14 @@ pub fn models_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
 }
 
+/// Where SmolLM2 is, whether or not it is there.
+pub fn smollm2_path() -> PathBuf {
+    models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
 /// SmolLM2-135M-Instruct Q4_1 (llama architecture, GPT-2 BPE, ChatML).
 pub fn smollm2() -> PathBuf {
-    let path = models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = smollm2_path();
     assert!(
         path.is_file(),
         "{} is missing: run scripts/fetch-models.sh first",
@@ -40,6 +45,7 @@ pub enum V {
     Str(String),
     StrArr(Vec<String>),
     I32Arr(Vec<i32>),
+    U32Arr(Vec<u32>),
     F32Arr(Vec<f32>),
     /// An array whose element type is an array (ggml rejects these).
     NestedArr,
@@ -80,7 +86,8 @@ pub struct Model {
 }
 
 impl Model {
-    /// A small valid llama model with a GPT-2 BPE vocabulary.
+    /// A small valid llama model with a GPT-2 BPE vocabulary: one layer, 32 wide, 4 heads
+    /// of 8 (2 KV heads), FFN 64, 4 tokens; every tensor llama.cpp's llama loader wants.
     pub fn valid() -> Model {
         Model {
             version: 3,
@@ -89,6 +96,16 @@ impl Model {
                 ("general.name".into(), s("tiny")),
                 ("llama.context_length".into(), V::U32(128)),
                 ("llama.block_count".into(), V::U32(1)),
+                ("llama.embedding_length".into(), V::U32(32)),
+                ("llama.feed_forward_length".into(), V::U32(64)),
+                ("llama.attention.head_count".into(), V::U32(4)),
+                ("llama.attention.head_count_kv".into(), V::U32(2)),
+                (
+                    "llama.attention.layer_norm_rms_epsilon".into(),
+                    V::F32(1e-5),
+                ),
+                ("llama.rope.freq_base".into(), V::F32(10_000.0)),
+                ("llama.rope.dimension_count".into(), V::U32(8)),
                 ("tokenizer.ggml.model".into(), s("gpt2")),
                 (
                     "tokenizer.ggml.tokens".into(),
@@ -106,6 +123,15 @@ impl Model {
                 t("token_embd.weight", &[32, 4], 2), // q4_0
                 t("blk.0.attn_norm.weight", &[32], 0),
                 t("output_norm.weight", &[32], 0),
+                // The rest of layer 0, after the three above so their offsets stay put.
+                t("blk.0.attn_q.weight", &[32, 32], 2),
+                t("blk.0.attn_k.weight", &[32, 16], 2),
+                t("blk.0.attn_v.weight", &[32, 16], 2),
+                t("blk.0.attn_output.weight", &[32, 32], 2),
+                t("blk.0.ffn_norm.weight", &[32], 0),
+                t("blk.0.ffn_gate.weight", &[32, 64], 2),
+                t("blk.0.ffn_down.weight", &[64, 32], 2),
+                t("blk.0.ffn_up.weight", &[32, 64], 2),
             ],
             alignment: 32,
         }
@@ -122,6 +148,31 @@ impl Model {
     pub fn remove(mut self, key: &str) -> Model {
         self.kv.retain(|(k, _)| k != key);
         self
+    }
+
+    /// The same model with vocabulary `tokens`: `token_embd` (and `output`, when there is
+    /// one) resized to match; per-token arrays of another length are dropped.
+    pub fn vocab(mut self, tokens: Vec<String>) -> Model {
+        let n = tokens.len() as u64;
+        for tensor in &mut self.tensors {
+            if tensor.name == "token_embd.weight" || tensor.name == "output.weight" {
+                tensor.dims[1] = n;
+            }
+        }
+        self.kv.retain(|(k, v)| match v {
+            V::I32Arr(a) if k.starts_with("tokenizer.ggml.") => a.len() as u64 == n,
+            V::F32Arr(a) if k.starts_with("tokenizer.ggml.") => a.len() as u64 == n,
+            _ => true,
+        });
+        self.set("tokenizer.ggml.tokens", V::StrArr(tokens))
+    }
+
+    /// A tensor by name, to change its shape or type.
+    pub fn tensor_mut(&mut self, name: &str) -> &mut T {
+        self.tensors
+            .iter_mut()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
     }
 
     pub fn bytes(&self) -> Vec<u8> {
@@ -146,8 +197,12 @@ impl Model {
             let offset = tensor.offset.unwrap_or(next);
             out.extend_from_slice(&offset.to_le_bytes());
             let size = test_size(tensor);
-            next = (offset + size).next_multiple_of(self.alignment);
-            data_end = data_end.max(offset + size);
+            let end = offset.saturating_add(size);
+            next = end.saturating_add(self.alignment - 1) / self.alignment * self.alignment;
+            // Absurd shapes (the reader must refuse them) get no data.
+            if end < 1 << 32 {
+                data_end = data_end.max(end);
+            }
         }
         if !self.tensors.is_empty() {
             out.resize(
@@ -162,7 +217,8 @@ impl Model {
 
 fn test_size(tensor: &T) -> u64 {
     let ty = ggml_type(tensor.ggml_type).map_or((1, 1), |t| (t.block_size, t.bytes_per_block));
-    tensor.dims.iter().product::<u64>() / ty.0 * ty.1
+    let n = tensor.dims.iter().fold(1u64, |n, &d| n.saturating_mul(d));
+    (n / ty.0).saturating_mul(ty.1)
 }
 
 pub fn put_str(out: &mut Vec<u8>, text: &str) {
@@ -194,6 +250,12 @@ fn put_value(out: &mut Vec<u8>, value: &V) {
         }
         V::I32Arr(items) => {
             put_array_header(out, T_I32, items.len());
+            items
+                .iter()
+                .for_each(|i| out.extend_from_slice(&i.to_le_bytes()));
+        }
+        V::U32Arr(items) => {
+            put_array_header(out, T_U32, items.len());
             items
                 .iter()
                 .for_each(|i| out.extend_from_slice(&i.to_le_bytes()));
@@ -243,5 +305,110 @@ impl Model {
     pub fn open(&self) -> Result<GgufFile, GgufError> {
         let file = TempFile::new(&self.bytes());
         GgufFile::open(&file.0)
+    }
+}
+
+/// The bytes of `file` (read from `bytes`, its whole content) with its metadata replaced by
+/// `metadata`: the tensor table and the tensor data are kept as they are, so only the values
+/// change. For mutation tests of real models.
+pub fn rewrite(file: &GgufFile, bytes: &[u8], metadata: &[(String, GgufValue)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    out.extend_from_slice(b"GGUF");
+    out.extend_from_slice(&file.version.to_le_bytes());
+    out.extend_from_slice(&(file.tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        put_str(&mut out, key);
+        out.extend_from_slice(&value_type(value).to_le_bytes());
+        put_gguf_value(&mut out, value);
+    }
+    for (tensor, &offset) in file.tensors.iter().zip(&file.relative_offsets) {
+        put_str(&mut out, &tensor.name);
+        out.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
+        for d in &tensor.dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&tensor.ggml_type.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+    }
+    if !file.tensors.is_empty() {
+        // The alignment the new metadata states, else the default.
+        let alignment = metadata
+            .iter()
+            .find(|(k, _)| k == "general.alignment")
+            .and_then(|(_, v)| v.as_u64())
+            .filter(|a| a.is_power_of_two())
+            .unwrap_or(DEFAULT_ALIGNMENT)
+            .min(1 << 20); // an absurd one (fuzzing) gets no padding worth the memory
+        out.resize((out.len() as u64).next_multiple_of(alignment) as usize, 0);
+        let data = usize::try_from(file.data_offset)
+            .ok()
+            .and_then(|at| bytes.get(at..))
+            .unwrap_or(&[]);
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+fn value_type(value: &GgufValue) -> u32 {
+    match value {
+        GgufValue::U8(_) => T_U8,
+        GgufValue::I8(_) => T_I8,
+        GgufValue::U16(_) => T_U16,
+        GgufValue::I16(_) => T_I16,
+        GgufValue::U32(_) => T_U32,
+        GgufValue::I32(_) => T_I32,
+        GgufValue::F32(_) => T_F32,
+        GgufValue::Bool(_) => T_BOOL,
+        GgufValue::String(_) => T_STRING,
+        GgufValue::U64(_) => T_U64,
+        GgufValue::I64(_) => T_I64,
+        GgufValue::F64(_) => T_F64,
+        GgufValue::Array(_) => T_ARRAY,
+    }
+}
+
+/// A value's bytes after its type id.
+fn put_gguf_value(out: &mut Vec<u8>, value: &GgufValue) {
+    fn each<T: Copy, const N: usize>(out: &mut Vec<u8>, ty: u32, items: &[T], f: fn(T) -> [u8; N]) {
+        out.extend_from_slice(&ty.to_le_bytes());
+        out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+        items.iter().for_each(|&i| out.extend_from_slice(&f(i)));
+    }
+    let put_bytes = |out: &mut Vec<u8>, b: &[u8]| {
+        out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        out.extend_from_slice(b);
+    };
+    match value {
+        GgufValue::U8(v) => out.push(*v),
+        GgufValue::I8(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::Bool(v) => out.push(u8::from(*v)),
+        GgufValue::String(v) => put_bytes(out, v.as_bytes()),
+        GgufValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        GgufValue::Array(array) => match array {
+            GgufArray::U8(a) => each(out, T_U8, a, |v: u8| [v]),
+            GgufArray::I8(a) => each(out, T_I8, a, i8::to_le_bytes),
+            GgufArray::U16(a) => each(out, T_U16, a, u16::to_le_bytes),
+            GgufArray::I16(a) => each(out, T_I16, a, i16::to_le_bytes),
+            GgufArray::U32(a) => each(out, T_U32, a, u32::to_le_bytes),
+            GgufArray::I32(a) => each(out, T_I32, a, i32::to_le_bytes),
+            GgufArray::F32(a) => each(out, T_F32, a, f32::to_le_bytes),
+            GgufArray::Bool(a) => each(out, T_BOOL, a, |v: bool| [u8::from(v)]),
+            GgufArray::U64(a) => each(out, T_U64, a, u64::to_le_bytes),
+            GgufArray::I64(a) => each(out, T_I64, a, i64::to_le_bytes),
+            GgufArray::F64(a) => each(out, T_F64, a, f64::to_le_bytes),
+            GgufArray::String(a) => {
+                out.extend_from_slice(&T_STRING.to_le_bytes());
+                out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                a.iter().for_each(|s| put_bytes(out, s.as_bytes()));
+            }
+        },
     }
 }

@@ -1050,6 +1050,7 @@ mod tests {
     fn ps_lists_a_model_from_its_backends_memory_status_and_facts() {
         let loaded = LoadedBackend {
             name: "smol:latest".into(),
+            id: 1,
             expires_at: None,
             backend: std::sync::Arc::new(Still),
         };

@@ -53,8 +53,99 @@ pub struct ApiDoc;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
-        .merge(Scalar::with_url("/docs", ApiDoc::openapi()))
+        .route("/openapi.json", get(|| async { Json(document()) }))
+        .merge(Scalar::with_url("/docs", document()))
+}
+
+/// Routes open without the API key.
+const OPEN_ROUTES: &[&str] = &["/", "/api/version"];
+/// Routes that change which models exist (the admin key, when set).
+const ADMIN_ROUTES: &[&str] = &["/api/pull", "/api/copy", "/api/delete"];
+/// Routes that run a model: they may queue (503) and fail mid-way (500).
+const MODEL_ROUTES: &[&str] = &[
+    "/api/generate",
+    "/api/chat",
+    "/api/embed",
+    "/api/embeddings",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+];
+
+/// The document with, on every operation, the statuses the server's layers
+/// answer besides the handler's own: 400 (a body that breaks a rule: JSON,
+/// names, options, schema bounds, sizes), 401 (API key), 403 (a foreign
+/// web origin or `Host`, or a route needing the admin key), 413 (the body
+/// limit), 503 (a full queue), 500.
+pub fn document() -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let mut doc = ApiDoc::openapi();
+    let error = |description: &str, openai: bool| {
+        let body = if openai {
+            "OpenAiErrorBody"
+        } else {
+            "OllamaErrorBody"
+        };
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name(body)))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let openai = path.starts_with("/v1");
+        let operations = [
+            item.get.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.head.as_mut(),
+        ];
+        for operation in operations.into_iter().flatten() {
+            let has_body = operation.request_body.is_some();
+            let mut add = |status: &str, description: &str| {
+                operation
+                    .responses
+                    .responses
+                    .entry(status.to_string())
+                    .or_insert_with(|| error(description, openai).into());
+            };
+            if has_body {
+                add(
+                    "400",
+                    "The body breaks a rule (JSON, a field's type or range, a model name, a \
+                     JSON Schema's bounds, a prompt or input too large); the message says which",
+                );
+                add(
+                    "413",
+                    "The body is larger than the server's limit (--max-body-bytes, 32 MiB by default)",
+                );
+            }
+            add(
+                "403",
+                "The request comes from a web page whose origin is not allowed, names a Host the \
+                 server does not answer to, or needs the admin key",
+            );
+            if !OPEN_ROUTES.contains(&path.as_str()) {
+                add("401", "An API key is set and the request lacks it");
+            }
+            if ADMIN_ROUTES.contains(&path.as_str()) {
+                add("404", "No model of that name");
+            }
+            if MODEL_ROUTES.contains(&path.as_str()) {
+                add("404", "No model of that name");
+                add(
+                    "503",
+                    "The model's queue is full, or it is stopping: retry later",
+                );
+                add("500", "The model failed");
+            }
+        }
+    }
+    doc
 }
 
 #[cfg(test)]
@@ -62,8 +153,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_route_lists_the_statuses_of_the_layers() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let status = |path: &str, method: &str, code: &str| {
+            doc["paths"][path][method]["responses"].get(code).is_some()
+        };
+        for (path, method) in [
+            ("/api/generate", "post"),
+            ("/api/chat", "post"),
+            ("/api/pull", "post"),
+            ("/v1/chat/completions", "post"),
+            ("/v1/embeddings", "post"),
+        ] {
+            for code in ["200", "400", "401", "403", "413"] {
+                assert!(status(path, method, code), "{method} {path} {code}");
+            }
+        }
+        assert!(status("/api/generate", "post", "503"));
+        assert!(status("/api/tags", "get", "403"));
+        assert!(!status("/api/version", "get", "401"));
+        assert_eq!(
+            doc["paths"]["/v1/chat/completions"]["post"]["responses"]["400"]["content"]
+                ["application/json"]["schema"]["$ref"],
+            "#/components/schemas/OpenAiErrorBody"
+        );
+    }
+
+    #[test]
     fn document_lists_every_route() {
-        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(document()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
         for p in [
             "/",

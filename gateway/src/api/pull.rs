@@ -21,6 +21,7 @@
 //! `{"error":"…"}` line; with `stream:false` the reply is the last object, or
 //! the error with its status. A client that goes away cancels its download.
 use std::convert::Infallible;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,6 +43,9 @@ use utoipa::ToSchema;
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::validation::{parse_json, ModelName};
 use crate::pool::registry::{hex, ModelInfo, Registry};
+use crate::security::remote::{check_gguf_header, Refused, GGUF_HEADER_BYTES};
+use crate::security::roots::NotAllowed;
+use crate::security::PullPolicy;
 use crate::server::body_bytes;
 use crate::server::AppState;
 
@@ -104,6 +108,7 @@ enum Job {
         name: ModelName,
         dir: Arc<Path>,
         insecure: bool,
+        policy: Arc<PullPolicy>,
     },
 }
 
@@ -190,14 +195,17 @@ async fn plan(state: &AppState, request: &PullRequest) -> Result<Job, ApiError> 
              http(s) URL of a .gguf file, or pass GGUF files to `hypura serve`"
         )));
     }
-    let path = PathBuf::from(source);
+    let security = Arc::clone(&state.security);
+    let raw = source.to_string();
     let read = tokio::task::spawn_blocking(move || {
-        let path = std::fs::canonicalize(&path).map_err(|e| {
-            ApiError::bad_request(format!(
-                "{}: {e}; give the path of a GGUF file on the server",
-                path.display()
-            ))
-        })?;
+        let mut header = [0u8; GGUF_HEADER_BYTES];
+        let (path, n) = security
+            .roots
+            .open(&raw, &mut header)
+            .map_err(|NotAllowed| local_refusal(&raw))?;
+        if !check_gguf_header(&header[..n]) {
+            return Err(not_gguf(&raw));
+        }
         let info = ModelInfo::read(&path).map_err(|e| ApiError::bad_request(e.to_string()))?;
         Ok::<_, ApiError>((path, info))
     })
@@ -207,6 +215,31 @@ async fn plan(state: &AppState, request: &PullRequest) -> Result<Job, ApiError> 
     let name = explicit_name.unwrap_or_else(|| ModelName::from_file_stem(&file_stem(&path)));
     check_name_free(&state.registry, &name, Some(&path))?;
     Ok(Job::Local { path, name, info })
+}
+
+/// A local path outside the model roots, missing, or not a regular file:
+/// the same words whichever it is.
+fn local_refusal(source: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "cannot pull '{source}': not found or not allowed; give the path of a GGUF file under \
+         the server's model roots ([server] model_roots)"
+    ))
+}
+
+/// A URL of a host not allowed, of a private address, or redirected to one.
+fn remote_refusal(source: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "cannot pull '{source}': not found or not allowed; pulls may download only from the \
+         hosts of [server] pull_hosts"
+    ))
+}
+
+/// A file that does not begin with a GGUF header (its bytes are never echoed).
+fn not_gguf(source: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "{source} is not a GGUF file (it does not begin with a GGUF header); hypura loads GGUF \
+         model files only"
+    ))
 }
 
 fn plan_remote(
@@ -224,6 +257,11 @@ fn plan_remote(
     }
     let url = reqwest::Url::parse(source)
         .map_err(|e| ApiError::bad_request(format!("'{source}' is not a valid URL: {e}")))?;
+    state
+        .security
+        .pull
+        .check_url(&url)
+        .map_err(|Refused| remote_refusal(source))?;
     let last = url
         .path_segments()
         .and_then(|mut segments| segments.next_back())
@@ -252,6 +290,7 @@ fn plan_remote(
         name,
         dir,
         insecure,
+        policy: Arc::new(state.security.pull.clone()),
     })
 }
 
@@ -321,7 +360,15 @@ async fn run(job: Job, registry: &Registry, tx: &Tx) -> Result<(), ApiError> {
             name,
             dir,
             insecure,
-        } => pull_remote(&url, &file_name, name, &dir, insecure, registry, tx).await?,
+            policy,
+        } => {
+            let target = Target {
+                file_name: &file_name,
+                name,
+                dir: &dir,
+            };
+            pull_remote(&url, target, &policy, insecure, registry, tx).await?
+        }
     }
     send(tx, PullProgress::status("success")).await
 }
@@ -354,7 +401,14 @@ async fn pull_local(
 ) -> Result<(), ApiError> {
     let io_error =
         |e: std::io::Error| ApiError::Internal(format!("reading {}: {e}", path.display()));
-    let mut file = tokio::fs::File::open(&path).await.map_err(io_error)?;
+    // Without blocking: the file was checked to be regular, but a FIFO put
+    // in its place since must not hold this task.
+    let std_file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(io_error)?;
+    let mut file = tokio::fs::File::from_std(std_file);
     let total = file.metadata().await.map_err(io_error)?.len();
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -406,24 +460,54 @@ impl Drop for PartFile {
 
 static PART_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Where a download goes: `dir/file_name`, served as `name`.
+struct Target<'a> {
+    file_name: &'a str,
+    name: ModelName,
+    dir: &'a Path,
+}
+
+/// Why a download failed, in words that tell nothing of other hosts or ports.
+fn fetch_error(url: &reqwest::Url, e: &reqwest::Error) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = source {
+        if cause.is::<Refused>() {
+            return remote_refusal(url.as_str());
+        }
+        source = cause.source();
+    }
+    if e.is_timeout() {
+        ApiError::Internal(format!(
+            "downloading {url}: the server did not answer in time"
+        ))
+    } else if e.is_redirect() {
+        remote_refusal(url.as_str())
+    } else {
+        ApiError::Internal(format!("downloading {url}: the download failed; try again"))
+    }
+}
+
 async fn pull_remote(
     url: &reqwest::Url,
-    file_name: &str,
-    name: ModelName,
-    dir: &Path,
+    target: Target<'_>,
+    policy: &Arc<PullPolicy>,
     insecure: bool,
     registry: &Registry,
     tx: &Tx,
 ) -> Result<(), ApiError> {
-    let client = reqwest::Client::builder()
-        .user_agent(concat!("hypura/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(30))
-        .read_timeout(Duration::from_secs(120))
-        .danger_accept_invalid_certs(insecure)
-        .build()
+    let Target {
+        file_name,
+        name,
+        dir,
+    } = target;
+    let client = policy
+        .client(insecure)
         .map_err(|e| ApiError::Internal(format!("building the HTTP client: {e}")))?;
-    let fetch_error = |e: reqwest::Error| ApiError::Internal(format!("downloading {url}: {e}"));
-    let mut response = client.get(url.clone()).send().await.map_err(fetch_error)?;
+    let mut response = client
+        .get(url.clone())
+        .send()
+        .await
+        .map_err(|e| fetch_error(url, &e))?;
     let status = response.status();
     if !status.is_success() {
         return Err(ApiError::BadRequest(format!(
@@ -431,6 +515,16 @@ async fn pull_remote(
         )));
     }
     let total = response.content_length();
+    let too_large = || {
+        ApiError::BadRequest(format!(
+            "downloading {url}: the file is larger than the {} bytes a pull may download \
+             ([server] pull_max_bytes)",
+            policy.max_bytes
+        ))
+    };
+    if total.is_some_and(|t| t > policy.max_bytes) {
+        return Err(too_large());
+    }
     let disk_error = |what: &str, e: std::io::Error| {
         ApiError::Internal(format!("{what} in {}: {e}", dir.display()))
     };
@@ -457,15 +551,29 @@ async fn pull_remote(
     };
     let mut hasher = Sha256::new();
     let mut completed = 0u64;
+    let mut header = Vec::with_capacity(GGUF_HEADER_BYTES);
     let mut throttle = Throttle { last: None };
     throttle.send(tx, progress(0, None), true).await?;
-    while let Some(chunk) = response.chunk().await.map_err(fetch_error)? {
+    while let Some(chunk) = response.chunk().await.map_err(|e| fetch_error(url, &e))? {
+        if header.len() < GGUF_HEADER_BYTES {
+            let take = (GGUF_HEADER_BYTES - header.len()).min(chunk.len());
+            header.extend_from_slice(&chunk[..take]);
+            if header.len() == GGUF_HEADER_BYTES && !check_gguf_header(&header) {
+                return Err(not_gguf(url.as_str()));
+            }
+        }
+        completed += chunk.len() as u64;
+        if completed > policy.max_bytes {
+            return Err(too_large());
+        }
         hasher.update(&chunk);
         file.write_all(&chunk)
             .await
             .map_err(|e| disk_error("writing the download", e))?;
-        completed += chunk.len() as u64;
         throttle.send(tx, progress(completed, None), false).await?;
+    }
+    if !check_gguf_header(&header) {
+        return Err(not_gguf(url.as_str()));
     }
     file.sync_all()
         .await
@@ -487,9 +595,10 @@ async fn pull_remote(
         ..PullProgress::status(VERIFYING)
     };
     throttle.send(tx, verifying, true).await?;
-    let target = dir.join(file_name);
     let part_path = part.path.clone();
     let url_text = url.to_string();
+    let users = users_by_path(registry);
+    let (dir_owned, file_name_owned) = (dir.to_path_buf(), file_name.to_string());
     let checked = tokio::task::spawn_blocking(move || {
         let mut info = ModelInfo::read(&part_path).map_err(|e| {
             // Name the URL, not the temporary file.
@@ -499,9 +608,13 @@ async fn pull_remote(
             )
         })?;
         info.digest = digest;
-        std::fs::rename(&part_path, &target).map_err(|e| {
-            ApiError::Internal(format!("moving the download to {}: {e}", target.display()))
-        })?;
+        let target = place_download(
+            &dir_owned,
+            &file_name_owned,
+            &info.digest,
+            &users,
+            &part_path,
+        )?;
         Ok::<_, ApiError>((info, target))
     })
     .await
@@ -519,6 +632,96 @@ async fn pull_remote(
         name.display
     );
     Ok(())
+}
+
+/// The digests of the models served from each file.
+fn users_by_path(registry: &Registry) -> Vec<(PathBuf, String)> {
+    registry
+        .list()
+        .into_iter()
+        .map(|m| ((**m.source.local_path()).clone(), m.info.digest.clone()))
+        .collect()
+}
+
+/// Moves a checked download into `dir` without ever replacing a file a
+/// model is served from: `file_name` when it is free, the file already
+/// there when the models using it have the same digest (the part is
+/// dropped), else `STEM-<digest prefix>.gguf`. The file's final path.
+fn place_download(
+    dir: &Path,
+    file_name: &str,
+    digest: &str,
+    users: &[(PathBuf, String)],
+    part: &Path,
+) -> Result<PathBuf, ApiError> {
+    let used_by = |path: &Path| -> Vec<&str> {
+        let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        users
+            .iter()
+            .filter(|(p, _)| *p == canonical)
+            .map(|(_, d)| d.as_str())
+            .collect()
+    };
+    let stem = file_stem(Path::new(file_name));
+    let short = &digest[..digest.len().min(12)];
+    let candidates = [
+        dir.join(file_name),
+        dir.join(format!("{stem}-{short}.gguf")),
+    ];
+    for candidate in &candidates {
+        let using = used_by(candidate);
+        if !using.is_empty() && using.iter().all(|d| *d == digest) {
+            let _ = std::fs::remove_file(part);
+            return Ok(candidate.clone());
+        }
+        let free = match std::fs::symlink_metadata(candidate) {
+            Err(_) => true,
+            // Ours to replace: a file of this digest's name that no model uses.
+            Ok(meta) => meta.is_file() && using.is_empty() && candidate != &candidates[0],
+        };
+        if free {
+            std::fs::rename(part, candidate).map_err(|e| {
+                ApiError::Internal(format!(
+                    "moving the download to {}: {e}",
+                    candidate.display()
+                ))
+            })?;
+            return Ok(candidate.clone());
+        }
+    }
+    Err(ApiError::BadRequest(format!(
+        "{file_name} and {stem}-{short}.gguf are in use in the models directory: pull under \
+         another file name"
+    )))
+}
+
+/// Removes the temporary files of downloads whose process is gone
+/// (`.NAME.PID.N.part`, and `.NAME.PID.part` / `.whl` of the default
+/// model's download), left by a crash or `kill -9`.
+pub fn remove_stale_parts(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let own = std::process::id().to_string();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') || !(name.ends_with(".part") || name.ends_with(".whl")) {
+            continue;
+        }
+        let alive = name
+            .split('.')
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && *s != own)
+            .any(|pid| Path::new("/proc").join(pid).exists());
+        if !alive && entry.file_type().is_ok_and(|t| t.is_file()) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => eprintln!(
+                    "hypura: removed the stale download {}",
+                    entry.path().display()
+                ),
+                Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@ use llama_tiered::hwprobe;
 use llama_tiered::tiered::{plan_file, Mode};
 use serde_json::json;
 
+use super::output::emit;
+
 #[derive(Args, Debug)]
 pub struct InspectArgs {
     /// Path of a GGUF model file.
@@ -63,9 +65,9 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     let report = ModelReport::from_gguf(&file);
     if args.json {
         let json = serde_json::to_string_pretty(&report).context("serializing the report")?;
-        println!("{json}");
+        emit(&format!("{json}\n"))?;
     } else {
-        print!("{report}");
+        emit(&report.to_string())?;
     }
     Ok(())
 }
@@ -177,9 +179,9 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
             "path": loaded.path.display().to_string(),
             "host": loaded.profile.host,
         });
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&value)?))?;
     } else {
-        print!("{}", plan_table(&plan, &args.model, &loaded));
+        emit(&plan_table(&plan, &args.model, &loaded))?;
     }
     Ok(())
 }

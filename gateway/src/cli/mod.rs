@@ -3,11 +3,13 @@ mod bench;
 mod client;
 mod gpu;
 mod inspect;
+mod output;
 mod profile;
 mod progress;
 mod run;
 mod runner;
 mod serve;
+mod threads;
 
 use clap::{Parser, Subcommand};
 
@@ -54,6 +56,10 @@ enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    // `serve` installs its own, in the format its flags and file ask for.
+    if !matches!(cli.command, Command::Serve(_)) {
+        crate::telemetry::init_text_logs();
+    }
     match cli.command {
         Command::Bench(args) => bench::bench(args),
         Command::Inspect(args) => inspect::inspect(args),

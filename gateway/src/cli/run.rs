@@ -258,7 +258,8 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
             (hwprobe::estimated(), false)
         }
     };
-    let file = GgufFile::open(&args.model)?;
+    // Validated before planning: the planner reads the hyperparameters llama.cpp asserts on.
+    let file = GgufFile::open_validated(&args.model)?;
     let settings = PlanSettings {
         budgets: Budgets {
             gpu_bytes: gpu_budget,

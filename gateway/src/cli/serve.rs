@@ -14,7 +14,9 @@ use crate::fetch;
 use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
 use crate::pool::runner::Runners;
+use crate::security::{Security, SecuritySettings};
 use crate::server::{self, AppState, HttpSettings};
+use crate::telemetry::{self, LogFormat, TelemetrySettings};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -43,13 +45,20 @@ pub struct ServeArgs {
     /// Tokens per decode call when evaluating prompts [default: 512].
     #[arg(long, value_parser = flag(config::check_batch))]
     batch: Option<u32>,
-    /// Decode threads per model [default: all cores].
+    /// Decode threads per model [default: the physical cores, less one when more than two].
     #[arg(long)]
     threads: Option<u32>,
     /// Require `Authorization: Bearer KEY` on every route but `/` and `/api/version`
     /// (also read from HYPURA_API_KEY).
     #[arg(long, env = "HYPURA_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /api/pull, /api/create, /api/copy and
+    /// /api/delete, where the API key is not enough (also read from HYPURA_ADMIN_KEY).
+    #[arg(long, env = "HYPURA_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+    /// Allow listening on a non-loopback address without an API key.
+    #[arg(long)]
+    insecure_no_auth: bool,
     /// How long a model stays loaded after its last request (`5m`, `1h`, `0`, `-1` = forever)
     /// [default: 5m].
     #[arg(long, value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
@@ -76,6 +85,16 @@ pub struct ServeArgs {
     /// before they are cancelled (the process exits at most 5 s later).
     #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
     shutdown_grace: std::time::Duration,
+    /// Serve `/metrics` to loopback clients (a local Prometheus) without the API key.
+    #[arg(long)]
+    metrics_open_on_loopback: bool,
+    /// Log lines on stderr: `text`, or `json` (one object a line) [default: text].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Send traces over OTLP/HTTP to this collector (`http://host:4318`)
+    /// [default: none, no export].
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// Run every model inside this process instead of one runner process
     /// per model (a crash in a model then ends the server).
     #[arg(long)]
@@ -107,6 +126,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => config::load(path)?,
         None => Config::default(),
     };
+    let telemetry = TelemetrySettings::resolve(
+        &file.telemetry,
+        args.log_format,
+        args.otlp_endpoint.as_deref(),
+    )
+    .map_err(|e| anyhow::anyhow!("--otlp-endpoint: {e}"))?;
+    // Kept to the end: dropped after the runtime, it sends the last spans.
+    let _telemetry = telemetry::init(&telemetry)?;
     let parallel = args
         .parallel
         .or(file.parallel)
@@ -131,7 +158,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .or(file.batch)
             .unwrap_or(config::DEFAULT_BATCH)
             .max(parallel),
-        n_threads: args.threads.or(file.threads).unwrap_or(0),
+        n_threads: super::threads::decode_threads(args.threads.or(file.threads)),
         queue_limit: args
             .queue_limit
             .or(file.queue_limit)
@@ -168,15 +195,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(fetch::cache_dir)
         .map_err(|e| tracing::warn!("/api/pull cannot download: {e:#}"))
         .ok();
-    let state = AppState {
-        registry: Arc::new(registry),
-        api_key: args
-            .api_key
-            .or(file.api_key)
-            .filter(|k| !k.is_empty())
-            .map(Arc::from),
-        models_dir: models_dir.map(Arc::from),
-    };
     let host = args
         .host
         .or(file.host)
@@ -187,6 +205,31 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|mut addrs| addrs.next())
         .with_context(|| format!("host {host}: not an address or a known host name"))?;
+    let api_key = args.api_key.or(file.api_key).filter(|k| !k.is_empty());
+    let mut default_roots: Vec<PathBuf> = models_dir.iter().cloned().collect();
+    default_roots.extend(paths.iter().cloned());
+    default_roots.extend(file.models.iter().map(|m| m.path.clone()));
+    let security = Security::new(
+        SecuritySettings {
+            api_key: api_key.clone(),
+            admin_key: args.admin_key.or(file.security.admin_key.clone()),
+            insecure_no_auth: args.insecure_no_auth || file.security.insecure_no_auth,
+            default_roots,
+            ..file.security
+        },
+        addr,
+    )?;
+    if let Some(dir) = &models_dir {
+        crate::api::pull::remove_stale_parts(dir);
+    }
+    let state = AppState {
+        registry: Arc::new(registry),
+        api_key: api_key.map(Arc::from),
+        models_dir: models_dir.map(Arc::from),
+        security: Arc::new(security),
+        metrics_open_on_loopback: args.metrics_open_on_loopback
+            || file.metrics_open_on_loopback.unwrap_or(false),
+    };
     let http = HttpSettings {
         max_body_bytes: args
             .max_body_bytes

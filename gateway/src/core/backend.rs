@@ -125,6 +125,74 @@ pub trait ModelBackend: Send + Sync {
     /// the pool's budget). Returns once the move is requested; it completes
     /// in the background, and [`ModelBackend::memory`] shows the target.
     fn set_residency(&self, level: Residency) -> Result<(), BackendError>;
+
+    /// What streaming its weights from disk cost, counted since the model
+    /// was loaded (across its switches of placement); `None` for a backend
+    /// that never streamed. Read by `/metrics` and `/status`.
+    fn streaming(&self) -> Option<StreamCounters> {
+        None
+    }
+
+    /// The KV cache of its slots now (`None` when the backend cannot tell).
+    fn kv_cache(&self) -> Option<KvCache> {
+        None
+    }
+}
+
+/// A backend's KV cache: cells (one per token of context, all slots
+/// together) and what they take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCache {
+    /// Cells holding tokens of the requests in the slots.
+    pub cells_used: u64,
+    /// Cells allocated: slots × context per slot.
+    pub cells: u64,
+    /// Bytes allocated for them (f16 keys and values).
+    pub bytes: u64,
+}
+
+/// Counters of a model's weight streaming, cumulative since it was loaded:
+/// the engine's own counts (its `StreamStats`), never estimates. Gauges
+/// (`cache_bytes`, `cache_budget_bytes`) are the values now.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamCounters {
+    /// Bytes read from the model file after load.
+    pub nvme_bytes_read: u64,
+    /// Seconds spent in those reads (decoding thread and prefetcher summed).
+    pub read_seconds: f64,
+    /// Unit lookups (an expert, or a dense layer's FFN) found resident.
+    pub expert_hits: u64,
+    /// Unit lookups that had to be read.
+    pub expert_misses: u64,
+    /// Units the prefetcher read that were then used.
+    pub prefetch_hits: u64,
+    /// Bytes the prefetcher read that were evicted unused.
+    pub prefetch_wasted_bytes: u64,
+    /// Seconds the decoding thread waited for reads.
+    pub io_stall_seconds: f64,
+    pub evictions: u64,
+    /// Bytes of streamed units resident now, and the cache's limit.
+    pub cache_bytes: u64,
+    pub cache_budget_bytes: u64,
+}
+
+impl StreamCounters {
+    /// These counters followed by `later`'s (a model's next placement):
+    /// counters add up, gauges are `later`'s.
+    pub fn then(&self, later: &StreamCounters) -> StreamCounters {
+        StreamCounters {
+            nvme_bytes_read: self.nvme_bytes_read + later.nvme_bytes_read,
+            read_seconds: self.read_seconds + later.read_seconds,
+            expert_hits: self.expert_hits + later.expert_hits,
+            expert_misses: self.expert_misses + later.expert_misses,
+            prefetch_hits: self.prefetch_hits + later.prefetch_hits,
+            prefetch_wasted_bytes: self.prefetch_wasted_bytes + later.prefetch_wasted_bytes,
+            io_stall_seconds: self.io_stall_seconds + later.io_stall_seconds,
+            evictions: self.evictions + later.evictions,
+            cache_bytes: later.cache_bytes,
+            cache_budget_bytes: later.cache_budget_bytes,
+        }
+    }
 }
 
 /// What a model is, as its file (or its upstream) states it.

@@ -33,6 +33,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Unauthorized(String),
+    /// The request's origin, host or key may not use this route.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     /// The model's queue is full: retry later.
@@ -55,6 +58,7 @@ impl ApiError {
             ApiError::Validation(_) | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unavailable(_) | ApiError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -69,6 +73,7 @@ impl ApiError {
             }
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "not_found_error",
             ApiError::Unauthorized(_) => "authentication_error",
+            ApiError::Forbidden(_) => "permission_error",
             ApiError::Unavailable(_) | ApiError::ShuttingDown(_) | ApiError::Internal(_) => {
                 "api_error"
             }

@@ -9,18 +9,27 @@
 //! final usage or one [`InferEvent::Error`]. Dropping a [`Generation`]
 //! (client gone) drops the backend's stream, which cancels the request.
 //! [`finish`] records the end of every generation, whichever way it ends.
+//!
+//! Each generation and embedding runs in its span
+//! ([`crate::telemetry::genai`]), a child of the HTTP request's: model loads
+//! and log lines on the way are its children, and [`finish`] records the
+//! usage and timings on it.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use hypura_chat::tools::{ParsedReply, ToolStream};
+use tracing::{Instrument as _, Span};
 
-use super::backend::{BackendEvent, EventStream, FinishReason, Finished, ModelBackend};
+use super::backend::{
+    BackendError, BackendEvent, EventStream, FinishReason, Finished, ModelBackend,
+};
 use super::error::ApiError;
 use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
-use super::validation::ValidationError;
+use super::validation::{self, ValidationError};
 use crate::pool::registry::{ModelInfo, Registry};
+use crate::telemetry::genai;
 
 /// What [`infer`] answers.
 pub enum Answer {
@@ -46,12 +55,29 @@ pub struct BackendLease {
 /// server: durations reported to clients count from it.
 pub async fn infer(
     pool: &Registry,
+    request: InferRequest,
+    arrived: Instant,
+) -> Result<Answer, ApiError> {
+    let span = genai::generation_span(&request);
+    let answer = resolve_and_start(pool, request, arrived)
+        .instrument(span.clone())
+        .await;
+    if let Err(e) = &answer {
+        genai::record_error(&span, e);
+    }
+    answer
+}
+
+/// [`infer`] in the generation's span.
+async fn resolve_and_start(
+    pool: &Registry,
     mut request: InferRequest,
     arrived: Instant,
 ) -> Result<Answer, ApiError> {
     let named = pool
         .resolve(&request.name)
         .ok_or_else(|| ApiError::ModelNotFound(request.requested.clone()))?;
+    crate::metrics::note_model(&request.name.display);
     let tools = check_tools(&mut request, &named.info)?;
     check_thinking(&mut request, &named.info)?;
     if request.backend.prompt == Prompt::Load {
@@ -182,6 +208,19 @@ pub struct Generation {
     time_to_first_token: Option<Duration>,
     /// Set once [`finish`] recorded this generation.
     recorded: bool,
+    /// Its span: the current one when it started ([`infer`]'s); it ends
+    /// when the generation is dropped.
+    span: Span,
+}
+
+/// The bytes of text a prompt will be tokenized from (messages: their
+/// contents; the template adds a few per message).
+fn prompt_bytes(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Text { text } => text.len(),
+        Prompt::Messages { messages, .. } => messages.iter().map(|m| m.content.len()).sum(),
+        Prompt::Load | Prompt::Tokens(_) => 0,
+    }
 }
 
 impl Generation {
@@ -192,7 +231,25 @@ impl Generation {
         tools: Option<Tools>,
         arrived: Instant,
     ) -> Result<Generation, ApiError> {
-        let events = lease.backend.generate(request.backend.clone()).await?;
+        let n_ctx = lease.backend.status().context_length;
+        let n_ctx = request
+            .backend
+            .params
+            .num_ctx
+            .map_or(n_ctx, |n| n.min(n_ctx));
+        validation::check_prompt_bytes(prompt_bytes(&request.backend.prompt), n_ctx)?;
+        let events = lease
+            .backend
+            .generate(request.backend.clone())
+            .await
+            .inspect_err(|e| {
+                if let BackendError::Busy(_) = e {
+                    crate::metrics::rejected(
+                        &request.name.display,
+                        crate::metrics::Rejection::QueueFull,
+                    );
+                }
+            })?;
         Ok(Generation {
             events,
             lease,
@@ -204,6 +261,7 @@ impl Generation {
             queued_for: None,
             time_to_first_token: None,
             recorded: false,
+            span: Span::current(),
         })
     }
 
@@ -271,7 +329,10 @@ impl Generation {
                 }
                 Some(BackendEvent::Done(finished)) => {
                     let outcome = self.outcome(finished);
-                    self.record(Ended::Finished(outcome.finished.finish_reason));
+                    self.record_usage(
+                        Ended::Finished(outcome.finished.finish_reason),
+                        Some(&outcome.finished),
+                    );
                     InferEvent::Done(Box::new(outcome))
                 }
                 Some(BackendEvent::Error(e)) => {
@@ -301,10 +362,16 @@ impl Generation {
     }
 
     fn record(&mut self, ended: Ended) {
+        self.record_usage(ended, None);
+    }
+
+    fn record_usage(&mut self, ended: Ended, finished: Option<&Finished>) {
         self.recorded = true;
         finish(&GenerationRecord {
             model: &self.model,
             ended,
+            finished,
+            span: &self.span,
             load: self.lease.load_duration,
             queued: self.queued_for,
             time_to_first_token: self.time_to_first_token,
@@ -339,6 +406,11 @@ pub struct GenerationRecord<'a> {
     /// The model as the client named it.
     pub model: &'a str,
     pub ended: Ended,
+    /// The backend's account of a generation that finished (tokens, prefill
+    /// and decode time); `None` when it failed or was cancelled.
+    pub finished: Option<&'a Finished>,
+    /// The generation's span ([`crate::telemetry::genai`]).
+    pub span: &'a Span,
     pub load: Duration,
     /// Time in the model's queue (`None`: it never started).
     pub queued: Option<Duration>,
@@ -351,6 +423,9 @@ pub struct GenerationRecord<'a> {
 /// Records the end of a generation: the one place every generation, of
 /// every dialect, ends (metrics hook in here).
 pub fn finish(record: &GenerationRecord<'_>) {
+    genai::record_generation(record);
+    // Dropped (client gone), a generation ends outside its request's span.
+    let _in = record.span.enter();
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
     tracing::info!(
         target: "hypura::generation",
@@ -360,8 +435,11 @@ pub fn finish(record: &GenerationRecord<'_>) {
         queued_ms = ?ms(record.queued),
         ttft_ms = ?ms(record.time_to_first_token),
         total_ms = record.total.as_secs_f64() * 1e3,
+        prompt_tokens = record.finished.map(|f| f.prompt_tokens),
+        generated_tokens = record.finished.map(|f| f.generated_tokens),
         "generation ended"
     );
+    crate::metrics::generation_ended(record);
 }
 
 /// Embeds `request`'s texts: one L2-normalised vector each (cut to the first
@@ -370,9 +448,26 @@ pub async fn embed(
     pool: &Registry,
     request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
+    let span = genai::embeddings_span(&request);
+    let result = embed_texts(pool, request).instrument(span.clone()).await;
+    match &result {
+        Ok((vectors, tokens, load)) => genai::record_embeddings(&span, vectors, *tokens, *load),
+        Err(e) => genai::record_error(&span, e),
+    }
+    result
+}
+
+/// [`embed`] in its span.
+async fn embed_texts(
+    pool: &Registry,
+    mut request: EmbedRequest,
+) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
+    let truncate = request.batch.truncate;
+    validation::check_embed_texts(&mut request.batch.texts, truncate)?;
     let lease = pool
         .backend(&request.requested, &request.name, request.keep_alive)
         .await?;
+    crate::metrics::note_model(&request.name.display);
     let (mut vectors, tokens) = if request.batch.texts.is_empty() {
         (Vec::new(), 0)
     } else {

@@ -2,11 +2,13 @@
 //!
 //! - [`request`]: [`request::InferRequest`] and [`request::EmbedRequest`], dialect-neutral and serializable.
 //! - [`validation`]: bodies, names, durations and options → checked values.
+//! - [`bounds`]: limits on what a JSON Schema may ask of llama.cpp's grammar parser.
 //! - [`structured`]: `format` / `response_format` → grammars; `tools` → prompts and tool calls.
 //! - [`backend`]: the [`backend::ModelBackend`] trait between the gateway and every model, and its events.
 //! - [`infer`]: the one inference path (resolve, admit, submit, stream, cancel, finish).
 //! - [`error`]: one error enum; its status and body per API family.
 pub mod backend;
+pub mod bounds;
 pub mod error;
 pub mod infer;
 pub mod request;

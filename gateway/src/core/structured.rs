@@ -19,6 +19,7 @@ use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
 use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
 use serde_json::{json, Map, Value};
 
+use crate::core::bounds::{self, BoundsProblem, GrammarProblem};
 use crate::core::error::ApiError;
 use crate::core::validation::ValidationError;
 
@@ -63,29 +64,99 @@ fn json_object_grammar() -> Result<String, ApiError> {
 
 /// A JSON Schema → a grammar, or a 400 naming `field` and the problem.
 fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
-    check_schema(schema, schema, "#").map_err(|e| ValidationError::InvalidSchema {
-        field: field.to_string(),
-        message: e.to_string(),
-    })?;
-    json_schema_to_grammar(&schema.to_string()).map_err(|e| {
+    check_schema(schema, schema, "#").map_err(|fault| fault.into_error(field))?;
+    check_bounds(schema, "#").map_err(|fault| fault.into_error(field))?;
+    let grammar = json_schema_to_grammar(&schema.to_string()).map_err(|e| {
         ValidationError::UnsupportedSchema {
             field: field.to_string(),
             message: e.to_string(),
         }
-        .into()
+    })?;
+    check_grammar_text(&grammar, field)?;
+    Ok(grammar)
+}
+
+/// The grammar's size and repetitions, before llama.cpp compiles it.
+fn check_grammar_text(grammar: &str, field: &str) -> Result<(), ValidationError> {
+    bounds::check_grammar(grammar).map_err(|problem| match problem {
+        GrammarProblem::TooLarge { bytes } => ValidationError::GrammarTooLarge {
+            field: field.to_string(),
+            bytes,
+            limit: bounds::MAX_GRAMMAR_BYTES,
+        },
+        GrammarProblem::Repetition(repetition) => ValidationError::GrammarRepetition {
+            field: field.to_string(),
+            repetition,
+        },
     })
 }
 
+/// Why a schema was refused, before the field it came in is known.
+#[derive(Debug)]
+enum SchemaFault {
+    /// Not valid JSON Schema (the message names the place).
+    Invalid(String),
+    /// Bounds a grammar cannot hold ([`bounds`]).
+    Bounds(BoundsProblem),
+}
+
+impl SchemaFault {
+    fn into_error(self, field: &str) -> ValidationError {
+        let field = field.to_string();
+        match self {
+            SchemaFault::Invalid(message) => ValidationError::InvalidSchema { field, message },
+            SchemaFault::Bounds(BoundsProblem::Inverted {
+                path,
+                min_key,
+                min,
+                max_key,
+                max,
+            }) => ValidationError::SchemaBoundsInverted {
+                field,
+                path,
+                min_key,
+                min,
+                max_key,
+                max,
+            },
+            SchemaFault::Bounds(BoundsProblem::TooLarge {
+                path,
+                key,
+                value,
+                limit,
+            }) => ValidationError::SchemaCountTooLarge {
+                field,
+                path,
+                key,
+                value,
+                limit,
+            },
+            SchemaFault::Bounds(BoundsProblem::Pattern {
+                path,
+                pattern,
+                reason,
+            }) => ValidationError::SchemaPattern {
+                field,
+                path,
+                pattern,
+                reason,
+            },
+        }
+    }
+}
+
 /// The checks of llama.cpp's schema reader (`common/json-schema.cpp`), so
-/// that their reasons reach the client. `path` is a JSON pointer.
-fn check_schema(schema: &Value, root: &Value, path: &str) -> Result<(), String> {
-    let fail = |msg: String| Err(format!("at {path}: {msg}"));
+/// that their reasons reach the client, and the [`bounds`] that keep its
+/// grammar finite. `path` is a JSON pointer.
+fn check_schema(schema: &Value, root: &Value, path: &str) -> Result<(), SchemaFault> {
+    let fail = |msg: String| Err(SchemaFault::Invalid(format!("at {path}: {msg}")));
     let Value::Object(map) = schema else {
         return fail(format!("a schema must be an object, got {schema}"));
     };
     if let Some(reference) = map.get("$ref") {
         return check_ref(reference, root).or_else(fail);
     }
+
     for key in ["oneOf", "anyOf", "allOf"] {
         if let Some(alternatives) = map.get(key) {
             let Some(list) = alternatives.as_array().filter(|l| !l.is_empty()) else {
@@ -131,8 +202,8 @@ fn check_schema(schema: &Value, root: &Value, path: &str) -> Result<(), String> 
     check_keywords(map, root, path)
 }
 
-fn check_keywords(map: &Map<String, Value>, root: &Value, path: &str) -> Result<(), String> {
-    let fail = |msg: String| Err(format!("at {path}: {msg}"));
+fn check_keywords(map: &Map<String, Value>, root: &Value, path: &str) -> Result<(), SchemaFault> {
+    let fail = |msg: String| Err(SchemaFault::Invalid(format!("at {path}: {msg}")));
     if let Some(properties) = map.get("properties") {
         let Some(properties) = properties.as_object() else {
             return fail("properties must be an object".into());
@@ -159,7 +230,14 @@ fn check_keywords(map: &Map<String, Value>, root: &Value, path: &str) -> Result<
             None => {}
         }
     }
-    for key in ["minItems", "maxItems", "minLength", "maxLength"] {
+    for key in [
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minProperties",
+        "maxProperties",
+    ] {
         if map.get(key).is_some_and(|v| v.as_u64().is_none()) {
             return fail(format!("{key} must be a non-negative integer"));
         }
@@ -173,6 +251,29 @@ fn check_keywords(map: &Map<String, Value>, root: &Value, path: &str) -> Result<
         if map.get(key).is_some_and(|v| !v.is_string()) {
             return fail(format!("{key} must be a string"));
         }
+    }
+    Ok(())
+}
+
+/// [`bounds::check_object`] on every object of the document but literal
+/// values (`enum`, `const`, `default`, `examples`): a `$ref` may point
+/// anywhere in it, `$defs` or not, and llama.cpp converts what it finds.
+fn check_bounds(value: &Value, path: &str) -> Result<(), SchemaFault> {
+    match value {
+        Value::Object(map) => {
+            bounds::check_object(map, path).map_err(SchemaFault::Bounds)?;
+            for (key, child) in map {
+                if !matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
+                    check_bounds(child, &format!("{path}/{key}"))?;
+                }
+            }
+        }
+        Value::Array(list) => {
+            for (i, child) in list.iter().enumerate() {
+                check_bounds(child, &format!("{path}/{i}"))?;
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -301,9 +402,15 @@ pub fn prepare_tools(
         let grammar = tools::forced_call_grammar(family, &forced, |schema| {
             let value: Value = serde_json::from_str(schema).unwrap_or(Value::Null);
             check_schema(&value, &value, "#")
-                .map_err(|e| ValidationError::InvalidToolSchema(e.to_string()))?;
-            json_schema_to_grammar(schema)
-                .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))
+                .and_then(|()| check_bounds(&value, "#"))
+                .map_err(|fault| match fault {
+                    SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
+                    bounds => bounds.into_error("tools"),
+                })?;
+            let grammar = json_schema_to_grammar(schema)
+                .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))?;
+            check_grammar_text(&grammar, "tools")?;
+            Ok::<_, ValidationError>(grammar)
         })?;
         Some(grammar)
     };
@@ -471,6 +578,97 @@ mod tests {
         let ok = json!({"$defs": {"p": {"type": "string"}}, "type": "object",
             "properties": {"p": {"$ref": "#/$defs/p"}}});
         assert!(ollama_format(Some(&ok)).is_ok());
+    }
+
+    /// Every bound that made llama.cpp's grammar parser allocate without end
+    /// is its own 400, through each field a schema comes in.
+    #[test]
+    fn schema_bounds_have_their_own_variants() {
+        let rule = |r: Result<Option<String>, ApiError>| match r {
+            Err(ApiError::Validation(v)) => v,
+            other => panic!("not a validation error: {other:?}"),
+        };
+        let inverted = json!({"type": "string", "minLength": 10, "maxLength": 1});
+        let e = rule(ollama_format(Some(&inverted)));
+        assert_eq!(
+            e,
+            ValidationError::SchemaBoundsInverted {
+                field: "format".into(),
+                path: "#".into(),
+                min_key: "minLength",
+                min: 10,
+                max_key: "maxLength",
+                max: 1
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "format: invalid JSON Schema: at #: minLength (10) is greater than maxLength (1): \
+             no value can satisfy it"
+        );
+        let through_openai = rule(openai_response_format(Some(&json!({"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "properties":
+                {"tags": {"type": "array", "minItems": 3, "maxItems": 2}}}}}))));
+        assert!(matches!(through_openai,
+            ValidationError::SchemaBoundsInverted { field, path, min_key: "minItems", .. }
+                if field == "response_format.json_schema.schema" && path == "#/properties/tags"));
+        assert!(matches!(
+            rule(ollama_format(Some(
+                &json!({"type": "object", "minProperties": 2, "maxProperties": 1})
+            ))),
+            ValidationError::SchemaBoundsInverted {
+                min_key: "minProperties",
+                ..
+            }
+        ));
+        assert!(matches!(
+            rule(ollama_format(Some(&json!({"type": "string", "pattern": "^a{5,1}$"})))),
+            ValidationError::SchemaPattern { reason, .. } if reason.contains("at least 5 but at most 1")
+        ));
+        assert!(matches!(
+            rule(ollama_format(Some(
+                &json!({"type": "string", "pattern": "^a{100000}$"})
+            ))),
+            ValidationError::SchemaPattern { .. }
+        ));
+        assert!(matches!(
+            rule(ollama_format(Some(
+                &json!({"type": "array", "minItems": 100000})
+            ))),
+            ValidationError::SchemaCountTooLarge {
+                key: "minItems",
+                value: 100000,
+                limit: 2000,
+                ..
+            }
+        ));
+        // Behind a $ref, even outside $defs.
+        let hidden =
+            json!({"$ref": "#/x", "x": {"type": "string", "minLength": 9, "maxLength": 2}});
+        assert!(matches!(
+            rule(ollama_format(Some(&hidden))),
+            ValidationError::SchemaBoundsInverted { path, .. } if path == "#/x"
+        ));
+        // Literal values are not schemas.
+        let literal = json!({"enum": [{"minLength": 9, "maxLength": 2}]});
+        assert!(ollama_format(Some(&literal)).is_ok());
+        let huge_enum: Vec<String> = (0..40_000).map(|i| format!("value number {i}")).collect();
+        assert!(matches!(
+            rule(ollama_format(Some(&json!({"enum": huge_enum})))),
+            ValidationError::GrammarTooLarge { .. }
+        ));
+        let ok = json!({"type": "string", "minLength": 2, "maxLength": 2, "pattern": "^[a-z]{2}$"});
+        assert!(ollama_format(Some(&ok)).is_ok());
+        let tools = vec![json!({"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties":
+                {"s": {"type": "string", "minLength": 4, "maxLength": 3}}}}})];
+        let e = prepare_tools(Some(&tools), &ToolChoice::Required, Some(QWEN_LIKE), "m")
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, ApiError::Validation(ValidationError::SchemaBoundsInverted { ref field, .. }) if field == "tools"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -32,6 +32,12 @@ pub enum ValidationError {
          digits and . _ - + characters"
     )]
     InvalidModelName { field: String, name: String },
+    /// A model name shaped like a file path (`../x`, `/x`, `a//b`, `./x`).
+    #[error(
+        "invalid {field} {name:?}: a model name is not a path: no leading or trailing '/', \
+         no empty, '.' or '..' parts"
+    )]
+    PathLikeModelName { field: String, name: String },
     /// `keep_alive` (as JSON text) is neither seconds nor a Go duration.
     #[error(
         "invalid keep_alive {0}: use seconds (a number) or a duration such as \"5m\", \
@@ -87,6 +93,51 @@ pub enum ValidationError {
     /// A valid schema that cannot become a grammar.
     #[error("{field}: {message}")]
     UnsupportedSchema { field: String, message: String },
+    /// A schema whose minimum count (`minLength`, `minItems`,
+    /// `minProperties`) is above its maximum: nothing can satisfy it, and
+    /// llama.cpp's grammar parser would expand it without end.
+    #[error(
+        "{field}: invalid JSON Schema: at {path}: {min_key} ({min}) is greater than {max_key} \
+         ({max}): no value can satisfy it"
+    )]
+    SchemaBoundsInverted {
+        field: String,
+        path: String,
+        min_key: &'static str,
+        min: u64,
+        max_key: &'static str,
+        max: u64,
+    },
+    /// A schema count above what a grammar can hold.
+    #[error("{field}: at {path}: {key} is {value}, more than the {limit} a grammar allows")]
+    SchemaCountTooLarge {
+        field: String,
+        path: String,
+        key: &'static str,
+        value: u64,
+        limit: u64,
+    },
+    /// A `pattern` refused for its length or its repetitions (`reason`).
+    #[error("{field}: at {path}: pattern {pattern:?} is refused: {reason}")]
+    SchemaPattern {
+        field: String,
+        path: String,
+        pattern: String,
+        reason: String,
+    },
+    /// The grammar a schema becomes is too large to compile per request.
+    #[error(
+        "{field}: the schema becomes a grammar of {bytes} bytes, more than the {limit} \
+         allowed: simplify the schema (fewer or shorter enum values, properties, patterns)"
+    )]
+    GrammarTooLarge {
+        field: String,
+        bytes: usize,
+        limit: usize,
+    },
+    /// The grammar holds a repetition llama.cpp's parser cannot compile.
+    #[error("{field}: the schema becomes a grammar with the repetition {repetition}, which cannot be compiled")]
+    GrammarRepetition { field: String, repetition: String },
     /// `tool_choice` (as JSON text) is not one of its forms.
     #[error(
         "invalid tool_choice {0}: use \"auto\", \"none\", \"required\" or \
@@ -160,6 +211,91 @@ pub enum ValidationError {
     /// Embedding `dimensions` of 0.
     #[error("dimensions must be at least 1")]
     ZeroDimensions,
+    /// More embedding inputs than one request may carry.
+    #[error("input has {count} texts, more than the {limit} one request may embed: split it")]
+    TooManyInputs { count: usize, limit: usize },
+    /// An embedding input far longer than the embedding context, with `truncate` off.
+    #[error(
+        "input {index} is {bytes} bytes, more than the {limit} bytes the embedding context can \
+         hold: shorten it or set truncate: true"
+    )]
+    InputTooLarge {
+        index: usize,
+        bytes: usize,
+        limit: usize,
+    },
+    /// A prompt of more bytes than the context window could hold as tokens
+    /// (refused before it is tokenized).
+    #[error(
+        "the prompt is {bytes} bytes, more than a context window of {n_ctx} tokens can hold \
+         ({limit} bytes at most): shorten the prompt"
+    )]
+    PromptTooLarge {
+        bytes: usize,
+        n_ctx: u32,
+        limit: usize,
+    },
+    /// An option outside its range (`top_p 5`, `temperature -1`).
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    OptionOutOfRange {
+        field: &'static str,
+        min: f32,
+        max: f32,
+        value: f32,
+    },
+}
+
+/// Most texts one embedding request may carry (OpenAI's limit).
+pub const MAX_EMBED_INPUTS: usize = 2048;
+/// Longest token of any vocabulary served, in bytes: a text of more than
+/// `n_tokens * MAX_TOKEN_BYTES` bytes cannot fit in `n_tokens`, so it is
+/// refused (or cut) before it is tokenized.
+pub const MAX_TOKEN_BYTES: usize = 256;
+/// Tokens of the embedding context (`pool::local`'s 512).
+pub const EMBED_CONTEXT_TOKENS: usize = 512;
+
+/// Embedding texts: at most [`MAX_EMBED_INPUTS`]; each longer than the
+/// embedding context could hold cut there (`truncate`) or refused.
+pub fn check_embed_texts(texts: &mut [String], truncate: bool) -> Result<(), ValidationError> {
+    if texts.len() > MAX_EMBED_INPUTS {
+        return Err(ValidationError::TooManyInputs {
+            count: texts.len(),
+            limit: MAX_EMBED_INPUTS,
+        });
+    }
+    let limit = EMBED_CONTEXT_TOKENS * MAX_TOKEN_BYTES;
+    for (index, text) in texts.iter_mut().enumerate() {
+        if text.len() <= limit {
+            continue;
+        }
+        if !truncate {
+            return Err(ValidationError::InputTooLarge {
+                index,
+                bytes: text.len(),
+                limit,
+            });
+        }
+        let mut cut = limit;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    Ok(())
+}
+
+/// A prompt of `bytes` bytes for a context of `n_ctx` tokens: refused before
+/// tokenizing when it cannot fit whatever the vocabulary.
+pub fn check_prompt_bytes(bytes: usize, n_ctx: u32) -> Result<(), ValidationError> {
+    let limit = (n_ctx as usize).saturating_mul(MAX_TOKEN_BYTES);
+    if bytes > limit {
+        return Err(ValidationError::PromptTooLarge {
+            bytes,
+            n_ctx,
+            limit,
+        });
+    }
+    Ok(())
 }
 
 /// Parses a JSON body whatever its content type (Ollama accepts bodies sent
@@ -206,6 +342,18 @@ impl ModelName {
         let base = name.rsplit('/').next().unwrap_or(name);
         if !valid || name.len() > 350 || base.starts_with(':') || name.ends_with(':') {
             return Err(ValidationError::InvalidModelName {
+                field: field.to_string(),
+                name: name.to_string(),
+            });
+        }
+        let path_like = name
+            .split(':')
+            .next()
+            .unwrap_or(name)
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..");
+        if path_like {
+            return Err(ValidationError::PathLikeModelName {
                 field: field.to_string(),
                 name: name.to_string(),
             });
@@ -411,6 +559,24 @@ impl OllamaOptions {
             seed: seed(self.seed),
             ..SamplingParams::default()
         };
+        check_ranges(&[
+            ("options.temperature", Some(sampling.temperature), 0.0, 10.0),
+            ("options.top_p", Some(sampling.top_p), 0.0, 1.0),
+            ("options.min_p", Some(sampling.min_p), 0.0, 1.0),
+            ("options.typical_p", self.typical_p, 0.0, 1.0),
+            (
+                "options.presence_penalty",
+                Some(sampling.presence_penalty),
+                -2.0,
+                2.0,
+            ),
+            (
+                "options.frequency_penalty",
+                Some(sampling.frequency_penalty),
+                -2.0,
+                2.0,
+            ),
+        ])?;
         check_sampling(&sampling, "options.")?;
         let max_tokens = match self.num_predict {
             None | Some(-1) | Some(-2) => None,
@@ -463,6 +629,7 @@ impl OpenAiSampling {
             ..SamplingParams::default()
         };
         check_sampling(&sampling, "")?;
+        check_ranges(&[("top_p", Some(sampling.top_p), 0.0, 1.0)])?;
         if !(0.0..=2.0).contains(&sampling.temperature) {
             return Err(ValidationError::OutOfRange {
                 field: "temperature",
@@ -504,6 +671,21 @@ fn seed(seed: Option<i64>) -> Option<u32> {
         Some(s) if s >= 0 => Some((s as u64 % u64::from(u32::MAX)) as u32),
         _ => None,
     }
+}
+
+/// Each `(field, value, min, max)`: the value, when given, within `[min, max]`.
+fn check_ranges(ranges: &[(&'static str, Option<f32>, f32, f32)]) -> Result<(), ValidationError> {
+    for &(field, value, min, max) in ranges {
+        if let Some(value) = value.filter(|v| !(min..=max).contains(v)) {
+            return Err(ValidationError::OptionOutOfRange {
+                field,
+                min,
+                max,
+                value,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_sampling(sampling: &SamplingParams, prefix: &'static str) -> Result<(), ValidationError> {
@@ -681,6 +863,36 @@ mod tests {
     }
 
     #[test]
+    fn path_like_names_have_their_own_variant() {
+        for bad in [
+            "../x",
+            "../../etc/passwd",
+            "/abs",
+            "a//b",
+            "./x",
+            "a/./b",
+            "x/",
+        ] {
+            assert_eq!(
+                ModelName::parse(bad, "destination").unwrap_err(),
+                ValidationError::PathLikeModelName {
+                    field: "destination".into(),
+                    name: bad.into()
+                },
+                "{bad}"
+            );
+        }
+        for ok in [
+            "hf.co/user/repo:Q4_K_M",
+            "library/llama3:8b",
+            "a.b:1.0",
+            "x..y",
+        ] {
+            assert!(ModelName::parse(ok, "model").is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
     fn keep_alive_rule_has_its_own_variant() {
         let e = KeepAlive::from_json(&json!("soon")).unwrap_err();
         assert_eq!(e, ValidationError::InvalidKeepAlive("\"soon\"".into()));
@@ -733,6 +945,85 @@ mod tests {
             pushy.to_params().unwrap_err().to_string(),
             "presence_penalty must be between -2 and 2, got -2.5"
         );
+    }
+
+    #[test]
+    fn option_ranges_have_their_own_variant() {
+        let top_p = OllamaOptions {
+            top_p: Some(5.0),
+            ..OllamaOptions::default()
+        };
+        let e = top_p.to_params().unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::OptionOutOfRange {
+                field: "options.top_p",
+                min: 0.0,
+                max: 1.0,
+                value: 5.0
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "options.top_p must be between 0 and 1, got 5"
+        );
+        let cold = OllamaOptions {
+            temperature: Some(-1.0),
+            ..OllamaOptions::default()
+        };
+        assert_eq!(
+            cold.to_params().unwrap_err().to_string(),
+            "options.temperature must be between 0 and 10, got -1"
+        );
+        let typical = OllamaOptions {
+            typical_p: Some(1.5),
+            ..OllamaOptions::default()
+        };
+        assert!(matches!(
+            typical.to_params().unwrap_err(),
+            ValidationError::OptionOutOfRange {
+                field: "options.typical_p",
+                ..
+            }
+        ));
+        let openai = OpenAiSampling {
+            top_p: Some(1.5),
+            ..OpenAiSampling::default()
+        };
+        assert_eq!(
+            openai.to_params().unwrap_err().to_string(),
+            "top_p must be between 0 and 1, got 1.5"
+        );
+        assert!(OllamaOptions::default().to_params().is_ok());
+    }
+
+    #[test]
+    fn embed_and_prompt_sizes_have_their_own_variants() {
+        let mut many = vec!["x".to_string(); MAX_EMBED_INPUTS + 1];
+        assert_eq!(
+            check_embed_texts(&mut many, true).unwrap_err(),
+            ValidationError::TooManyInputs {
+                count: MAX_EMBED_INPUTS + 1,
+                limit: MAX_EMBED_INPUTS
+            }
+        );
+        let limit = EMBED_CONTEXT_TOKENS * MAX_TOKEN_BYTES;
+        let mut long = vec!["é".repeat(limit)];
+        assert!(matches!(
+            check_embed_texts(&mut long.clone(), false).unwrap_err(),
+            ValidationError::InputTooLarge { index: 0, .. }
+        ));
+        check_embed_texts(&mut long, true).unwrap();
+        assert_eq!(long[0].len(), limit);
+        assert_eq!(
+            check_prompt_bytes(28_000_000, 4096).unwrap_err(),
+            ValidationError::PromptTooLarge {
+                bytes: 28_000_000,
+                n_ctx: 4096,
+                limit: 4096 * MAX_TOKEN_BYTES
+            }
+        );
+        assert!(check_prompt_bytes(4096 * MAX_TOKEN_BYTES, 4096).is_ok());
     }
 
     #[test]

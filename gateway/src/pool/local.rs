@@ -7,6 +7,7 @@
 //! send fails, the sink returns `false` and the engine frees the slot;
 //! dropping it also calls [`BatchEngine::cancel`] so a request still waiting
 //! for a slot or in prompt evaluation ends at once.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use tokio::sync::mpsc;
 use super::registry::{InProcess, ModelLease};
 use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, DecodeRate, EmbedOutput, EventStream, FinishReason,
-    Finished, MemoryUse, ModelBackend, ModelFacts, Residency,
+    Finished, KvCache, MemoryUse, ModelBackend, ModelFacts, Residency, StreamCounters,
 };
 use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams, Prompt};
 use crate::core::validation::fit_to_context;
@@ -59,7 +60,11 @@ impl ModelBackend for LocalBackend {
         let model = self.local.engine.model();
         let engine = self.local.engine.clone();
         async move {
-            tokio::task::spawn_blocking(move || embed(&model, &engine, batch))
+            // Dropped with this future when the client goes away: the
+            // blocking task stops at its next text.
+            let gone = FlagOnDrop(Arc::new(AtomicBool::new(false)));
+            let flag = Arc::clone(&gone.0);
+            tokio::task::spawn_blocking(move || embed(&model, &engine, batch, &flag))
                 .await
                 .map_err(|e| BackendError::Failed(format!("embedding task failed: {e}")))?
         }
@@ -93,6 +98,20 @@ impl ModelBackend for LocalBackend {
         self.lease
             .set_residency(level)
             .map_err(BackendError::Invalid)
+    }
+
+    fn streaming(&self) -> Option<StreamCounters> {
+        self.lease.stream_counters()
+    }
+
+    fn kv_cache(&self) -> Option<KvCache> {
+        let status = self.local.engine.status();
+        let cells = u64::from(status.n_parallel) * u64::from(status.n_ctx_per_seq);
+        Some(KvCache {
+            cells_used: status.kv_cells_used,
+            cells,
+            bytes: cells * self.lease.kv_bytes_per_token,
+        })
     }
 }
 
@@ -390,17 +409,41 @@ fn seconds(s: f64) -> Duration {
 /// Most tokens per embedded text: the engine's embedding context
 /// (`llama_tiered::batch`, 512 tokens or the model's training context).
 const EMBED_MAX_TOKENS: usize = 512;
+/// Most tokens of one embedding request, all texts together (OpenAI's limit).
+pub const EMBED_MAX_TOTAL_TOKENS: usize = 300_000;
 
-/// Embeds each text (cut to the context unless `truncate` is off) as one vector.
+/// Sets its flag when dropped.
+struct FlagOnDrop(Arc<AtomicBool>);
+
+impl Drop for FlagOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Embeds each text (cut to the context unless `truncate` is off) as one
+/// vector, one text at a time so that `gone` (the client left) stops it
+/// between texts and other requests get the embedder in between.
 fn embed(
     model: &Model,
     engine: &BatchEngine,
     batch: EmbedBatch,
+    gone: &AtomicBool,
 ) -> Result<EmbedOutput, BackendError> {
+    let went_away = || BackendError::Failed("the client went away".into());
     let limit = EMBED_MAX_TOKENS.min(model.n_ctx_train().max(1) as usize);
     let mut inputs = Vec::with_capacity(batch.texts.len());
     let mut token_count = 0;
     for (i, text) in batch.texts.into_iter().enumerate() {
+        if gone.load(Ordering::Relaxed) {
+            return Err(went_away());
+        }
+        if token_count > EMBED_MAX_TOTAL_TOKENS {
+            return Err(invalid(format!(
+                "the inputs have more than {EMBED_MAX_TOTAL_TOKENS} tokens together: send \
+                 fewer or shorter inputs per request"
+            )));
+        }
         // As the engine tokenizes texts to embed: BOS as the model wants, specials as text.
         let tokens = model.tokenize(&text, true, false)?;
         if tokens.len() > limit {
@@ -421,7 +464,19 @@ fn embed(
             inputs.push(text);
         }
     }
-    let vectors = engine.embed(&inputs)?;
+    if token_count > EMBED_MAX_TOTAL_TOKENS {
+        return Err(invalid(format!(
+            "the inputs have {token_count} tokens together, more than {EMBED_MAX_TOTAL_TOKENS}: \
+             send fewer or shorter inputs per request"
+        )));
+    }
+    let mut vectors = Vec::with_capacity(inputs.len());
+    for input in inputs.chunks(1) {
+        if gone.load(Ordering::Relaxed) {
+            return Err(went_away());
+        }
+        vectors.extend(engine.embed(input)?);
+    }
     Ok(EmbedOutput {
         vectors,
         prompt_tokens: token_count,

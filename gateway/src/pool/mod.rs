@@ -47,7 +47,17 @@ impl registry::Registry {
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
     ) -> Result<BackendLease, ApiError> {
-        let lease = self.acquire(requested, name, keep_alive).await?;
+        let lease = self
+            .acquire(requested, name, keep_alive)
+            .await
+            .inspect_err(|e| {
+                if let PoolError::NoRoom(_) = e {
+                    crate::metrics::rejected(
+                        &name.display,
+                        crate::metrics::Rejection::BudgetTimeout,
+                    );
+                }
+            })?;
         Ok(BackendLease {
             load_duration: lease.load_duration,
             backend: backend_of(lease),
@@ -61,6 +71,7 @@ impl registry::Registry {
             .into_iter()
             .map(|model| LoadedBackend {
                 name: model.name.clone(),
+                id: model.id,
                 expires_at: model.expires_at(),
                 backend: backend_of(self.observe(model)),
             })
@@ -86,6 +97,8 @@ fn backend_of(lease: registry::ModelLease) -> Arc<dyn ModelBackend> {
 pub struct LoadedBackend {
     /// The name it was loaded under.
     pub name: String,
+    /// Unique to this load of it (a reload gets another).
+    pub id: u64,
     /// When it unloads if idle; `None` = never.
     pub expires_at: Option<SystemTime>,
     pub backend: Arc<dyn ModelBackend>,

@@ -109,7 +109,8 @@ pub fn plan_model(
     profile: &HardwareProfile,
     settings: PlanSettings,
 ) -> Result<(Plan, TieredParams), String> {
-    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
+    // Validated again: the file may have changed since it was registered.
+    let file = GgufFile::open_validated(path).map_err(|e| e.to_string())?;
     let plan = plan_file(&file, profile, settings).map_err(|e| e.to_string())?;
     let planned = PlannedLoad::from_plan(&file, &plan).map_err(|e| e.to_string())?;
     let params = TieredParams {
@@ -123,8 +124,10 @@ pub fn plan_model(
 
 /// The line the server writes for each placement it loads: the summary for
 /// people, then (after `| plan `) the same as JSON, with the keys `hypura
-/// inspect --plan --json` prints for the same inputs.
+/// inspect --plan --json` prints for the same inputs. Recorded on the current
+/// span too (a load's or a switch's).
 pub fn log_placement(model: &str, residency: &str, plan: &Plan) {
+    crate::telemetry::pool::record_plan(plan);
     let summary = plan.summary();
     let json = serde_json::to_string(&summary).unwrap_or_default();
     eprintln!("hypura: placement of {model} ({residency}): {summary} | plan {json}");

@@ -34,12 +34,13 @@ use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel
 
 use super::runner::{self, RunnerProcess, Runners};
 use super::PoolError;
-use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts};
+use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts, StreamCounters};
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
     full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, Terms,
 };
+use crate::telemetry::pool as spans;
 
 /// How every model is run (from the command line).
 #[derive(Debug, Clone)]
@@ -286,11 +287,23 @@ pub struct InProcess {
     /// placement): the cache to resize on promotion and demotion. Replaced
     /// when the engine switches placement.
     streamer: Mutex<Option<Arc<Streamer>>>,
+    /// Streaming counters of the placements it ran in before this one.
+    stream_before: Mutex<Option<StreamCounters>>,
 }
 
 impl InProcess {
     pub fn streamer(&self) -> Option<Arc<Streamer>> {
         lock(&self.streamer).clone()
+    }
+
+    /// Streaming counters since load, across switches of placement (`None`
+    /// when it never streamed).
+    pub fn stream_counters(&self) -> Option<StreamCounters> {
+        let now = self.streamer().map(|s| stream_counters(&s.stats()));
+        match (lock(&self.stream_before).clone(), now) {
+            (Some(before), Some(now)) => Some(before.then(&now)),
+            (before, now) => now.or(before),
+        }
     }
 
     /// Weight bytes per tier in the placement loaded now (during a switch,
@@ -325,6 +338,10 @@ pub struct LoadedModel {
     expires_at: Mutex<Option<SystemTime>>,
     /// Loaded under a global budget (the policy decides when it goes).
     budgeted: bool,
+    /// Unique to this load: tells one load's counters from the next's.
+    pub id: u64,
+    /// KV cache bytes per token of context (f16 keys and values, all layers).
+    pub kv_bytes_per_token: u64,
 }
 
 impl LoadedModel {
@@ -367,13 +384,24 @@ impl LoadedModel {
             .set_cache_budget(budgeted.cache_bytes(to))
             .map_err(|e| format!("{}: {e}", self.name))?;
         if to > from {
-            std::thread::spawn(move || streamer.fill());
+            // The promotion's span lasts until its cache is filled.
+            let span = tracing::Span::current();
+            std::thread::spawn(move || span.in_scope(|| streamer.fill()));
         }
         Ok(())
     }
 
     pub fn expires_at(&self) -> Option<SystemTime> {
         *lock(&self.expires_at)
+    }
+
+    /// Streaming counters since load, across switches of placement (`None`
+    /// when it never streamed, or its runner is gone).
+    pub fn stream_counters(&self) -> Option<StreamCounters> {
+        match &self.engine {
+            Engine::InProcess(local) => local.stream_counters(),
+            Engine::Runner(runner) => runner.streaming(),
+        }
     }
 
     fn idle_ttl(&self) -> Option<Duration> {
@@ -545,8 +573,12 @@ impl Registry {
             .expire_after(KeepAliveExpiry)
             .eviction_listener(|path: Arc<Arc<PathBuf>>, model: Arc<LoadedModel>, cause| {
                 tracing::info!("unloading {} ({cause:?})", path.display());
+                crate::metrics::model_unloaded(&model.name);
                 // Finishes what is in flight; memory goes with the last lease.
-                std::thread::spawn(move || model.shutdown());
+                std::thread::spawn(move || {
+                    model.shutdown();
+                    crate::metrics::model_gone(&model.name, model.id, model.stream_counters());
+                });
             })
             .build();
         let budget = (settings.gpu_budget_bytes.is_some() || settings.ram_budget_bytes.is_some())
@@ -573,6 +605,13 @@ impl Registry {
 
     pub fn settings(&self) -> &EngineSettings {
         &self.settings
+    }
+
+    /// The global budget's limit and what it charges now, per tier (`None`
+    /// without a budget).
+    pub fn budget_books(&self) -> Option<(Footprint, Footprint)> {
+        let policy = self.budget.as_ref()?.policy();
+        Some((policy.budget(), policy.charged()))
     }
 
     /// Serves `path` as `name`; fails if the name is taken by another file.
@@ -721,14 +760,17 @@ impl Registry {
                 let loaded = self.loaded.clone();
                 let settings = self.settings.clone();
                 let key = Arc::clone(named.source.local_path());
+                let span = tracing::Span::current();
                 let model = tokio::task::spawn_blocking(move || {
-                    let model = loaded
-                        .try_get_with(Arc::clone(&key), || load(&named, &settings, None))
-                        .map_err(|e| (*e).clone())?;
-                    if !model.is_dead() {
-                        return Ok(model);
-                    }
-                    replace_dead(&loaded, key, || load(&named, &settings, None))
+                    span.in_scope(|| {
+                        let model = loaded
+                            .try_get_with(Arc::clone(&key), || load(&named, &settings, None))
+                            .map_err(|e| (*e).clone())?;
+                        if !model.is_dead() {
+                            return Ok(model);
+                        }
+                        replace_dead(&loaded, key, || load(&named, &settings, None))
+                    })
                 })
                 .await
                 .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))??;
@@ -815,8 +857,11 @@ impl Registry {
                     let key = Arc::clone(named.source.local_path());
                     let budgeted = budget.model(named.source.local_path()).map(|m| (m, level));
                     let named_for_load = named.clone();
+                    let span = tracing::Span::current();
                     let result = tokio::task::spawn_blocking(move || {
-                        loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
+                        span.in_scope(|| {
+                            loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
+                        })
                     })
                     .await;
                     match result {
@@ -868,9 +913,12 @@ impl Registry {
             .unwrap_or(Residency::Streaming)
             .max(Residency::Streaming);
         let (loaded, settings, named) = (self.loaded.clone(), self.settings.clone(), named.clone());
+        let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
-            replace_dead(&loaded, path, || {
-                load(&named, &settings, Some((budgeted, level)))
+            span.in_scope(|| {
+                replace_dead(&loaded, path, || {
+                    load(&named, &settings, Some((budgeted, level)))
+                })
             })
         })
         .await
@@ -1137,31 +1185,48 @@ fn execute_moves(
             budget.move_failed(mv);
             continue;
         };
+        let budgeted = budget.model(&path);
+        let switch = budgeted
+            .as_ref()
+            .is_some_and(|b| b.is_full_placement(mv.from) != b.is_full_placement(mv.to));
+        let name = budget.policy().spec(mv.model).name.clone();
+        let span = spans::move_span(
+            &name,
+            mv.from,
+            mv.to,
+            spans::move_kind(mv.from, mv.to, switch),
+        );
+        let _in = span.enter();
         tracing::info!("{}: {} → {}", path.display(), mv.from, mv.to);
         if mv.to == Residency::Unloaded {
             loaded.invalidate(&path);
             budget.move_done(mv);
             continue;
         }
-        let (Some(model), Some(budgeted)) = (loaded.get(&path), budget.model(&path)) else {
+        let (Some(model), Some(budgeted)) = (loaded.get(&path), budgeted) else {
+            spans::record_failure(&span, &"the model is not loaded");
             budget.move_failed(mv);
             continue;
         };
-        let switch = budgeted.is_full_placement(mv.from) != budgeted.is_full_placement(mv.to);
         if switch || matches!(model.engine, Engine::Runner(_)) {
             let budget = Arc::clone(budget);
+            let span = span.clone();
             std::thread::spawn(move || {
+                let started = Instant::now();
+                let _in = span.enter();
                 // Reported whatever happens, a panic included: a move never
                 // reported would hold both placements' charge for ever.
                 let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     move_model(&model, &budgeted, mv)
                 }))
                 .unwrap_or_else(|_| Err("the move panicked".into()));
-                report_move(&budget, &path, mv, moved);
+                let switched = switch.then(|| started.elapsed());
+                report_move(&budget, &model, mv, moved, switched, &span);
             });
             continue;
         }
-        report_move(budget, &path, mv, move_model(&model, &budgeted, mv));
+        let moved = move_model(&model, &budgeted, mv);
+        report_move(budget, &model, mv, moved, None, &span);
     }
 }
 
@@ -1173,11 +1238,24 @@ fn move_model(model: &LoadedModel, budgeted: &BudgetedModel, mv: Move) -> Result
     }
 }
 
-fn report_move(budget: &GlobalBudget, path: &Path, mv: Move, moved: Result<(), String>) {
+/// Tells the budget (and the metrics, and the move's span) how a move
+/// went; `switched`: how long a switch of placement took.
+fn report_move(
+    budget: &GlobalBudget,
+    model: &LoadedModel,
+    mv: Move,
+    moved: Result<(), String>,
+    switched: Option<Duration>,
+    span: &tracing::Span,
+) {
     match moved {
-        Ok(()) => budget.move_done(mv),
+        Ok(()) => {
+            budget.move_done(mv);
+            crate::metrics::model_moved(&model.name, mv.from, mv.to, switched);
+        }
         Err(e) => {
-            tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
+            tracing::error!("{}: {} → {}: {e}", model.path.display(), mv.from, mv.to);
+            spans::record_failure(span, &e);
             budget.move_failed(mv);
         }
     }
@@ -1205,6 +1283,10 @@ fn switch_placement(
         if let Err(e) = old.set_cache_budget(old.minimum_budget_bytes()) {
             tracing::warn!("{}: emptying the old stream cache: {e}", model.name);
         }
+        // Its counts stay the model's (the metrics count since load).
+        let mut before = lock(&local.stream_before);
+        let old = stream_counters(&old.stats());
+        *before = Some(before.take().unwrap_or_default().then(&old));
     }
     if level > Residency::Streaming {
         if let Some(streamer) = tiered.streamer.clone() {
@@ -1217,8 +1299,25 @@ fn switch_placement(
 
 /// Loads a model in the planner's placement: for the server's budgets and
 /// the model's contexts, or (under a global budget) for `budgeted`'s
-/// residency.
+/// residency; in its span, a child of the current one.
 pub fn load(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    budgeted: Option<(BudgetedModel, Residency)>,
+) -> Result<Arc<LoadedModel>, PoolError> {
+    let residency = budgeted
+        .as_ref()
+        .map_or("no budget".to_string(), |(_, level)| level.to_string());
+    let span = spans::load_span(&named.name, &residency);
+    let _in = span.enter();
+    let loaded = load_engine(named, settings, budgeted);
+    if let Err(e) = &loaded {
+        spans::record_failure(&span, e);
+    }
+    loaded
+}
+
+fn load_engine(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
@@ -1228,6 +1327,7 @@ pub fn load(
         named.name,
         named.source.local_path().display()
     );
+    let started = Instant::now();
     let is_budgeted = budgeted.is_some();
     let (engine, n_ctx_per_seq) = match &settings.runners {
         Some(runners) => {
@@ -1258,7 +1358,13 @@ pub fn load(
         ),
         expires_at: Mutex::new(None),
         budgeted: is_budgeted,
+        id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
+        kv_bytes_per_token: HeaderFile::open(named.source.local_path().as_path())
+            .ok()
+            .and_then(|file| llama_tiered::tiered::placement::plan_inputs(&file).ok())
+            .map_or(0, |(_, facts)| facts.kv_bytes_per_token),
     }))
+    .inspect(|_| crate::metrics::model_loaded(&named.name, started.elapsed()))
 }
 
 /// Loads a model's placement in this process and starts its engine; its
@@ -1313,9 +1419,29 @@ fn load_in_process(
             engine,
             template,
             streamer: Mutex::new(streamer),
+            stream_before: Mutex::new(None),
         },
         n_ctx_per_seq,
     ))
+}
+
+/// Numbers the loads ([`LoadedModel::id`]).
+static NEXT_LOAD_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The engine's streaming statistics as the gateway reports them.
+fn stream_counters(stats: &llama_tiered::tiered::StreamStats) -> StreamCounters {
+    StreamCounters {
+        nvme_bytes_read: stats.nvme_bytes_read,
+        read_seconds: stats.read_seconds,
+        expert_hits: stats.expert_hits,
+        expert_misses: stats.expert_misses,
+        prefetch_hits: stats.prefetch_hits,
+        prefetch_wasted_bytes: stats.prefetch_wasted_bytes,
+        io_stall_seconds: stats.io_stall_seconds,
+        evictions: stats.evictions,
+        cache_bytes: stats.cache_bytes,
+        cache_budget_bytes: stats.cache_budget_bytes,
+    }
 }
 
 #[cfg(test)]

@@ -161,6 +161,9 @@ pub struct BatchStatus {
     pub requests_failed_total: u64,
     /// True once [`BatchEngine::shutdown`] began (or the worker stopped).
     pub shutting_down: bool,
+    /// KV cache cells holding tokens now, all slots together (of
+    /// `n_parallel × n_ctx_per_seq`).
+    pub kv_cells_used: u64,
 }
 
 /// A continuous-batching engine over one model: cheap to clone, shareable
@@ -225,6 +228,8 @@ pub(super) struct Counters {
     pub(super) completed: AtomicU64,
     pub(super) cancelled: AtomicU64,
     pub(super) failed: AtomicU64,
+    /// A gauge: KV cells holding tokens of the slots now (set by the worker).
+    pub(super) kv_cells: AtomicU64,
 }
 
 impl Counters {
@@ -396,6 +401,7 @@ impl BatchEngine {
             requests_cancelled_total: get(&c.cancelled),
             requests_failed_total: get(&c.failed),
             shutting_down: !accepting,
+            kv_cells_used: get(&c.kv_cells),
         }
     }
 

@@ -52,6 +52,16 @@ impl Slot {
     pub(super) fn in_batch(&self) -> bool {
         self.next_token.is_some() || self.step_prompt_tokens > 0
     }
+
+    /// Tokens of this sequence in the KV cache: the prompt decoded so far,
+    /// then every sampled token but the one still to decode.
+    pub(super) fn kv_cells(&self) -> usize {
+        if self.n_prompt_decoded < self.prompt.len() {
+            self.n_prompt_decoded
+        } else {
+            self.sequence.next_pos().max(0) as usize
+        }
+    }
 }
 
 /// The worker thread's state: the context and the slots (index = sequence id).
@@ -102,6 +112,9 @@ impl Worker {
             if self.slots.iter().any(Option::is_some) {
                 self.step();
             }
+            let kv_cells: usize = self.slots.iter().flatten().map(Slot::kv_cells).sum();
+            let gauge = &self.shared.counters.kv_cells;
+            gauge.store(kv_cells as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -21,8 +21,8 @@ use tokio::sync::mpsc;
 use super::process::RunnerProcess;
 use super::protocol::{Call, Msg, Op, Reply};
 use crate::core::backend::{
-    BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelBackend,
-    ModelFacts, Residency,
+    BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, KvCache, MemoryUse,
+    ModelBackend, ModelFacts, Residency, StreamCounters,
 };
 use crate::core::request::{BackendRequest, EmbedBatch};
 use crate::pool::registry::ModelLease;
@@ -299,6 +299,14 @@ impl ModelBackend for RunnerBackend {
         self.lease
             .set_residency(level)
             .map_err(BackendError::Invalid)
+    }
+
+    fn streaming(&self) -> Option<StreamCounters> {
+        self.runner.streaming()
+    }
+
+    fn kv_cache(&self) -> Option<KvCache> {
+        self.runner.kv_cache()
     }
 }
 

@@ -151,6 +151,18 @@ impl Host {
                     .map_or_else(Msg::Failed, |held| Msg::Memory(held.tier_bytes()));
                 self.reply(id, msg);
             }
+            Op::Streaming => {
+                let msg = self
+                    .held()
+                    .map_or_else(Msg::Failed, |held| Msg::Streaming(held.backend.streaming()));
+                self.reply(id, msg);
+            }
+            Op::KvCache => {
+                let msg = self
+                    .held()
+                    .map_or_else(Msg::Failed, |held| Msg::KvCache(held.backend.kv_cache()));
+                self.reply(id, msg);
+            }
             Op::SetResidency { from, to } => {
                 tokio::task::spawn_blocking(move || {
                     let moved = self.held().and_then(|held| {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::client::Connection;
 use super::protocol::{LoadSpec, Msg, Op, VERSION};
-use crate::core::backend::{BackendError, Residency, TierBytes};
+use crate::core::backend::{BackendError, KvCache, Residency, StreamCounters, TierBytes};
 
 /// Lines of a runner's stderr kept for its crash report.
 pub const STDERR_TAIL_LINES: usize = 20;
@@ -218,6 +218,29 @@ impl RunnerProcess {
         }
     }
 
+    /// Its streaming counters since load (`None`: it never streamed, or it
+    /// is gone).
+    pub fn streaming(&self) -> Option<StreamCounters> {
+        match self
+            .connection
+            .call_blocking(Op::Streaming, Some(Duration::from_secs(5)))
+        {
+            Msg::Streaming(counters) => counters,
+            _ => None,
+        }
+    }
+
+    /// Its KV cache now (`None`: it is gone).
+    pub fn kv_cache(&self) -> Option<KvCache> {
+        match self
+            .connection
+            .call_blocking(Op::KvCache, Some(Duration::from_secs(5)))
+        {
+            Msg::KvCache(kv) => kv,
+            _ => None,
+        }
+    }
+
     /// Moves the model from `from` to `to` in the runner; returns once the
     /// runner made the move (a switch of placement loads the new one first).
     pub fn set_residency(&self, from: Residency, to: Residency) -> Result<(), String> {
@@ -277,6 +300,7 @@ impl Watch {
             let _ = stderr.join();
         }
         self.crashes.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::runner_crashed(&self.name);
         let tail: Vec<String> = lock(&self.tail)
             .iter()
             .map(|line| format!("  | {line}"))

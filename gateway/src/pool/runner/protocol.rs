@@ -15,7 +15,8 @@
 //!    a `done` or `error` event (or `failed` at once: not queued); `cancel
 //!    {call}` ends a generation early (its stream then ends with whatever the
 //!    engine says, or nothing more); `embed` → `embedded`; `count_tokens` →
-//!    `count`; `status` → `status`; `memory` → `memory`; `set_residency` →
+//!    `count`; `status` → `status`; `memory` → `memory`; `streaming` →
+//!    `streaming`; `kv_cache` → `kv_cache`; `set_residency` →
 //!    `ok` once the move is made; `shutdown` → `ok` once in-flight work is
 //!    done (new work is refused);
 //! 4. the gateway closes the socket: the runner exits.
@@ -30,13 +31,14 @@ use hypura_scheduler::profile::HardwareProfile;
 use llama_tiered::tiered::GpuShare;
 
 use crate::core::backend::{
-    BackendError, BackendEvent, BackendStatus, EmbedOutput, Residency, TierBytes,
+    BackendError, BackendEvent, BackendStatus, EmbedOutput, KvCache, Residency, StreamCounters,
+    TierBytes,
 };
 use crate::core::request::{BackendRequest, EmbedBatch};
 
 /// The protocol version this build speaks; a runner and a gateway of
 /// different builds refuse each other at `hello`.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The environment variable that enables [`Op::Abort`] in a runner.
 pub const TEST_HOOKS_ENV: &str = "HYPURA_RUNNER_TEST_HOOKS";
@@ -67,6 +69,14 @@ pub enum Op {
     },
     Status,
     Memory,
+    /// Its streaming counters since load ([`ModelBackend::streaming`]).
+    ///
+    /// [`ModelBackend::streaming`]: crate::core::backend::ModelBackend::streaming
+    Streaming,
+    /// Its KV cache now ([`ModelBackend::kv_cache`]).
+    ///
+    /// [`ModelBackend::kv_cache`]: crate::core::backend::ModelBackend::kv_cache
+    KvCache,
     /// Moves the model from `from` to `to` (a stream-cache resize, or a
     /// switch between its streaming and full placements).
     SetResidency {
@@ -103,6 +113,8 @@ pub enum Msg {
     Count(usize),
     Status(BackendStatus),
     Memory(TierBytes),
+    Streaming(Option<StreamCounters>),
+    KvCache(Option<KvCache>),
     Ok,
     Failed(BackendError),
 }
