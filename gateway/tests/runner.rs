@@ -151,6 +151,19 @@ fn a_runner_crash_ends_only_its_requests_and_the_model_comes_back() {
     assert_eq!(greedy_text(&server, MODEL), before);
     assert_eq!(children(server.pid()).len(), 2, "a new runner replaced it");
 
+    // `/metrics` counts the crash against its model only.
+    let metrics = server.get("/metrics").text().unwrap();
+    let crashes = |model: &str| {
+        let series = format!("hypura_runner_crashes_total{{model=\"{model}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .unwrap_or_else(|| panic!("no {series}in:\n{metrics}"))
+            .to_string()
+    };
+    assert_eq!(crashes(MODEL), "1");
+    assert_eq!(crashes(TWIN), "0");
+
     // The crash is logged with the runner's last stderr lines.
     let log = server.log();
     let report = log

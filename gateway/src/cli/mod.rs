@@ -56,8 +56,9 @@ enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
-    // `serve` installs its own, in the format its flags and file ask for.
-    if !matches!(cli.command, Command::Serve(_)) {
+    // `serve` installs its own, in the format its flags and file ask for,
+    // and a runner the one its server passes on.
+    if !matches!(cli.command, Command::Serve(_) | Command::Runner(_)) {
         crate::telemetry::init_text_logs();
     }
     match cli.command {

@@ -10,9 +10,16 @@ pub struct RunnerArgs {
     /// The server's Unix socket to connect to.
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
+    /// How to write log lines (the server's format).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: crate::telemetry::LogFormat,
 }
 
 pub fn runner(args: RunnerArgs) -> anyhow::Result<()> {
+    let _telemetry = crate::telemetry::init(&crate::telemetry::TelemetrySettings {
+        log_format: args.log_format,
+        otlp: None,
+    })?;
     // Die with the server, even if it is killed: the signal follows the
     // server's thread that started this process (one that lives as long
     // as the server). If it is already gone, go now.

@@ -283,6 +283,8 @@ pub struct InProcess {
     pub engine: BatchEngine,
     /// The model's own template (ChatML when it has none), or why it does not compile.
     pub template: Result<ChatTemplate, String>,
+    /// The placement it was loaded in.
+    pub placement: spans::Placement,
     /// Streams its weights (under a global budget, in its streaming
     /// placement): the cache to resize on promotion and demotion. Replaced
     /// when the engine switches placement.
@@ -1418,6 +1420,7 @@ fn load_in_process(
         InProcess {
             engine,
             template,
+            placement: spans::Placement::of(&plan),
             streamer: Mutex::new(streamer),
             stream_before: Mutex::new(None),
         },

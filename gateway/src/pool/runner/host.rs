@@ -213,6 +213,7 @@ impl Host {
                 "a runner loads in its own process".into(),
             ));
         };
+        let placement = local.placement.clone();
         let backend: Arc<dyn ModelBackend> = Arc::new(LocalBackend::new(lease, Arc::clone(local)));
         let held = Held {
             model,
@@ -220,7 +221,10 @@ impl Host {
             budgeted: budgeted.map(|(model, _)| model),
         };
         let _ = self.held.set(Arc::new(held));
-        Ok(Msg::Loaded { n_ctx_per_seq })
+        Ok(Msg::Loaded {
+            n_ctx_per_seq,
+            placement,
+        })
     }
 
     fn generate(self: Arc<Self>, id: u64, request: crate::core::request::BackendRequest) {

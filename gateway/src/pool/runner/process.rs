@@ -89,7 +89,14 @@ impl Runners {
             .connection()
             .call_blocking(Op::Load(Box::new(spec)), None)
         {
-            Msg::Loaded { n_ctx_per_seq } => Ok((runner, n_ctx_per_seq)),
+            Msg::Loaded {
+                n_ctx_per_seq,
+                placement,
+            } => {
+                // On the load's span, as an in-process load records it.
+                placement.record();
+                Ok((runner, n_ctx_per_seq))
+            }
             Msg::Failed(e) => Err(e.to_string()),
             other => Err(format!("the runner answered load with {other:?}")),
         }
@@ -127,6 +134,11 @@ impl RunnerProcess {
                 .arg("runner")
                 .arg("--socket")
                 .arg(&socket)
+                .arg("--log-format")
+                .arg(match crate::telemetry::log_format() {
+                    crate::telemetry::LogFormat::Text => "text",
+                    crate::telemetry::LogFormat::Json => "json",
+                })
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());

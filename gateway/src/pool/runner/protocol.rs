@@ -105,6 +105,8 @@ pub enum Msg {
     },
     Loaded {
         n_ctx_per_seq: u32,
+        /// The placement it loaded (for the gateway's load span).
+        placement: crate::telemetry::pool::Placement,
     },
     /// The generation is queued: events follow.
     Accepted,
