@@ -83,6 +83,7 @@ pub struct ServerSection {
     pub pull_allow_private: bool,
     /// Largest download of `/api/pull`.
     pub pull_max_bytes: Option<Text>,
+    pub in_process: Option<bool>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -145,6 +146,8 @@ pub struct Config {
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
     pub metrics_open_on_loopback: Option<bool>,
+    /// Run every model in the server's process, not in runner processes.
+    pub in_process: Option<bool>,
     pub models: Vec<ModelConfig>,
     pub telemetry: TelemetryConfig,
     /// Origins, hosts, keys and pull limits (`default_roots` left empty).
@@ -281,6 +284,7 @@ impl ConfigFile {
                 .map(|t| size("server.ram_budget", &t))
                 .transpose()?,
             metrics_open_on_loopback: s.metrics_open_on_loopback,
+            in_process: s.in_process,
             models: Vec::new(),
             telemetry: self.telemetry.check()?,
             security: crate::security::SecuritySettings {
@@ -433,7 +437,7 @@ mod tests {
              `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
-             `pull_max_bytes` (line 3)"
+             `pull_max_bytes`, `in_process` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),
@@ -476,7 +480,10 @@ mod tests {
             Some(KeepAlive::For(std::time::Duration::from_secs(30)))
         );
         assert_eq!(config.max_body_bytes, Some(1 << 20));
+        assert_eq!(config.in_process, None);
         assert!(config.models.is_empty());
+        let config = parse("[server]\nin_process = true\n", &repo()).unwrap();
+        assert_eq!(config.in_process, Some(true));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::{ollama, openai, openapi, pull};
+use crate::api::{debug, ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
@@ -129,6 +129,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .merge(openapi::routes())
+        .merge(debug::routes())
         .route("/metrics", get(metrics::http::handler))
         .route("/status", get(metrics::status::page))
         .route("/api/status", get(metrics::status::data))

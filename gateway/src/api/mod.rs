@@ -5,7 +5,9 @@
 //! - [`ollama`]: `/`, `/api/*` (NDJSON streams).
 //! - [`openai`]: `/v1/*` (SSE streams).
 //! - [`pull`] serves `/api/pull`.
+//! - [`debug`]: test-only routes (with `HYPURA_RUNNER_TEST_HOOKS=1`).
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
+pub mod debug;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;

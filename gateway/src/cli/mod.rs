@@ -7,6 +7,7 @@ mod output;
 mod profile;
 mod progress;
 mod run;
+mod runner;
 mod serve;
 mod threads;
 
@@ -43,6 +44,9 @@ enum Command {
     /// Generate text from a prompt, or chat with --interactive; a model name
     /// instead of a file chats through a running server.
     Run(run::RunArgs),
+    /// Run one model for a server (started by `hypura serve`, not by hand).
+    #[command(hide = true)]
+    Runner(runner::RunnerArgs),
     /// Serve models over Ollama- and OpenAI-compatible HTTP APIs.
     Serve(serve::ServeArgs),
     /// Show a served model's facts, capabilities and parameters (client).
@@ -52,8 +56,9 @@ enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
-    // `serve` installs its own, in the format its flags and file ask for.
-    if !matches!(cli.command, Command::Serve(_)) {
+    // `serve` installs its own, in the format its flags and file ask for,
+    // and a runner the one its server passes on.
+    if !matches!(cli.command, Command::Serve(_) | Command::Runner(_)) {
         crate::telemetry::init_text_logs();
     }
     match cli.command {
@@ -64,6 +69,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Ps(args) => client::ps::ps(args),
         Command::Pull(args) => client::pull::pull(args),
         Command::Run(args) => run::run(args),
+        Command::Runner(args) => runner::runner(args),
         Command::Serve(args) => serve::serve(args),
         Command::Show(args) => client::show::show(args),
         Command::Stop(args) => client::stop::stop(args),

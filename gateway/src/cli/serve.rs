@@ -13,6 +13,7 @@ use crate::core::validation::{KeepAlive, ModelName};
 use crate::fetch;
 use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
+use crate::pool::runner::Runners;
 use crate::security::{Security, SecuritySettings};
 use crate::server::{self, AppState, HttpSettings};
 use crate::telemetry::{self, LogFormat, TelemetrySettings};
@@ -94,6 +95,10 @@ pub struct ServeArgs {
     /// [default: none, no export].
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// Run every model inside this process instead of one runner process
+    /// per model (a crash in a model then ends the server).
+    #[arg(long)]
+    in_process: bool,
 }
 
 /// A whole or fractional number of seconds, 0 or more.
@@ -136,6 +141,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let profile = ServerProfile::resolve(args.profile.as_deref())?;
     let gpu = GpuBudget::resolve(args.gpu_budget.or(file.gpu_budget_bytes));
     eprintln!("hypura: {}", gpu.describe());
+    let runners = if args.in_process || file.in_process == Some(true) {
+        None
+    } else {
+        Some(Arc::new(Runners::start().map_err(anyhow::Error::msg)?))
+    };
     let registry = Registry::new(EngineSettings {
         n_ctx_per_seq: args
             .context
@@ -160,6 +170,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gpu_budget_bytes: gpu.bytes,
         ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
         profile: Arc::clone(&profile),
+        runners,
     });
     let mut count = 0;
     for (i, model) in file.models.iter().enumerate() {

@@ -119,6 +119,7 @@ pub struct Metrics {
     pub moves: IntCounterVec,
     pub move_duration: HistogramVec,
     pub loaded_models: IntGauge,
+    pub runner_crashes: IntCounterVec,
     // Streaming.
     pub stream_read_bytes: IntCounterVec,
     pub stream_read_seconds: prometheus::CounterVec,
@@ -342,6 +343,12 @@ impl Metrics {
                 r.register(Box::new(g.clone())).unwrap();
                 g
             },
+            runner_crashes: counter(
+                &r,
+                "hypura_runner_crashes_total",
+                "Runner processes of a model that crashed (its model reloads on its next request).",
+                &["model"],
+            ),
             stream_read_bytes: counter(
                 &r,
                 "hypura_stream_read_bytes_total",
@@ -542,6 +549,14 @@ pub fn model_moved(model: &str, from: Residency, to: Residency, switched: Option
             .with_label_values(&[model, "switch"])
             .observe(took.as_secs_f64());
     }
+}
+
+/// Counts a crash of the runner process of `model`.
+pub fn runner_crashed(model: &str) {
+    metrics()
+        .runner_crashes
+        .with_label_values(&[label(model).as_str()])
+        .inc();
 }
 
 /// The last streaming counters of a load now gone (from the pool, once its

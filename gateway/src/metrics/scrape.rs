@@ -111,8 +111,13 @@ fn read_pool(m: &Metrics, pool: &Registry) {
     m.decode_rate.reset();
     let loaded = pool.loaded_backends();
     m.loaded_models.set(loaded.len() as i64);
+    let runners = pool.settings().runners.is_some();
     for model in &loaded {
         let name = [model.name.as_str()];
+        if runners {
+            // Present from the model's first load, even at zero.
+            m.runner_crashes.with_label_values(&name);
+        }
         let status = model.backend.status();
         m.running.with_label_values(&name).set(status.active as i64);
         m.waiting.with_label_values(&name).set(status.queued as i64);

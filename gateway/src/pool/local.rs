@@ -22,7 +22,7 @@ use llama_tiered::EngineError;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use super::registry::{LoadedModel, ModelLease};
+use super::registry::{InProcess, ModelLease};
 use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, DecodeRate, EmbedOutput, EventStream, FinishReason,
     Finished, KvCache, MemoryUse, ModelBackend, ModelFacts, Residency, StreamCounters,
@@ -34,11 +34,14 @@ use crate::core::validation::fit_to_context;
 /// stays loaded while this lives.
 pub struct LocalBackend {
     lease: ModelLease,
+    /// The lease's model's engine.
+    local: Arc<InProcess>,
 }
 
 impl LocalBackend {
-    pub fn shared(lease: ModelLease) -> Arc<dyn ModelBackend> {
-        Arc::new(LocalBackend { lease })
+    /// `local` is the engine of `lease`'s model.
+    pub fn new(lease: ModelLease, local: Arc<InProcess>) -> LocalBackend {
+        LocalBackend { lease, local }
     }
 }
 
@@ -47,15 +50,15 @@ impl ModelBackend for LocalBackend {
         &self,
         request: BackendRequest,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
-        let submitted = prompt_tokens(&self.lease, &request)
-            .and_then(|tokens| submit(&self.lease, tokens, &request.params));
+        let submitted = prompt_tokens(&self.local, &request)
+            .and_then(|tokens| submit(&self.lease, &self.local, tokens, &request.params));
         let rate = Arc::clone(&self.lease.decode_rate);
         std::future::ready(submitted.map(|running| record_rate(events(running), rate))).boxed()
     }
 
     fn embed(&self, batch: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
-        let model = self.lease.engine.model();
-        let engine = self.lease.engine.clone();
+        let model = self.local.engine.model();
+        let engine = self.local.engine.clone();
         async move {
             // Dropped with this future when the client goes away: the
             // blocking task stops at its next text.
@@ -69,11 +72,11 @@ impl ModelBackend for LocalBackend {
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize, BackendError> {
-        Ok(prompt::tokenize_raw(&self.lease.engine.model(), text)?.len())
+        Ok(prompt::tokenize_raw(&self.local.engine.model(), text)?.len())
     }
 
     fn status(&self) -> BackendStatus {
-        let status = self.lease.engine.status();
+        let status = self.local.engine.status();
         BackendStatus {
             context_length: self.lease.n_ctx_per_seq,
             active: status.active,
@@ -102,7 +105,7 @@ impl ModelBackend for LocalBackend {
     }
 
     fn kv_cache(&self) -> Option<KvCache> {
-        let status = self.lease.engine.status();
+        let status = self.local.engine.status();
         let cells = u64::from(status.n_parallel) * u64::from(status.n_ctx_per_seq);
         Some(KvCache {
             cells_used: status.kv_cells_used,
@@ -147,7 +150,7 @@ fn invalid(message: impl Into<String>) -> BackendError {
 
 /// The request's tokens: its `context` (checked against the vocabulary),
 /// then the prompt (without BOS when it continues a context).
-fn prompt_tokens(model: &LoadedModel, request: &BackendRequest) -> Result<Vec<i32>, BackendError> {
+fn prompt_tokens(model: &InProcess, request: &BackendRequest) -> Result<Vec<i32>, BackendError> {
     let context = &request.context;
     let n_vocab = model.engine.model().n_vocab() as i32;
     if let Some(bad) = context.iter().find(|&&t| t < 0 || t >= n_vocab) {
@@ -189,7 +192,7 @@ fn prompt_tokens(model: &LoadedModel, request: &BackendRequest) -> Result<Vec<i3
 /// model's template (or `template_override`, a Jinja chat template) and
 /// tokenizes the result.
 fn chat_prompt(
-    model: &LoadedModel,
+    model: &InProcess,
     messages: &[ChatMessage],
     template_override: Option<&str>,
     extra: Map<String, Value>,
@@ -256,6 +259,7 @@ impl Drop for CancelOnDrop {
 /// window: the model's per-sequence context, or `num_ctx` when smaller.
 fn submit(
     lease: &ModelLease,
+    local: &InProcess,
     prompt: Vec<i32>,
     params: &GenerationParams,
 ) -> Result<Running, BackendError> {
@@ -279,15 +283,15 @@ fn submit(
     };
     let sink = Box::new(move |event: GenerationEvent| tx.send((Instant::now(), event)).is_ok());
     let submitted = Instant::now();
-    let id = lease.engine.submit(request, sink)?;
+    let id = local.engine.submit(request, sink)?;
     Ok(Running {
         events: rx,
         guard: CancelOnDrop {
-            engine: lease.engine.clone(),
+            engine: local.engine.clone(),
             id,
             finished: false,
         },
-        model: lease.engine.model(),
+        model: local.engine.model(),
         prompt,
         submitted,
         started: false,

@@ -4,10 +4,12 @@
 //! - [`registry`]: `name:tag` → model source and facts; loaded models with keep-alive; leases.
 //! - [`residency`]: the global budget (promotions, demotions, placements).
 //! - [`local`]: the in-process llama-tiered engine behind [`crate::core::backend::ModelBackend`].
+//! - [`runner`]: a model in a child process of its own behind the same trait.
 pub mod local;
 pub mod planner;
 pub mod registry;
 pub mod residency;
+pub mod runner;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -58,7 +60,7 @@ impl registry::Registry {
             })?;
         Ok(BackendLease {
             load_duration: lease.load_duration,
-            backend: local::LocalBackend::shared(lease),
+            backend: backend_of(lease),
         })
     }
 
@@ -71,9 +73,23 @@ impl registry::Registry {
                 name: model.name.clone(),
                 id: model.id,
                 expires_at: model.expires_at(),
-                backend: local::LocalBackend::shared(self.observe(model)),
+                backend: backend_of(self.observe(model)),
             })
             .collect()
+    }
+}
+
+/// The backend of a leased model: where it runs.
+fn backend_of(lease: registry::ModelLease) -> Arc<dyn ModelBackend> {
+    match &lease.engine {
+        registry::Engine::InProcess(local) => {
+            let local = Arc::clone(local);
+            Arc::new(local::LocalBackend::new(lease, local))
+        }
+        registry::Engine::Runner(process) => {
+            let process = Arc::clone(process);
+            Arc::new(runner::client::RunnerBackend::new(lease, process))
+        }
     }
 }
 

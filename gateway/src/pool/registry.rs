@@ -32,6 +32,7 @@ use hypura_scheduler::profile::HardwareProfile;
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
+use super::runner::{self, RunnerProcess, Runners};
 use super::PoolError;
 use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts, StreamCounters};
 use crate::core::validation::{KeepAlive, ModelName};
@@ -60,6 +61,8 @@ pub struct EngineSettings {
     pub ram_budget_bytes: Option<u64>,
     /// The hardware profile every placement is planned with.
     pub profile: Arc<ServerProfile>,
+    /// Runs each model in a runner process of its own (`None`: in this process).
+    pub runners: Option<Arc<Runners>>,
 }
 
 /// The residency floor of a model: the budget scheduler never demotes it below
@@ -267,44 +270,32 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A model in memory: its engine, its compiled chat template, and its keep-alive state.
-pub struct LoadedModel {
-    /// The name it was loaded under.
-    pub name: String,
-    pub path: Arc<PathBuf>,
-    pub info: Arc<ModelInfo>,
+/// Where a loaded model runs.
+pub enum Engine {
+    /// In this process.
+    InProcess(Arc<InProcess>),
+    /// In a runner process of its own ([`crate::pool::runner`]).
+    Runner(Arc<RunnerProcess>),
+}
+
+/// A model run by this process: its engine and compiled chat template.
+pub struct InProcess {
     pub engine: BatchEngine,
     /// The model's own template (ChatML when it has none), or why it does not compile.
     pub template: Result<ChatTemplate, String>,
-    pub n_ctx_per_seq: u32,
-    /// Tokens per second of its recent generations.
-    pub decode_rate: Arc<DecodeRate>,
-    /// Leases held now; the entry does not expire while this is above 0.
-    active: AtomicUsize,
-    keep_alive: Mutex<KeepAlive>,
-    /// When it will be unloaded if idle; `None` = never.
-    expires_at: Mutex<Option<SystemTime>>,
+    /// The placement it was loaded in.
+    pub placement: spans::Placement,
     /// Streams its weights (under a global budget, in its streaming
     /// placement): the cache to resize on promotion and demotion. Replaced
     /// when the engine switches placement.
     streamer: Mutex<Option<Arc<Streamer>>>,
-    /// Loaded under a global budget (the policy decides when it goes).
-    budgeted: bool,
-    /// Unique to this load: tells one load's counters from the next's.
-    pub id: u64,
-    /// KV cache bytes per token of context (f16 keys and values, all layers).
-    pub kv_bytes_per_token: u64,
     /// Streaming counters of the placements it ran in before this one.
     stream_before: Mutex<Option<StreamCounters>>,
 }
 
-impl LoadedModel {
+impl InProcess {
     pub fn streamer(&self) -> Option<Arc<Streamer>> {
         lock(&self.streamer).clone()
-    }
-
-    pub fn expires_at(&self) -> Option<SystemTime> {
-        *lock(&self.expires_at)
     }
 
     /// Streaming counters since load, across switches of placement (`None`
@@ -314,6 +305,104 @@ impl LoadedModel {
         match (lock(&self.stream_before).clone(), now) {
             (Some(before), Some(now)) => Some(before.then(&now)),
             (before, now) => now.or(before),
+        }
+    }
+
+    /// Weight bytes per tier in the placement loaded now (during a switch,
+    /// the old one).
+    pub fn tier_bytes(&self, budgeted: &BudgetedModel) -> TierBytes {
+        let streamer = self.streamer();
+        let loaded = if streamer.is_none() {
+            Residency::Full
+        } else {
+            Residency::Streaming
+        };
+        let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
+        let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
+        TierBytes { gpu, ram, stream }
+    }
+}
+
+/// A model in memory: where it runs, and its keep-alive state.
+pub struct LoadedModel {
+    /// The name it was loaded under.
+    pub name: String,
+    pub path: Arc<PathBuf>,
+    pub info: Arc<ModelInfo>,
+    pub engine: Engine,
+    pub n_ctx_per_seq: u32,
+    /// Tokens per second of its recent generations.
+    pub decode_rate: Arc<DecodeRate>,
+    /// Leases held now; the entry does not expire while this is above 0.
+    active: AtomicUsize,
+    keep_alive: Mutex<KeepAlive>,
+    /// When it will be unloaded if idle; `None` = never.
+    expires_at: Mutex<Option<SystemTime>>,
+    /// Loaded under a global budget (the policy decides when it goes).
+    budgeted: bool,
+    /// Unique to this load: tells one load's counters from the next's.
+    pub id: u64,
+    /// KV cache bytes per token of context (f16 keys and values, all layers).
+    pub kv_bytes_per_token: u64,
+}
+
+impl LoadedModel {
+    /// Whether its runner process is gone (a crash): it reloads on the next request.
+    pub fn is_dead(&self) -> bool {
+        match &self.engine {
+            Engine::InProcess(_) => false,
+            Engine::Runner(runner) => runner.is_dead(),
+        }
+    }
+
+    /// Lets in-flight requests finish and refuses new ones.
+    pub fn shutdown(&self) {
+        match &self.engine {
+            Engine::InProcess(local) => local.engine.shutdown(),
+            Engine::Runner(runner) => runner.shutdown(),
+        }
+    }
+
+    /// Moves a model run here from `from` to `to` under the budget: a
+    /// switch of placement (blocking until the engine runs the new one) or
+    /// a stream-cache resize (a promotion then fills the cache on a
+    /// background thread).
+    pub fn move_in_process(
+        &self,
+        budgeted: &BudgetedModel,
+        from: Residency,
+        to: Residency,
+    ) -> Result<(), String> {
+        let Engine::InProcess(local) = &self.engine else {
+            return Err(format!("{}: runs in a runner process", self.name));
+        };
+        if budgeted.is_full_placement(from) != budgeted.is_full_placement(to) {
+            return switch_placement(self, local, budgeted, to);
+        }
+        let streamer = local
+            .streamer()
+            .ok_or_else(|| format!("{}: has no stream cache to resize", self.name))?;
+        streamer
+            .set_cache_budget(budgeted.cache_bytes(to))
+            .map_err(|e| format!("{}: {e}", self.name))?;
+        if to > from {
+            // The promotion's span lasts until its cache is filled.
+            let span = tracing::Span::current();
+            std::thread::spawn(move || span.in_scope(|| streamer.fill()));
+        }
+        Ok(())
+    }
+
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        *lock(&self.expires_at)
+    }
+
+    /// Streaming counters since load, across switches of placement (`None`
+    /// when it never streamed, or its runner is gone).
+    pub fn stream_counters(&self) -> Option<StreamCounters> {
+        match &self.engine {
+            Engine::InProcess(local) => local.stream_counters(),
+            Engine::Runner(runner) => runner.streaming(),
         }
     }
 
@@ -417,6 +506,19 @@ impl ModelLease {
         Ok(())
     }
 
+    /// A lease on `model` outside any registry (a runner's one model):
+    /// never counted, no budget, never cancelled by a shutdown.
+    pub fn standalone(model: Arc<LoadedModel>) -> ModelLease {
+        ModelLease {
+            model,
+            loaded: Cache::new(0),
+            load_duration: Duration::ZERO,
+            budget: None,
+            cancel: tokio::sync::watch::channel(false).1,
+            counted: false,
+        }
+    }
+
     /// Turns true when the server cancels in-flight requests (shutdown past
     /// its grace period); never before.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
@@ -476,7 +578,7 @@ impl Registry {
                 crate::metrics::model_unloaded(&model.name);
                 // Finishes what is in flight; memory goes with the last lease.
                 std::thread::spawn(move || {
-                    model.engine.shutdown();
+                    model.shutdown();
                     crate::metrics::model_gone(&model.name, model.id, model.stream_counters());
                 });
             })
@@ -662,11 +764,18 @@ impl Registry {
                 let key = Arc::clone(named.source.local_path());
                 let span = tracing::Span::current();
                 let model = tokio::task::spawn_blocking(move || {
-                    span.in_scope(|| loaded.try_get_with(key, || load(&named, &settings, None)))
+                    span.in_scope(|| {
+                        let model = loaded
+                            .try_get_with(Arc::clone(&key), || load(&named, &settings, None))
+                            .map_err(|e| (*e).clone())?;
+                        if !model.is_dead() {
+                            return Ok(model);
+                        }
+                        replace_dead(&loaded, key, || load(&named, &settings, None))
+                    })
                 })
                 .await
-                .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
-                .map_err(|e| (*e).clone())?;
+                .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))??;
                 (model, None)
             }
         };
@@ -729,8 +838,16 @@ impl Registry {
             changed.as_mut().enable();
             match budget.request(id) {
                 Admission::Ready => {
-                    if let Some(model) = self.loaded.get(named.source.local_path()) {
-                        return Ok((model, id));
+                    match self.loaded.get(named.source.local_path()) {
+                        Some(model) if model.is_dead() => {
+                            let revived = self.revive(budget, &named).await;
+                            if revived.is_err() {
+                                budget.finish(id);
+                            }
+                            return revived.map(|model| (model, id));
+                        }
+                        Some(model) => return Ok((model, id)),
+                        None => {}
                     }
                     // Another request is loading it: wait for that load.
                     budget.finish(id);
@@ -780,6 +897,34 @@ impl Registry {
             // room (idle models become demotable), so look again each second.
             let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
         }
+    }
+
+    /// Reloads a model whose runner crashed, at its residency under the
+    /// budget (which still counts it loaded there).
+    async fn revive(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: &NamedModel,
+    ) -> Result<Arc<LoadedModel>, PoolError> {
+        let path = Arc::clone(named.source.local_path());
+        let budgeted = budget
+            .model(&path)
+            .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?;
+        let level = budget
+            .residency(&path)
+            .unwrap_or(Residency::Streaming)
+            .max(Residency::Streaming);
+        let (loaded, settings, named) = (self.loaded.clone(), self.settings.clone(), named.clone());
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            span.in_scope(|| {
+                replace_dead(&loaded, path, || {
+                    load(&named, &settings, Some((budgeted, level)))
+                })
+            })
+        })
+        .await
+        .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
     }
 
     /// Unloads the model named `name` if it is loaded (in-flight requests finish).
@@ -846,8 +991,32 @@ impl Registry {
     /// Stops every engine: in-flight requests finish, new ones are refused.
     pub fn shutdown(&self) {
         for (_, model) in self.loaded.iter() {
-            model.engine.shutdown();
+            model.shutdown();
         }
+    }
+}
+
+/// The model at `key`, loaded anew if its runner died (once, whoever asks
+/// first: a request that finds a live one takes it).
+fn replace_dead(
+    loaded: &Cache<Arc<PathBuf>, Arc<LoadedModel>>,
+    key: Arc<PathBuf>,
+    load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
+) -> Result<Arc<LoadedModel>, PoolError> {
+    use moka::ops::compute::{CompResult, Op};
+    let result = loaded
+        .entry(key)
+        .and_try_compute_with(|entry| match entry {
+            Some(entry) if !entry.value().is_dead() => Ok(Op::Nop),
+            _ => load().map(Op::Put),
+        })?;
+    match result {
+        CompResult::Inserted(entry)
+        | CompResult::ReplacedWith(entry)
+        | CompResult::Unchanged(entry) => Ok(entry.into_value()),
+        CompResult::StillNone(_) | CompResult::Removed(_) => Err(PoolError::Failed(
+            "the model was unloaded while it was reloaded: retry".into(),
+        )),
     }
 }
 
@@ -866,18 +1035,18 @@ fn memory_of(budget: Option<&Arc<GlobalBudget>>, model: &LoadedModel) -> MemoryU
     let residency = budget
         .and_then(|b| b.residency(&model.path))
         .unwrap_or(Residency::Unloaded);
-    // What is loaded now (during a switch of placement, the old one).
-    let streamer = model.streamer();
-    let loaded = if streamer.is_none() {
-        Residency::Full
-    } else {
-        Residency::Streaming
+    let tier_bytes = match &model.engine {
+        Engine::InProcess(local) => local.tier_bytes(&budgeted),
+        // A runner gone holds nothing.
+        Engine::Runner(runner) => runner.memory().unwrap_or(TierBytes {
+            gpu: 0,
+            ram: 0,
+            stream: 0,
+        }),
     };
-    let cached = streamer.map_or(0, |s| s.stats().cache_bytes);
-    let (gpu, ram, stream) = budgeted.tier_bytes(loaded, cached);
     MemoryUse {
         residency,
-        tier_bytes: TierBytes { gpu, ram, stream },
+        tier_bytes,
     }
 }
 
@@ -984,6 +1153,9 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
         footprint,
         streaming_contexts: streaming.ram_bytes + streaming.gpu_bytes,
         full,
+        overhead: settings.runners.as_ref().map_or(Footprint::ZERO, |r| {
+            Footprint::new(r.overhead_gpu_bytes, r.overhead_ram_bytes)
+        }),
         settings: base,
         profile: Arc::clone(&settings.profile),
     })
@@ -1038,7 +1210,7 @@ fn execute_moves(
             budget.move_failed(mv);
             continue;
         };
-        if switch {
+        if switch || matches!(model.engine, Engine::Runner(_)) {
             let budget = Arc::clone(budget);
             let span = span.clone();
             std::thread::spawn(move || {
@@ -1046,46 +1218,47 @@ fn execute_moves(
                 let _in = span.enter();
                 // Reported whatever happens, a panic included: a move never
                 // reported would hold both placements' charge for ever.
-                let switched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    switch_placement(&model, &budgeted, mv.to)
+                let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    move_model(&model, &budgeted, mv)
                 }))
-                .unwrap_or_else(|_| Err("the switch panicked".into()));
-                match switched {
-                    Ok(()) => {
-                        budget.move_done(mv);
-                        let took = started.elapsed();
-                        crate::metrics::model_moved(&model.name, mv.from, mv.to, Some(took));
-                    }
-                    Err(e) => {
-                        tracing::error!("{}: {} → {}: {e}", path.display(), mv.from, mv.to);
-                        spans::record_failure(&span, &e);
-                        budget.move_failed(mv);
-                    }
-                }
+                .unwrap_or_else(|_| Err("the move panicked".into()));
+                let switched = switch.then(|| started.elapsed());
+                report_move(&budget, &model, mv, moved, switched, &span);
             });
             continue;
         }
-        let resized = model.streamer().and_then(|streamer| {
-            match streamer.set_cache_budget(budgeted.cache_bytes(mv.to)) {
-                Ok(()) => Some(streamer),
-                Err(e) => {
-                    tracing::error!("{}: {e}", path.display());
-                    spans::record_failure(&span, &e);
-                    None
-                }
-            }
-        });
-        match resized {
-            Some(streamer) => {
-                budget.move_done(mv);
-                crate::metrics::model_moved(&model.name, mv.from, mv.to, None);
-                if mv.to > mv.from {
-                    // The promotion's span lasts until its cache is filled.
-                    let span = span.clone();
-                    std::thread::spawn(move || span.in_scope(|| streamer.fill()));
-                }
-            }
-            None => budget.move_failed(mv),
+        let moved = move_model(&model, &budgeted, mv);
+        report_move(budget, &model, mv, moved, None, &span);
+    }
+}
+
+/// Moves `model` where it runs: in this process, or in its runner.
+fn move_model(model: &LoadedModel, budgeted: &BudgetedModel, mv: Move) -> Result<(), String> {
+    match &model.engine {
+        Engine::InProcess(_) => model.move_in_process(budgeted, mv.from, mv.to),
+        Engine::Runner(runner) => runner.set_residency(mv.from, mv.to),
+    }
+}
+
+/// Tells the budget (and the metrics, and the move's span) how a move
+/// went; `switched`: how long a switch of placement took.
+fn report_move(
+    budget: &GlobalBudget,
+    model: &LoadedModel,
+    mv: Move,
+    moved: Result<(), String>,
+    switched: Option<Duration>,
+    span: &tracing::Span,
+) {
+    match moved {
+        Ok(()) => {
+            budget.move_done(mv);
+            crate::metrics::model_moved(&model.name, mv.from, mv.to, switched);
+        }
+        Err(e) => {
+            tracing::error!("{}: {} → {}: {e}", model.path.display(), mv.from, mv.to);
+            spans::record_failure(span, &e);
+            budget.move_failed(mv);
         }
     }
 }
@@ -1095,24 +1268,25 @@ fn execute_moves(
 /// freed when this returns (once in-flight handles to it are gone).
 fn switch_placement(
     model: &LoadedModel,
+    local: &InProcess,
     budgeted: &BudgetedModel,
     level: Residency,
 ) -> Result<(), String> {
     let (plan, params) = budgeted.load_params(&model.path, level)?;
     log_placement(&model.name, &level.to_string(), &plan);
     let tiered = TieredModel::load(&model.path, &params).map_err(|e| e.to_string())?;
-    model
+    local
         .engine
         .switch_model(Arc::clone(&tiered.model), tiered.hook())
         .map_err(|e| e.to_string())?;
-    let old = std::mem::replace(&mut *lock(&model.streamer), tiered.streamer.clone());
+    let old = std::mem::replace(&mut *lock(&local.streamer), tiered.streamer.clone());
     if let Some(old) = old {
         // A fill still running on the old cache stops at its next unit.
         if let Err(e) = old.set_cache_budget(old.minimum_budget_bytes()) {
             tracing::warn!("{}: emptying the old stream cache: {e}", model.name);
         }
         // Its counts stay the model's (the metrics count since load).
-        let mut before = lock(&model.stream_before);
+        let mut before = lock(&local.stream_before);
         let old = stream_counters(&old.stats());
         *before = Some(before.take().unwrap_or_default().then(&old));
     }
@@ -1128,7 +1302,7 @@ fn switch_placement(
 /// Loads a model in the planner's placement: for the server's budgets and
 /// the model's contexts, or (under a global budget) for `budgeted`'s
 /// residency; in its span, a child of the current one.
-fn load(
+pub fn load(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
@@ -1156,6 +1330,52 @@ fn load_engine(
         named.source.local_path().display()
     );
     let started = Instant::now();
+    let is_budgeted = budgeted.is_some();
+    let (engine, n_ctx_per_seq) = match &settings.runners {
+        Some(runners) => {
+            let spec = runner::load_spec(named, settings, budgeted);
+            let (runner, n_ctx_per_seq) = runners.load(spec).map_err(|e| {
+                PoolError::Failed(format!("could not load model '{}': {e}", named.name))
+            })?;
+            (Engine::Runner(runner), n_ctx_per_seq)
+        }
+        None => {
+            let (local, n_ctx_per_seq) = load_in_process(named, settings, budgeted)?;
+            (Engine::InProcess(Arc::new(local)), n_ctx_per_seq)
+        }
+    };
+    Ok(Arc::new(LoadedModel {
+        name: named.name.clone(),
+        path: Arc::clone(named.source.local_path()),
+        info: Arc::clone(&named.info),
+        engine,
+        n_ctx_per_seq,
+        decode_rate: Arc::default(),
+        active: AtomicUsize::new(0),
+        keep_alive: Mutex::new(
+            named
+                .policy
+                .keep_alive
+                .unwrap_or(settings.default_keep_alive),
+        ),
+        expires_at: Mutex::new(None),
+        budgeted: is_budgeted,
+        id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
+        kv_bytes_per_token: HeaderFile::open(named.source.local_path().as_path())
+            .ok()
+            .and_then(|file| llama_tiered::tiered::placement::plan_inputs(&file).ok())
+            .map_or(0, |(_, facts)| facts.kv_bytes_per_token),
+    }))
+    .inspect(|_| crate::metrics::model_loaded(&named.name, started.elapsed()))
+}
+
+/// Loads a model's placement in this process and starts its engine; its
+/// context per sequence.
+fn load_in_process(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    budgeted: Option<(BudgetedModel, Residency)>,
+) -> Result<(InProcess, u32), PoolError> {
     let failed = |e: &dyn std::fmt::Display| {
         PoolError::Failed(format!("could not load model '{}': {e}", named.name))
     };
@@ -1196,32 +1416,16 @@ fn load_engine(
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
     let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)
         .map_err(|e| PoolError::Failed(format!("could not start model '{}': {e}", named.name)))?;
-    Ok(Arc::new(LoadedModel {
-        name: named.name.clone(),
-        path: Arc::clone(named.source.local_path()),
-        info: Arc::clone(&named.info),
-        engine,
-        template,
+    Ok((
+        InProcess {
+            engine,
+            template,
+            placement: spans::Placement::of(&plan),
+            streamer: Mutex::new(streamer),
+            stream_before: Mutex::new(None),
+        },
         n_ctx_per_seq,
-        decode_rate: Arc::default(),
-        active: AtomicUsize::new(0),
-        keep_alive: Mutex::new(
-            named
-                .policy
-                .keep_alive
-                .unwrap_or(settings.default_keep_alive),
-        ),
-        expires_at: Mutex::new(None),
-        streamer: Mutex::new(streamer),
-        budgeted: budgeted.is_some(),
-        id: NEXT_LOAD_ID.fetch_add(1, Ordering::Relaxed),
-        kv_bytes_per_token: HeaderFile::open(named.source.local_path().as_path())
-            .ok()
-            .and_then(|file| llama_tiered::tiered::placement::plan_inputs(&file).ok())
-            .map_or(0, |(_, facts)| facts.kv_bytes_per_token),
-        stream_before: Mutex::new(None),
-    }))
-    .inspect(|_| crate::metrics::model_loaded(&named.name, started.elapsed()))
+    ))
 }
 
 /// Numbers the loads ([`LoadedModel::id`]).

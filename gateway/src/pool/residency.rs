@@ -65,6 +65,9 @@ pub struct BudgetedModel {
     pub settings: PlanSettings,
     /// The profile its placements are planned with.
     pub profile: Arc<ServerProfile>,
+    /// Held whatever its residency once loaded: a runner process's own
+    /// memory (zero for a model run in the server's process).
+    pub overhead: Footprint,
 }
 
 impl BudgetedModel {
@@ -87,8 +90,8 @@ impl BudgetedModel {
 
     /// Memory held at `level`.
     pub fn footprint_at(&self, level: Residency) -> Footprint {
-        match self.full {
-            _ if level == Residency::Unloaded => Footprint::ZERO,
+        let placement = match self.full {
+            _ if level == Residency::Unloaded => return Footprint::ZERO,
             Some(full) if level == Residency::Full => Footprint::new(
                 full.weights.gpu_bytes + full.contexts.gpu_bytes,
                 full.weights.ram_bytes + full.contexts.ram_bytes,
@@ -97,7 +100,11 @@ impl BudgetedModel {
                 0,
                 self.footprint.resident_bytes + self.streaming_contexts + self.cache_bytes(level),
             ),
-        }
+        };
+        Footprint::new(
+            placement.gpu_bytes + self.overhead.gpu_bytes,
+            placement.ram_bytes + self.overhead.ram_bytes,
+        )
     }
 
     /// What the planner is asked for the placement of `level`: its mode,
@@ -316,6 +323,7 @@ mod tests {
                 ..Default::default()
             },
             profile: ServerProfile::new(profile),
+            overhead: Footprint::ZERO,
         }
     }
 
@@ -351,6 +359,16 @@ mod tests {
         assert_eq!(settings.stream_cache_bytes, Some(0));
         assert_eq!(m.tier_bytes(Residency::Full, 0), (250, 150, 0));
         assert_eq!(m.tier_bytes(Residency::Streaming, 10), (0, 110, 290));
+    }
+
+    #[test]
+    fn a_runners_overhead_is_charged_at_every_loaded_residency() {
+        let mut m = model(None);
+        m.overhead = Footprint::new(0, 7);
+        let ram = |level| m.footprint_at(level).ram_bytes;
+        assert_eq!(ram(Residency::Unloaded), 0);
+        assert_eq!(ram(Residency::Streaming), 167);
+        assert_eq!(ram(Residency::Full), 457);
     }
 
     #[test]

@@ -207,6 +207,7 @@ impl Drop for Telemetry {
 /// filtered by `RUST_LOG` (default [`DEFAULT_LOG_FILTER`]), and with
 /// `settings.otlp` the span exporter.
 pub fn init(settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
+    let _ = LOG_FORMAT.set(settings.log_format);
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let logs = match settings.log_format {
@@ -252,6 +253,14 @@ pub fn init(settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
 }
 
 /// Text logs and no export: every subcommand but `serve`.
+/// The format [`init`] installed (text before it ran): what runner
+/// processes write their log lines in.
+pub fn log_format() -> LogFormat {
+    LOG_FORMAT.get().copied().unwrap_or_default()
+}
+
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
 pub fn init_text_logs() {
     // Only fails if a subscriber is installed already, which is then kept.
     let _ = init(&TelemetrySettings::default());

@@ -61,12 +61,38 @@ pub fn move_span(model: &str, from: Residency, to: Residency, kind: &str) -> Spa
 
 /// Records the placement `plan` on the current span (a load's or a switch's).
 pub fn record_plan(plan: &Plan) {
-    let span = Span::current();
-    span.record("hypura.mode", plan.mode.as_str());
-    let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    span.record("hypura.gpu_bytes", bytes(plan.tier_bytes.gpu));
-    span.record("hypura.ram_bytes", bytes(plan.tier_bytes.ram));
-    span.record("hypura.stream_bytes", bytes(plan.tier_bytes.stream));
+    Placement::of(plan).record();
+}
+
+/// What a span records of a placement: its mode and bytes per tier (sent
+/// by a runner, which plans its model itself, to the gateway's span).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Placement {
+    pub mode: String,
+    pub gpu_bytes: u64,
+    pub ram_bytes: u64,
+    pub stream_bytes: u64,
+}
+
+impl Placement {
+    pub fn of(plan: &Plan) -> Placement {
+        Placement {
+            mode: plan.mode.as_str().to_string(),
+            gpu_bytes: plan.tier_bytes.gpu,
+            ram_bytes: plan.tier_bytes.ram,
+            stream_bytes: plan.tier_bytes.stream,
+        }
+    }
+
+    /// Records it on the current span.
+    pub fn record(&self) {
+        let span = Span::current();
+        span.record("hypura.mode", self.mode.as_str());
+        let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        span.record("hypura.gpu_bytes", bytes(self.gpu_bytes));
+        span.record("hypura.ram_bytes", bytes(self.ram_bytes));
+        span.record("hypura.stream_bytes", bytes(self.stream_bytes));
+    }
 }
 
 /// Marks `span` failed with `error`.

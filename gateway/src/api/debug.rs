@@ -1,0 +1,48 @@
+//! Test-only routes, present only when the server runs with
+//! `HYPURA_RUNNER_TEST_HOOKS=1` (never listed in the OpenAPI document).
+//!
+//! `POST /api/debug/abort-runner {"model": NAME}`: the runner of that model
+//! aborts, as a failed `GGML_ASSERT` would (404 when the model is not loaded
+//! in a runner).
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::core::error::{ApiError, OllamaError};
+use crate::core::validation::ModelName;
+use crate::pool::runner::protocol::TEST_HOOKS_ENV;
+use crate::server::AppState;
+
+/// The routes, or none when test hooks are off.
+pub fn routes() -> Router<AppState> {
+    if std::env::var(TEST_HOOKS_ENV).as_deref() != Ok("1") {
+        return Router::new();
+    }
+    Router::new().route("/api/debug/abort-runner", post(abort_runner))
+}
+
+#[derive(Deserialize)]
+struct AbortRunner {
+    model: String,
+}
+
+async fn abort_runner(
+    State(state): State<AppState>,
+    Json(body): Json<AbortRunner>,
+) -> Result<Json<Value>, OllamaError> {
+    let name = ModelName::parse(&body.model, "model").map_err(OllamaError::from)?;
+    let registry = std::sync::Arc::clone(&state.registry);
+    let aborted = tokio::task::spawn_blocking(move || registry.abort_runner(&name))
+        .await
+        .map_err(|e| OllamaError(ApiError::Internal(e.to_string())))?
+        .map_err(|e| OllamaError(ApiError::Internal(e)))?;
+    if !aborted {
+        return Err(OllamaError(ApiError::NotFound(format!(
+            "model '{}' is not loaded in a runner",
+            body.model
+        ))));
+    }
+    Ok(Json(json!({"aborted": body.model})))
+}

@@ -1,0 +1,273 @@
+//! The runner's side: connect to the gateway, load the one model it asks
+//! for, and answer its calls ([`super::protocol`]) until the connection
+//! closes, then exit.
+//!
+//! Replies go through one channel to one writer task, so frames of
+//! concurrent calls never interleave within a line. Each generation runs in
+//! a task of its own; `cancel` aborts that task, which drops the event
+//! stream and so cancels the generation in the engine.
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+use super::protocol::{Call, LoadSpec, Msg, Op, Reply, TEST_HOOKS_ENV, VERSION};
+use crate::core::backend::{BackendError, ModelBackend, TierBytes};
+use crate::pool::local::LocalBackend;
+use crate::pool::registry::{self, Engine, LoadedModel, ModelLease};
+use crate::pool::residency::BudgetedModel;
+
+/// The model this runner holds.
+struct Held {
+    model: Arc<LoadedModel>,
+    backend: Arc<dyn ModelBackend>,
+    budgeted: Option<BudgetedModel>,
+}
+
+struct Host {
+    replies: mpsc::UnboundedSender<Reply>,
+    held: OnceLock<Arc<Held>>,
+    /// Generations running, by call id.
+    running: Mutex<HashMap<u64, tokio::task::AbortHandle>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Serves the gateway listening at `socket` until it closes the connection.
+pub async fn serve(socket: &Path) -> std::io::Result<()> {
+    let stream = UnixStream::connect(socket).await?;
+    let (read, mut write) = stream.into_split();
+    let (replies, mut outbox) = mpsc::unbounded_channel::<Reply>();
+    let writer = tokio::spawn(async move {
+        while let Some(reply) = outbox.recv().await {
+            let mut frames = Vec::new();
+            // Everything ready goes in one write.
+            for reply in std::iter::once(reply).chain(std::iter::from_fn(|| outbox.try_recv().ok()))
+            {
+                if serde_json::to_writer(&mut frames, &reply).is_err() {
+                    continue;
+                }
+                frames.push(b'\n');
+            }
+            if write.write_all(&frames).await.is_err() {
+                break;
+            }
+        }
+    });
+    let host = Arc::new(Host {
+        replies,
+        held: OnceLock::new(),
+        running: Mutex::new(HashMap::new()),
+    });
+    let mut lines = BufReader::new(read).lines();
+    while let Some(line) = lines.next_line().await? {
+        let call: Call = match serde_json::from_str(&line) {
+            Ok(call) => call,
+            Err(e) => {
+                eprintln!("hypura runner: a bad frame from the gateway ({e}): stopping");
+                break;
+            }
+        };
+        Arc::clone(&host).dispatch(call);
+    }
+    writer.abort();
+    Ok(())
+}
+
+impl Host {
+    fn reply(&self, id: u64, msg: Msg) {
+        let _ = self.replies.send(Reply { id, msg });
+    }
+
+    fn held(&self) -> Result<Arc<Held>, BackendError> {
+        self.held
+            .get()
+            .cloned()
+            .ok_or_else(|| BackendError::Failed("the runner has no model loaded".into()))
+    }
+
+    fn dispatch(self: Arc<Self>, call: Call) {
+        let id = call.id;
+        match call.op {
+            Op::Hello { version } if version == VERSION => self.reply(
+                id,
+                Msg::Hello {
+                    version: VERSION,
+                    pid: std::process::id(),
+                },
+            ),
+            Op::Hello { version } => self.reply(
+                id,
+                Msg::Failed(BackendError::Invalid(format!(
+                    "this runner speaks protocol version {VERSION}, not {version}"
+                ))),
+            ),
+            Op::Load(spec) => {
+                tokio::task::spawn_blocking(move || {
+                    let msg = self.load(*spec).unwrap_or_else(Msg::Failed);
+                    self.reply(id, msg);
+                });
+            }
+            Op::Generate(request) => self.generate(id, *request),
+            Op::Cancel { call } => {
+                if let Some(task) = lock(&self.running).remove(&call) {
+                    task.abort();
+                }
+            }
+            Op::Embed(batch) => {
+                tokio::spawn(async move {
+                    let msg = match self.held() {
+                        Ok(held) => match held.backend.embed(batch).await {
+                            Ok(output) => Msg::Embedded(output),
+                            Err(e) => Msg::Failed(e),
+                        },
+                        Err(e) => Msg::Failed(e),
+                    };
+                    self.reply(id, msg);
+                });
+            }
+            Op::CountTokens { text } => {
+                let msg = self
+                    .held()
+                    .and_then(|held| held.backend.count_tokens(&text))
+                    .map_or_else(Msg::Failed, Msg::Count);
+                self.reply(id, msg);
+            }
+            Op::Status => {
+                let msg = self
+                    .held()
+                    .map_or_else(Msg::Failed, |held| Msg::Status(held.backend.status()));
+                self.reply(id, msg);
+            }
+            Op::Memory => {
+                let msg = self
+                    .held()
+                    .map_or_else(Msg::Failed, |held| Msg::Memory(held.tier_bytes()));
+                self.reply(id, msg);
+            }
+            Op::Streaming => {
+                let msg = self
+                    .held()
+                    .map_or_else(Msg::Failed, |held| Msg::Streaming(held.backend.streaming()));
+                self.reply(id, msg);
+            }
+            Op::KvCache => {
+                let msg = self
+                    .held()
+                    .map_or_else(Msg::Failed, |held| Msg::KvCache(held.backend.kv_cache()));
+                self.reply(id, msg);
+            }
+            Op::SetResidency { from, to } => {
+                tokio::task::spawn_blocking(move || {
+                    let moved = self.held().and_then(|held| {
+                        let budgeted = held.budgeted.as_ref().ok_or_else(|| {
+                            BackendError::Invalid("the model was loaded without a budget".into())
+                        })?;
+                        held.model
+                            .move_in_process(budgeted, from, to)
+                            .map_err(BackendError::Failed)
+                    });
+                    self.reply(id, moved.map_or_else(Msg::Failed, |()| Msg::Ok));
+                });
+            }
+            Op::Shutdown => {
+                tokio::task::spawn_blocking(move || {
+                    if let Ok(held) = self.held() {
+                        held.model.shutdown();
+                    }
+                    self.reply(id, Msg::Ok);
+                });
+            }
+            Op::Abort if std::env::var(TEST_HOOKS_ENV).as_deref() == Ok("1") => {
+                eprintln!("hypura runner: aborting on the test hook's request");
+                std::process::abort();
+            }
+            Op::Abort => self.reply(
+                id,
+                Msg::Failed(BackendError::Invalid(format!(
+                    "test hooks are off in this runner ({TEST_HOOKS_ENV} is not 1)"
+                ))),
+            ),
+        }
+    }
+
+    fn load(&self, spec: LoadSpec) -> Result<Msg, BackendError> {
+        if self.held.get().is_some() {
+            return Err(BackendError::Invalid(
+                "this runner already holds a model".into(),
+            ));
+        }
+        let (named, settings, budgeted) = super::from_spec(spec).map_err(BackendError::Failed)?;
+        let model = registry::load(&named, &settings, budgeted.clone())
+            .map_err(|e| BackendError::Failed(e.to_string()))?;
+        let n_ctx_per_seq = model.n_ctx_per_seq;
+        let lease = ModelLease::standalone(Arc::clone(&model));
+        let Engine::InProcess(local) = &model.engine else {
+            return Err(BackendError::Failed(
+                "a runner loads in its own process".into(),
+            ));
+        };
+        let placement = local.placement.clone();
+        let backend: Arc<dyn ModelBackend> = Arc::new(LocalBackend::new(lease, Arc::clone(local)));
+        let held = Held {
+            model,
+            backend,
+            budgeted: budgeted.map(|(model, _)| model),
+        };
+        let _ = self.held.set(Arc::new(held));
+        Ok(Msg::Loaded {
+            n_ctx_per_seq,
+            placement,
+        })
+    }
+
+    fn generate(self: Arc<Self>, id: u64, request: crate::core::request::BackendRequest) {
+        let host = Arc::clone(&self);
+        // Held across the spawn: the task removes itself only once it is in.
+        let mut running = lock(&self.running);
+        let task = tokio::spawn(async move {
+            host.stream(id, request).await;
+            lock(&host.running).remove(&id);
+        });
+        running.insert(id, task.abort_handle());
+    }
+}
+
+impl Host {
+    /// Runs one generation, its events sent as they come.
+    async fn stream(&self, id: u64, request: crate::core::request::BackendRequest) {
+        let held = match self.held() {
+            Ok(held) => held,
+            Err(e) => return self.reply(id, Msg::Failed(e)),
+        };
+        let mut events = match held.backend.generate(request).await {
+            Ok(events) => events,
+            Err(e) => return self.reply(id, Msg::Failed(e)),
+        };
+        self.reply(id, Msg::Accepted);
+        while let Some(event) = events.next().await {
+            self.reply(id, Msg::Event(event));
+        }
+    }
+}
+
+impl Held {
+    /// Where the weights are now; without a budget, all in RAM (as the
+    /// gateway reports an in-process model without one).
+    fn tier_bytes(&self) -> TierBytes {
+        match (&self.model.engine, &self.budgeted) {
+            (Engine::InProcess(local), Some(budgeted)) => local.tier_bytes(budgeted),
+            _ => TierBytes {
+                gpu: 0,
+                ram: self.model.info.file_bytes,
+                stream: 0,
+            },
+        }
+    }
+}
