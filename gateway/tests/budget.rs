@@ -4,60 +4,13 @@
 //! flight) while the cold one streams.
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use common::charges::{footprint, full, streaming, BATCH, CONTEXT, RUNNER_ALLOWANCE};
 use common::{client, wait_until, Server};
-use hypura_gguf::GgufFile;
 use hypura_synth as synth;
-use llama_tiered::engine::BatchConfig;
-use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{context_memory, GpuShare, Mode, PlannedLoad, TieredParams};
 use serde_json::{json, Value};
-
-const CONTEXT: u32 = 512;
-/// More than an idle runner process holds (about 10 MiB).
-const RUNNER_ALLOWANCE: u64 = 16 << 20;
-const BATCH: u32 = 64;
-
-fn footprint(path: &Path) -> StreamFootprint {
-    StreamFootprint::of(&GgufFile::open(path).unwrap())
-}
-
-/// What the server (`--parallel 1 --context 512 --batch 64`) charges for
-/// a model's contexts (KV cache, compute buffers) in `mode`'s placement.
-fn contexts(path: &Path, mode: Mode) -> u64 {
-    let file = GgufFile::open(path).unwrap();
-    let n_ctx_train = file.arch_u64("context_length").unwrap() as u32;
-    let config = BatchConfig {
-        n_parallel: 1,
-        n_ctx_per_seq: CONTEXT,
-        n_batch: BATCH,
-        n_threads: 0,
-        queue_limit: 1,
-    };
-    let plan = PlannedLoad::fixed(&file, mode, GpuShare::None, None).unwrap();
-    let params = TieredParams {
-        plan: Some(plan),
-        no_repack: true,
-        ..Default::default()
-    };
-    context_memory(path, &params, &config.contexts(n_ctx_train))
-        .unwrap()
-        .ram_bytes
-}
-
-/// RAM charged in the streaming placement with `cache` bytes of stream cache.
-fn streaming(path: &Path, cache: u64) -> u64 {
-    let f = footprint(path);
-    f.resident_bytes + cache + contexts(path, f.mode)
-}
-
-/// RAM charged in the full placement (no GPU here).
-fn full(path: &Path) -> u64 {
-    let f = footprint(path);
-    f.resident_bytes + f.stream_bytes + contexts(path, Mode::FullResident)
-}
 
 fn generate(server: &Server, model: &str) -> String {
     let body = json!({

@@ -19,17 +19,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::charges::{footprint, full, streaming, BATCH, CONTEXT};
 use common::{client, wait_until, Server};
-use hypura_gguf::GgufFile;
 use hypura_synth as synth;
-use llama_tiered::engine::BatchConfig;
-use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{context_memory, GpuShare, Mode, PlannedLoad, TieredParams};
 use prom::Scrape;
 use serde_json::{json, Value};
 
-const CONTEXT: u32 = 512;
-const BATCH: u32 = 64;
 /// What `$__rate_interval` becomes here (Prometheus scrapes every second).
 const RATE_INTERVAL: &str = "30s";
 
@@ -116,43 +111,6 @@ fn unknown_metrics(
         .flat_map(|e| metric_names(e, families))
         .filter(|n| !families.contains_key(n))
         .collect()
-}
-
-fn footprint(path: &Path) -> StreamFootprint {
-    StreamFootprint::of(&GgufFile::open(path).unwrap())
-}
-
-/// What the server charges for a model's contexts in `mode`'s placement
-/// (as `tests/budget.rs` counts it).
-fn contexts(path: &Path, mode: Mode) -> u64 {
-    let file = GgufFile::open(path).unwrap();
-    let n_ctx_train = file.arch_u64("context_length").unwrap() as u32;
-    let config = BatchConfig {
-        n_parallel: 1,
-        n_ctx_per_seq: CONTEXT,
-        n_batch: BATCH,
-        n_threads: 0,
-        queue_limit: 1,
-    };
-    let plan = PlannedLoad::fixed(&file, mode, GpuShare::None, None).unwrap();
-    let params = TieredParams {
-        plan: Some(plan),
-        no_repack: true,
-        ..Default::default()
-    };
-    context_memory(path, &params, &config.contexts(n_ctx_train))
-        .unwrap()
-        .ram_bytes
-}
-
-fn streaming(path: &Path, cache: u64) -> u64 {
-    let f = footprint(path);
-    f.resident_bytes + cache + contexts(path, f.mode)
-}
-
-fn full(path: &Path) -> u64 {
-    let f = footprint(path);
-    f.resident_bytes + f.stream_bytes + contexts(path, Mode::FullResident)
 }
 
 /// A Prometheus on a free loopback port scraping `target` every second;

@@ -7,14 +7,11 @@ mod common;
 mod prom;
 
 use std::io::Read;
-use std::path::Path;
 use std::time::Duration;
 
+use common::charges::{self, BATCH, CONTEXT, RUNNER_ALLOWANCE};
 use common::{client, wait_until, Server, MODEL};
 use hypura_gguf::GgufFile;
-use llama_tiered::engine::BatchConfig;
-use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{context_memory, GpuShare, PlannedLoad, TieredParams};
 use prom::Scrape;
 use serde_json::{json, Value};
 
@@ -369,36 +366,6 @@ fn ps_model(server: &Server, name: &str) -> Value {
         .clone()
 }
 
-const CONTEXT: u32 = 512;
-const BATCH: u32 = 64;
-/// More than an idle runner process holds (as in `tests/budget.rs`).
-const RUNNER_ALLOWANCE: u64 = 16 << 20;
-
-/// The RAM a server (`--parallel 1 --context 512 --batch 64`) charges for
-/// `path` streamed with its smallest stream cache, as `tests/budget.rs` counts it.
-fn streaming_charge(path: &Path) -> u64 {
-    let file = GgufFile::open(path).unwrap();
-    let footprint = StreamFootprint::of(&file);
-    let n_ctx_train = file.arch_u64("context_length").unwrap() as u32;
-    let config = BatchConfig {
-        n_parallel: 1,
-        n_ctx_per_seq: CONTEXT,
-        n_batch: BATCH,
-        n_threads: 0,
-        queue_limit: 1,
-    };
-    let plan = PlannedLoad::fixed(&file, footprint.mode, GpuShare::None, None).unwrap();
-    let params = TieredParams {
-        plan: Some(plan),
-        no_repack: true,
-        ..Default::default()
-    };
-    let contexts = context_memory(path, &params, &config.contexts(n_ctx_train))
-        .unwrap()
-        .ram_bytes;
-    footprint.resident_bytes + footprint.minimum_cache_bytes + contexts
-}
-
 /// The streaming counters of `/metrics` for the model.
 fn stream_counters(s: &Scrape) -> [f64; 8] {
     [
@@ -419,7 +386,7 @@ fn a_streamed_model_reports_the_engines_stream_counters() {
     let path = common::smollm2();
     // Its runner process is charged too (its idle RSS, measured by the
     // server at start; about 10 MiB, as `tests/budget.rs` allows for).
-    let budget = streaming_charge(&path) + RUNNER_ALLOWANCE + (1 << 20);
+    let budget = charges::streaming_minimum(&path) + RUNNER_ALLOWANCE + (1 << 20);
     let server = Server::start(&[
         "--parallel",
         "1",

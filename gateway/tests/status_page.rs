@@ -9,41 +9,16 @@
 //! (`docs/status.png` is made so).
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::charges::{contexts, BATCH, CONTEXT};
 use common::{Server, MODEL};
 use hypura_gguf::GgufFile;
 use hypura_synth as synth;
-use llama_tiered::engine::BatchConfig;
 use llama_tiered::tiered::footprint::StreamFootprint;
-use llama_tiered::tiered::{context_memory, GpuShare, Mode, PlannedLoad, TieredParams};
+use llama_tiered::tiered::Mode;
 use serde_json::{json, Value};
-
-const CONTEXT: u32 = 512;
-const BATCH: u32 = 64;
-
-fn contexts(path: &Path, mode: Mode) -> u64 {
-    let file = GgufFile::open(path).unwrap();
-    let n_ctx_train = file.arch_u64("context_length").unwrap() as u32;
-    let config = BatchConfig {
-        n_parallel: 1,
-        n_ctx_per_seq: CONTEXT,
-        n_batch: BATCH,
-        n_threads: 0,
-        queue_limit: 1,
-    };
-    let plan = PlannedLoad::fixed(&file, mode, GpuShare::None, None).unwrap();
-    let params = TieredParams {
-        plan: Some(plan),
-        no_repack: true,
-        ..Default::default()
-    };
-    context_memory(path, &params, &config.contexts(n_ctx_train))
-        .unwrap()
-        .ram_bytes
-}
 
 /// Chromium, headless, as root (no sandbox), with `args`; its stdout.
 fn chromium(args: &[String]) -> String {

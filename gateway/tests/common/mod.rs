@@ -7,6 +7,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod charges;
+
 pub const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1:latest";
 
 pub use hypura_gguf::testing::smollm2;
