@@ -137,6 +137,27 @@ impl Model {
         }
     }
 
+    /// [`Model::valid`] as a 4-expert MoE (2 used), with the expert tensors
+    /// in place of the dense FFN.
+    pub fn moe() -> Model {
+        let mut model = Model::valid()
+            .set("llama.expert_count", V::U32(4))
+            .set("llama.expert_used_count", V::U32(2));
+        let dense = [
+            "blk.0.ffn_gate.weight",
+            "blk.0.ffn_down.weight",
+            "blk.0.ffn_up.weight",
+        ];
+        model.tensors.retain(|t| !dense.contains(&t.name.as_str()));
+        model.tensors.extend([
+            t("blk.0.ffn_gate_inp.weight", &[32, 4], 0),
+            t("blk.0.ffn_gate_exps.weight", &[32, 64, 4], 2),
+            t("blk.0.ffn_down_exps.weight", &[64, 32, 4], 2),
+            t("blk.0.ffn_up_exps.weight", &[32, 64, 4], 2),
+        ]);
+        model
+    }
+
     pub fn set(mut self, key: &str, value: V) -> Model {
         match self.kv.iter_mut().find(|(k, _)| k == key) {
             Some(kv) => kv.1 = value,

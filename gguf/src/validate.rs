@@ -1479,27 +1479,6 @@ mod tests {
         model.set("general.architecture", s(arch))
     }
 
-    /// The valid model as a 4-expert MoE (2 used), with the expert tensors in place of the
-    /// dense FFN.
-    fn moe() -> Model {
-        let mut model = valid()
-            .set("llama.expert_count", V::U32(4))
-            .set("llama.expert_used_count", V::U32(2));
-        let dense = [
-            "blk.0.ffn_gate.weight",
-            "blk.0.ffn_down.weight",
-            "blk.0.ffn_up.weight",
-        ];
-        model.tensors.retain(|t| !dense.contains(&t.name.as_str()));
-        model.tensors.extend([
-            t("blk.0.ffn_gate_inp.weight", &[32, 4], 0),
-            t("blk.0.ffn_gate_exps.weight", &[32, 64, 4], 2),
-            t("blk.0.ffn_down_exps.weight", &[64, 32, 4], 2),
-            t("blk.0.ffn_up_exps.weight", &[32, 64, 4], 2),
-        ]);
-        model
-    }
-
     fn spm_without_bytes() -> Model {
         let tokens = ["<unk>", "<s>", "</s>", "a", "b"]
             .map(String::from)
@@ -1513,9 +1492,9 @@ mod tests {
     fn valid_models_break_no_rule() {
         for model in [
             valid(),
-            moe(),
+            Model::moe(),
             as_arch("qwen3", valid()),
-            as_arch("qwen3moe", moe()),
+            as_arch("qwen3moe", Model::moe()),
         ] {
             assert_eq!(broken(&model.bytes()), None);
         }
@@ -1638,11 +1617,11 @@ mod tests {
             valid().set("llama.nextn_predict_layers", V::U32(2)).bytes(),
             "more than the model's 1 layers";
         too_many_experts: "expert-count" =>
-            moe().set("llama.expert_count", V::U32(1025)).bytes(), "at most 1024 experts";
+            Model::moe().set("llama.expert_count", V::U32(1025)).bytes(), "at most 1024 experts";
         more_used_than_experts: "expert-used-count" =>
-            moe().set("llama.expert_used_count", V::U32(5)).bytes(), "more than the 4 experts";
+            Model::moe().set("llama.expert_used_count", V::U32(5)).bytes(), "more than the 4 experts";
         a_layer_with_no_expert_used: "expert-used-count" =>
-            moe().set("llama.block_count", V::U32(2))
+            Model::moe().set("llama.block_count", V::U32(2))
                 .set("llama.expert_used_count", V::U32Arr(vec![2, 0])).bytes(),
             "is 0 for layer 1";
         bert_with_byte_tokens: "wpm-byte-tokens" =>
@@ -1650,13 +1629,13 @@ mod tests {
                 .set("tokenizer.ggml.token_type", V::I32Arr(vec![1, 6, 1, 3])).bytes(),
             "token 1 of the BERT (WPM) vocabulary is typed BYTE";
         experts_none_used: "expert-used-count" =>
-            moe().set("llama.expert_used_count", V::U32(0)).bytes(), "needs at least one";
+            Model::moe().set("llama.expert_used_count", V::U32(0)).bytes(), "needs at least one";
         used_without_experts: "expert-used-count" =>
             valid().set("llama.expert_used_count", V::U32(2)).bytes(), "has no experts";
         groups_not_below_experts: "expert-groups" =>
-            moe().set("llama.expert_group_count", V::U32(4)).bytes(), "below the 4 experts";
+            Model::moe().set("llama.expert_group_count", V::U32(4)).bytes(), "below the 4 experts";
         groups_without_group_used: "expert-groups" =>
-            moe().set("llama.expert_group_count", V::U32(2)).bytes(),
+            Model::moe().set("llama.expert_group_count", V::U32(2)).bytes(),
             "with 2 expert groups it must be 1 to 1";
         qwen3moe_without_experts: "moe-needs-experts" =>
             as_arch("qwen3moe", valid()).bytes(), "a qwen3moe model is a mixture of experts";
@@ -1731,7 +1710,7 @@ mod tests {
             m.bytes()
         }, "it belongs to layer 1 but llama.block_count is 1";
         experts_in_wrong_dim: "layer-tensor-shapes" => {
-            let mut m = moe();
+            let mut m = Model::moe();
             m.tensor_mut("blk.0.ffn_up_exps.weight").dims = vec![32, 64, 3];
             m.bytes()
         }, "should hold 4 experts";

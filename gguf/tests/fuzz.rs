@@ -23,7 +23,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hypura_gguf::inspect::ModelReport;
-use hypura_gguf::testing::{rewrite, s, smollm2_path, t, Model, V};
+use hypura_gguf::testing::{rewrite, s, smollm2_path, Model};
 use hypura_gguf::{GgufArray, GgufFile, GgufString, GgufValue};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -110,24 +110,7 @@ impl Seed {
 }
 
 fn corpus() -> Vec<Seed> {
-    let moe = {
-        let mut m = Model::valid()
-            .set("llama.expert_count", V::U32(4))
-            .set("llama.expert_used_count", V::U32(2));
-        let dense = [
-            "blk.0.ffn_gate.weight",
-            "blk.0.ffn_down.weight",
-            "blk.0.ffn_up.weight",
-        ];
-        m.tensors.retain(|t| !dense.contains(&t.name.as_str()));
-        m.tensors.extend([
-            t("blk.0.ffn_gate_inp.weight", &[32, 4], 0),
-            t("blk.0.ffn_gate_exps.weight", &[32, 64, 4], 2),
-            t("blk.0.ffn_down_exps.weight", &[64, 32, 4], 2),
-            t("blk.0.ffn_up_exps.weight", &[32, 64, 4], 2),
-        ]);
-        m
-    };
+    let moe = Model::moe();
     let mut qwen3moe = moe.clone();
     for (key, _) in &mut qwen3moe.kv {
         if let Some(rest) = key.strip_prefix("llama.") {
