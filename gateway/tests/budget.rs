@@ -7,7 +7,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::charges::{footprint, full, streaming, BATCH, CONTEXT, RUNNER_ALLOWANCE};
+use common::charges::{footprint, full, serve_args, streaming, RUNNER_ALLOWANCE};
 use common::{client, wait_until, Server};
 use hypura_synth as synth;
 use serde_json::{json, Value};
@@ -67,21 +67,7 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
     assert!(full(&cold_path) > budget);
     // Info logs show the switch of placement.
     let server = Server::start_logging(
-        &[
-            "serve".into(),
-            hot_path.to_string_lossy().into_owned(),
-            cold_path.to_string_lossy().into_owned(),
-            "--port".into(),
-            "0".into(),
-            "--parallel".into(),
-            "1".into(),
-            "--context".into(),
-            CONTEXT.to_string(),
-            "--batch".into(),
-            BATCH.to_string(),
-            "--ram-budget".into(),
-            budget.to_string(),
-        ],
+        &serve_args(&[&hot_path, &cold_path], budget, &[]),
         "info,llama.cpp=error",
     );
     let (hot_name, cold_name) = (common::MODEL, "smollm2-moe:latest");

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::charges::{footprint, full, streaming, BATCH, CONTEXT};
+use common::charges::{footprint, full, serve_args, streaming};
 use common::{client, wait_until, Server};
 use hypura_synth as synth;
 use prom::Scrape;
@@ -240,23 +240,11 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
             + streaming(&cold_path, cold.minimum_cache_bytes)
             < budget
     );
-    let server = Server::start_with(&[
-        "serve".into(),
-        hot_path.to_string_lossy().into_owned(),
-        cold_path.to_string_lossy().into_owned(),
-        "--port".into(),
-        "0".into(),
-        "--parallel".into(),
-        "1".into(),
-        "--queue-limit".into(),
-        "0".into(),
-        "--context".into(),
-        CONTEXT.to_string(),
-        "--batch".into(),
-        BATCH.to_string(),
-        "--ram-budget".into(),
-        budget.to_string(),
-    ]);
+    let server = Server::start_with(&serve_args(
+        &[&hot_path, &cold_path],
+        budget,
+        &["--queue-limit", "0"],
+    ));
     let (hot_name, cold_name) = (common::MODEL, "smollm2-moe:latest");
     let target = server.base.trim_start_matches("http://").to_string();
     let prometheus = Prometheus::start(&target);

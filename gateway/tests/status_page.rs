@@ -12,7 +12,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::charges::{contexts, BATCH, CONTEXT};
+use common::charges::{contexts, serve_args};
 use common::{Server, MODEL};
 use hypura_gguf::GgufFile;
 use hypura_synth as synth;
@@ -86,21 +86,7 @@ fn the_status_page_shows_each_model_as_api_ps_does() {
         + cold.minimum_cache_bytes
         + contexts(&cold_path, cold.mode)
         + (1 << 20);
-    let server = Server::start_with(&[
-        "serve".into(),
-        hot_path.to_string_lossy().into_owned(),
-        cold_path.to_string_lossy().into_owned(),
-        "--port".into(),
-        "0".into(),
-        "--parallel".into(),
-        "1".into(),
-        "--context".into(),
-        CONTEXT.to_string(),
-        "--batch".into(),
-        BATCH.to_string(),
-        "--ram-budget".into(),
-        budget.to_string(),
-    ]);
+    let server = Server::start_with(&serve_args(&[&hot_path, &cold_path], budget, &[]));
     let cold_name = "smollm2-moe:latest";
     for model in [MODEL, cold_name] {
         let body = json!({"model": model, "prompt": "The capital of France is", "raw": true,

@@ -59,3 +59,28 @@ pub fn full(path: &Path) -> u64 {
     let f = footprint(path);
     f.resident_bytes + f.stream_bytes + contexts(path, Mode::FullResident)
 }
+
+/// `hypura serve` of `models` with the flags these charges assume, on a free
+/// port, under `--ram-budget ram_budget`, then `extra`.
+pub fn serve_args(models: &[&Path], ram_budget: u64, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["serve".to_string()];
+    args.extend(models.iter().map(|m| m.to_string_lossy().into_owned()));
+    for flag in [
+        "--port",
+        "0",
+        "--parallel",
+        "1",
+        "--context",
+        &CONTEXT.to_string(),
+        "--batch",
+        &BATCH.to_string(),
+        "--ram-budget",
+        &ram_budget.to_string(),
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    {
+        args.push(flag.to_string());
+    }
+    args
+}
