@@ -55,6 +55,8 @@ pub struct ServerSection {
     pub batch: Option<u32>,
     pub threads: Option<u32>,
     pub keep_alive: Option<Text>,
+    /// A model idle this long is demoted to streaming (under a budget).
+    pub demote_after: Option<Text>,
     pub max_body_bytes: Option<Text>,
     pub models_dir: Option<PathBuf>,
     pub gpu_budget: Option<Text>,
@@ -141,6 +143,7 @@ pub struct Config {
     pub batch: Option<u32>,
     pub threads: Option<u32>,
     pub keep_alive: Option<KeepAlive>,
+    pub demote_after: Option<KeepAlive>,
     pub max_body_bytes: Option<usize>,
     pub models_dir: Option<PathBuf>,
     pub gpu_budget_bytes: Option<u64>,
@@ -272,6 +275,10 @@ impl ConfigFile {
             keep_alive: s
                 .keep_alive
                 .map(|t| keep_alive("server.keep_alive", &t))
+                .transpose()?,
+            demote_after: s
+                .demote_after
+                .map(|t| keep_alive("server.demote_after", &t))
                 .transpose()?,
             max_body_bytes,
             models_dir: s.models_dir.map(|d| base.join(d)),
@@ -434,7 +441,7 @@ mod tests {
             error("[server]\nport = 1\nprot = 2\n"),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
+             `demote_after`, `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
              `pull_max_bytes`, `in_process` (line 3)"

@@ -297,17 +297,35 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The body of a request, or the error for one over the size limit.
+/// The body of a request, or the error for one over the size limit or one
+/// that stopped arriving ([`crate::connections::BODY_READ_TIMEOUT`]).
 pub fn body_bytes(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<axum::body::Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(format!("request body too large: {e}"))
+        } else if timed_out(&e) {
+            ApiError::RequestTimeout(format!(
+                "the request body did not arrive within {} s",
+                crate::connections::BODY_READ_TIMEOUT.as_secs()
+            ))
         } else {
             ApiError::bad_request(format!("could not read the request body: {e}"))
         }
     })
+}
+
+/// Whether `error` comes from the body read timeout.
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Serves `app` on `addr` until SIGINT or SIGTERM, then stops accepting

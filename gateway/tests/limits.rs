@@ -315,3 +315,79 @@ fn inspect_into_a_closed_pipe_exits_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(output.status.success(), "{:?}: {stderr}", output.status);
 }
+
+/// One embedding request may not hold more than 300,000 tokens in all
+/// (OpenAI's limit): texts each within the context, too many together, are a
+/// 400 naming the limit, answered after tokenizing and before embedding.
+#[test]
+fn embedding_tokens_are_capped_per_request() {
+    let s = Server::start(&[]);
+    // 2,000 texts of about 200 tokens: 400,000 tokens, each text alone fine.
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    let many = vec![text.clone(); 2000];
+    for route in ["/api/embed", "/v1/embeddings"] {
+        let started = Instant::now();
+        let r = s.post(route, json!({"model": MODEL, "input": many}));
+        let took = started.elapsed();
+        assert_eq!(r.status(), 400, "{route}");
+        let message = error_message(&r.json().unwrap());
+        assert!(
+            message.contains("more than 300000 tokens together"),
+            "{route}: {message}"
+        );
+        // Embedding 2,000 texts on this machine takes minutes; tokenizing, seconds.
+        assert!(took < Duration::from_secs(20), "{route}: {took:?}");
+    }
+    // Under the cap, the same texts embed.
+    let r = s.post("/api/embed", json!({"model": MODEL, "input": vec![text; 3]}));
+    assert_eq!(r.status(), 200);
+}
+
+/// More decode threads than usable cores: the server says so in its log.
+#[test]
+fn oversubscribed_threads_are_warned_about() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let threads = (cores * 4).to_string();
+    let s = Server::start(&["--threads", &threads]);
+    assert_eq!(s.get("/api/tags").status(), 200);
+    let log = s.log();
+    let warning = format!("{threads} decode threads on {cores} usable cores");
+    assert!(log.contains(&warning), "{log}");
+}
+
+/// A request whose body stops arriving is answered (408) and its connection
+/// closed within the body timeout; the server goes on answering.
+#[test]
+fn stalled_bodies_time_out() {
+    let s = Server::start(&[]);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream
+        .write_all(
+            b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+              Content-Length: 1000\r\n\r\n{\"model\": ",
+        )
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(45)))
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let result = stream.read_to_end(&mut answer);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(40),
+        "the server held the connection {took:?}"
+    );
+    if let Err(e) = result {
+        assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+        assert_ne!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("the request body did not arrive within 30 s"),
+        "{answer}"
+    );
+    assert_eq!(s.get("/api/tags").status(), 200);
+}

@@ -2,9 +2,11 @@
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
+use hypura_scheduler::budget::PolicyConfig;
 use hypura_scheduler::size::parse_size;
 
 use super::gpu::GpuBudget;
@@ -63,6 +65,11 @@ pub struct ServeArgs {
     /// [default: 5m].
     #[arg(long, value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
     keep_alive: Option<KeepAlive>,
+    /// Under a memory budget, how long a model may sit idle before it is demoted
+    /// to streaming, giving its memory to busier models (`30s`, `2m`, `-1` = never)
+    /// [default: 2m].
+    #[arg(long, value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
+    demote_after: Option<KeepAlive>,
     /// Largest request body accepted, in bytes [default: 33554432].
     #[arg(long)]
     max_body_bytes: Option<usize>,
@@ -167,6 +174,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .keep_alive
             .or(file.keep_alive)
             .unwrap_or(config::DEFAULT_KEEP_ALIVE),
+        demote_after: match args.demote_after.or(file.demote_after) {
+            Some(KeepAlive::For(idle)) => idle,
+            Some(KeepAlive::Forever) => Duration::MAX,
+            None => PolicyConfig::default().demote_after,
+        },
         gpu_budget_bytes: gpu.bytes,
         ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
         profile: Arc::clone(&profile),

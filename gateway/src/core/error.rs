@@ -38,6 +38,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The request body stopped arriving before it was complete.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The model's queue is full: retry later.
     #[error("{0}")]
     Unavailable(String),
@@ -60,6 +63,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unavailable(_) | ApiError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -68,7 +72,10 @@ impl ApiError {
     /// OpenAI's `error.type`.
     fn openai_type(&self) -> &'static str {
         match self {
-            ApiError::Validation(_) | ApiError::BadRequest(_) | ApiError::PayloadTooLarge(_) => {
+            ApiError::Validation(_)
+            | ApiError::BadRequest(_)
+            | ApiError::PayloadTooLarge(_)
+            | ApiError::RequestTimeout(_) => {
                 "invalid_request_error"
             }
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "not_found_error",

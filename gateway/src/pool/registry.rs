@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use hypura_gguf::GgufFile as HeaderFile;
-use hypura_scheduler::budget::{Admission, Footprint, Move, Residency};
+use hypura_scheduler::budget::{Admission, Footprint, Move, PolicyConfig, Residency};
 use hypura_scheduler::plan::{Budgets, PlanSettings};
 use hypura_scheduler::profile::HardwareProfile;
 use llama_tiered::tiered::footprint::StreamFootprint;
@@ -55,6 +55,8 @@ pub struct EngineSettings {
     /// Requests waiting for a slot before new ones get 503.
     pub queue_limit: usize,
     pub default_keep_alive: KeepAlive,
+    /// Under a budget, a model idle this long is demoted to streaming.
+    pub demote_after: Duration,
     /// GPU memory all models together may use, in bytes (`None`: no limit set).
     pub gpu_budget_bytes: Option<u64>,
     /// Host RAM all models together may use, in bytes (`None`: no limit set).
@@ -588,6 +590,10 @@ impl Registry {
                 Arc::new(GlobalBudget::new(
                     settings.gpu_budget_bytes.unwrap_or(0),
                     settings.ram_budget_bytes.unwrap_or(u64::MAX),
+                    PolicyConfig {
+                        demote_after: settings.demote_after,
+                        ..PolicyConfig::default()
+                    },
                 ))
             });
         Registry {

@@ -193,11 +193,11 @@ pub struct GlobalBudget {
 }
 
 impl GlobalBudget {
-    pub fn new(gpu_bytes: u64, ram_bytes: u64) -> GlobalBudget {
+    pub fn new(gpu_bytes: u64, ram_bytes: u64, config: PolicyConfig) -> GlobalBudget {
         GlobalBudget {
             policy: Mutex::new(BudgetPolicy::new(
                 Footprint::new(gpu_bytes, ram_bytes),
-                PolicyConfig::default(),
+                config,
             )),
             models: Mutex::new(HashMap::new()),
             origin: Instant::now(),
@@ -373,7 +373,7 @@ mod tests {
 
     #[test]
     fn a_model_too_big_to_stream_is_refused_with_its_minimum() {
-        let budget = GlobalBudget::new(0, 150);
+        let budget = GlobalBudget::new(0, 150, PolicyConfig::default());
         let path = Arc::new(PathBuf::from("/m/a.gguf"));
         let terms = Terms {
             name: "a:latest".into(),

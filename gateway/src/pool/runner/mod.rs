@@ -103,6 +103,8 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
         n_threads: e.n_threads,
         queue_limit: e.queue_limit,
         default_keep_alive: KeepAlive::Forever,
+        // The gateway's budget decides moves; a runner has none of its own.
+        demote_after: std::time::Duration::MAX,
         gpu_budget_bytes: e.gpu_budget_bytes,
         ram_budget_bytes: e.ram_budget_bytes,
         profile: Arc::clone(&profile),
