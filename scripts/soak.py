@@ -322,10 +322,18 @@ def main():
             c.request("GET", "/api/version")
             healthy = c.getresponse().status == 200
             c.close()
-            c = server.conn(10)
-            c.request("GET", "/metrics")
-            metrics = c.getresponse().read().decode()
-            c.close()
+            # A crash is counted once the gateway has reaped its runner:
+            # waits (15 s at most) for the last ones.
+            deadline = time.time() + 15
+            while True:
+                c = server.conn(10)
+                c.request("GET", "/metrics")
+                metrics = c.getresponse().read().decode()
+                c.close()
+                counted = metric_sum(metrics, "hypura_runner_crashes_total{")
+                if counted >= len(crashes) or time.time() > deadline:
+                    break
+                time.sleep(1)
         except OSError:
             pass
     server.stop()
