@@ -3,7 +3,7 @@
 //!
 //! `POST /api/debug/abort-runner {"model": NAME}`: the runner of that model
 //! aborts, as a failed `GGML_ASSERT` would (404 when the model is not loaded
-//! in a runner).
+//! in a live runner).
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
@@ -40,7 +40,7 @@ async fn abort_runner(
         .map_err(|e| OllamaError(ApiError::Internal(e)))?;
     if !aborted {
         return Err(OllamaError(ApiError::NotFound(format!(
-            "model '{}' is not loaded in a runner",
+            "model '{}' is not loaded in a live runner",
             body.model
         ))));
     }

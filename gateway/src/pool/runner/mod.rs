@@ -150,8 +150,11 @@ impl Registry {
             return Ok(false);
         };
         let path = named.source.local_path();
+        // A runner that already crashed (its model not yet reloaded) is not aborted again.
         let runner = self.loaded().into_iter().find_map(|m| match &m.engine {
-            super::registry::Engine::Runner(r) if &m.path == path => Some(Arc::clone(r)),
+            super::registry::Engine::Runner(r) if &m.path == path && !r.is_dead() => {
+                Some(Arc::clone(r))
+            }
             _ => None,
         });
         match runner {
