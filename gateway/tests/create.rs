@@ -226,6 +226,8 @@ fn create_upload_serve_and_delete() {
     let show = s.post_json("/api/show", json!({"model": "smol-plain"}), 200);
     assert_eq!(show["template"], PLAIN_TEMPLATE);
     assert!(show["modelfile"].as_str().unwrap().contains("TEMPLATE"));
+    let copy = json!({"source": "smol-plain", "destination": "smol-plain-copy"});
+    assert_eq!(s.post("/api/copy", copy).status(), 200);
 
     // What cannot be created says why.
     for (body, status, words) in [
@@ -306,7 +308,8 @@ fn create_upload_serve_and_delete() {
         json!({"model": MODEL, "prompt": PROMPT, "options": {"num_predict": 4, "temperature": 0}}),
     );
     assert_eq!(base["response"], chatml["response"]);
-    assert_eq!(tag_names(&s), [MODEL, "smol-plain:latest"]);
+    let kept = [MODEL, "smol-plain-copy:latest", "smol-plain:latest"];
+    assert_eq!(tag_names(&s), kept);
     drop(s);
 
     // Created models come back after a restart; the blob routes need the admin key.
@@ -316,9 +319,11 @@ fn create_upload_serve_and_delete() {
         "--admin-key",
         "admin-secret",
     ]);
-    assert_eq!(tag_names(&s), [MODEL, "smol-plain:latest"]);
-    let again = generate(&s, json!({"model": "smol-plain", "prompt": PROMPT}));
-    assert_eq!(again["response"], created["response"]);
+    assert_eq!(tag_names(&s), kept);
+    for name in ["smol-plain", "smol-plain-copy"] {
+        let again = generate(&s, json!({"model": name, "prompt": PROMPT}));
+        assert_eq!(again["response"], created["response"], "{name}");
+    }
     assert_eq!(head(&s, &format!("/api/blobs/{digest}")), 401);
     let keyed = client()
         .head(s.url(&format!("/api/blobs/{digest}")))
@@ -349,7 +354,8 @@ assert statuses[-1] == "success", statuses
 out = c.generate(model="smol-py", prompt="Hi")
 assert out.eval_count == 2, out
 show = c.show("smol-py")
-assert show.system == "You are terse.", show
+assert "SYSTEM You are terse." in show.modelfile, show.modelfile
+assert "num_predict                    2" in show.parameters, show.parameters
 try:
     c.create(model="bad", from_="no-such-model")
     raise SystemExit("expected an error")

@@ -7,13 +7,13 @@
 //! (`<models dir>/blobs`), hashed as it arrives, at most `[server]
 //! pull_max_bytes` (413); it must begin with a GGUF header and hash to the
 //! digest (400 otherwise, and nothing is left behind), and is then renamed
-//! to `blobs/sha256-<hex>`: 201. A blob already there answers 200 without
-//! reading the body. `HEAD` answers 200 when the blob is there, 404 when not.
+//! to `blobs/sha256-<hex>`: 201. A blob already there answers 200 (the
+//! body is read, not kept). `HEAD` answers 200 when the blob is there, 404 when not.
 //! Like `/api/pull`, both need the admin key when one is set.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use axum::body::Body;
+use axum::body::{Body, BodyDataStream};
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use futures_util::StreamExt;
@@ -88,6 +88,7 @@ pub async fn post_blob(
     let dir = models_dir(&state)?;
     let target = manifest::blob_path(dir, &hex);
     if target.is_file() {
+        drain(body.into_data_stream(), 0, state.security.pull.max_bytes).await;
         return Ok(StatusCode::OK);
     }
     let max_bytes = state.security.pull.max_bytes;
@@ -105,6 +106,18 @@ pub async fn post_blob(
     part.kept = true;
     eprintln!("hypura: stored the blob {digest}");
     Ok(StatusCode::CREATED)
+}
+
+/// Reads the rest of a body without keeping it (at most `max_bytes` in
+/// all): a client still sending when the answer comes would see a broken
+/// connection instead of the answer.
+async fn drain(mut chunks: BodyDataStream, mut received: u64, max_bytes: u64) {
+    while let Some(Ok(chunk)) = chunks.next().await {
+        received += chunk.len() as u64;
+        if received > max_bytes {
+            break;
+        }
+    }
 }
 
 fn too_large(max_bytes: u64) -> ApiError {
@@ -146,6 +159,7 @@ async fn receive(body: Body, dir: &Path, want: &str, max_bytes: u64) -> Result<P
             let take = (GGUF_HEADER_BYTES - header.len()).min(chunk.len());
             header.extend_from_slice(&chunk[..take]);
             if header.len() == GGUF_HEADER_BYTES && !check_gguf_header(&header) {
+                drain(chunks, received, max_bytes).await;
                 return Err(not_gguf());
             }
         }

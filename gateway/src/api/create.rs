@@ -455,6 +455,30 @@ pub fn forget(state: &AppState, name: &ModelName, named: &NamedModel) {
     prune_blob(&state.registry, dir, &created.weights);
 }
 
+/// After `/api/copy` to `destination`: a copy of a created model gets a
+/// manifest of its own (it comes back after a restart, and deleting either
+/// leaves the other); a copy of any other model over a created one ends
+/// that one's manifest.
+pub fn copied(state: &AppState, destination: &ModelName) {
+    let (Some(named), Some(dir)) = (
+        state.registry.resolve(destination),
+        state.models_dir.as_deref(),
+    ) else {
+        return;
+    };
+    let saved = match named.created {
+        Some(created) => Manifest {
+            name: destination.display.clone(),
+            ..(*created).clone()
+        }
+        .save(dir, destination),
+        None => manifest::remove(dir, destination),
+    };
+    if let Err(e) = saved {
+        tracing::warn!("the manifest of {}: {e}", destination.display);
+    }
+}
+
 /// Removes an uploaded blob no model uses; any other file is left alone.
 fn prune_blob(registry: &Registry, dir: &Path, weights: &Path) {
     if weights.starts_with(manifest::blobs_dir(dir)) && registry.info_of(weights).is_none() {

@@ -108,7 +108,7 @@ pub fn parse(text: &str) -> Result<Modelfile, ParseError> {
     match from {
         Some(from) if !from.is_empty() => Ok(Modelfile { from, ..file }),
         _ => Err(ParseError {
-            line,
+            line: 1,
             message: "no FROM line: name the model or GGUF file to build on".into(),
         }),
     }

@@ -955,8 +955,9 @@ pub async fn copy(
     let destination = ModelName::parse(&request.destination, "destination")?;
     state
         .registry
-        .copy(&source, destination)
+        .copy(&source, destination.clone())
         .map_err(|_| ApiError::ModelNotFound(request.source.clone()))?;
+    super::create::copied(&state, &destination);
     Ok(StatusCode::OK)
 }
 
