@@ -3,7 +3,8 @@
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
 //! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
-//! panic → 500, CORS, body size limit, bearer auth (when an API key is set;
+//! panic → 500, CORS, body size limit (not on `/api/blobs` uploads, which
+//! their handler caps at `[server] pull_max_bytes`), bearer auth (when an API key is set;
 //! `/`, `/api/version` and the docs stay open; `/metrics` too for loopback
 //! clients when so configured). Routed requests are counted
 //! ([`crate::metrics::http::track`]).
