@@ -3,7 +3,8 @@
 //!
 //! Layers, outermost first: request id (`x-request-id`, generated when absent
 //! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
-//! panic → 500, CORS, body size limit, bearer auth (when an API key is set;
+//! panic → 500, CORS, body size limit (not on `/api/blobs` uploads, which
+//! their handler caps at `[server] pull_max_bytes`), bearer auth (when an API key is set;
 //! `/`, `/api/version` and the docs stay open; `/metrics` too for loopback
 //! clients when so configured). Routed requests are counted
 //! ([`crate::metrics::http::track`]).
@@ -24,7 +25,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::{debug, ollama, openai, openapi, pull};
+use crate::api::{blobs, create, debug, ollama, openai, openapi, pull};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
@@ -110,6 +111,15 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .allow_headers(AllowHeaders::list(
             CORS_HEADERS.iter().map(|h| HeaderName::from_static(h)),
         ));
+    // Uploads are larger than any other body: they have their own cap
+    // (`[server] pull_max_bytes`), checked as they stream.
+    let uploads = Router::new()
+        .route(
+            "/api/blobs/{digest}",
+            post(blobs::post_blob).head(blobs::head_blob),
+        )
+        .route_layer(middleware::from_fn(metrics::http::track))
+        .layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/", get(ollama::root).head(ollama::root))
         .route("/api/version", get(ollama::version))
@@ -123,6 +133,8 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/api/delete", delete(ollama::delete_model))
         .route("/api/copy", post(ollama::copy))
         .route("/api/pull", post(pull::pull))
+        .route("/api/create", post(create::create))
+        .route("/api/push", post(create::push))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::retrieve_model))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -138,6 +150,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(http.max_body_bytes))
+        .merge(uploads)
         .layer(RequestBodyTimeoutLayer::new(
             crate::connections::BODY_READ_TIMEOUT,
         ))

@@ -5,9 +5,14 @@
 //! - [`ollama`]: `/`, `/api/*` (NDJSON streams).
 //! - [`openai`]: `/v1/*` (SSE streams).
 //! - [`pull`] serves `/api/pull`.
+//! - [`create`] serves `/api/create` and `/api/push`, [`blobs`] `/api/blobs/:digest`;
+//!   [`modelfile`] reads and writes Ollama's Modelfile text.
 //! - [`debug`]: test-only routes (with `HYPURA_RUNNER_TEST_HOOKS=1`).
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
+pub mod blobs;
+pub mod create;
 pub mod debug;
+pub mod modelfile;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;

@@ -134,6 +134,9 @@ pub struct ShowResponse {
     pub parameters: String,
     /// The chat template (Jinja, from the GGUF).
     pub template: String,
+    /// The system prompt of a model made by `/api/create`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
     pub details: ModelDetails,
     /// GGUF metadata; always has `<architecture>.context_length` when the file states it.
     #[schema(value_type = Object)]
@@ -786,11 +789,11 @@ pub async fn show(
             .unwrap_or(u64::MAX)
             .min(u32::MAX as u64) as u32,
     );
-    Ok(Json(show_response(
-        &facts,
-        &named.source.to_string(),
-        context,
-    )))
+    let mut response = show_response(&facts, &named.source.to_string(), context);
+    if let Some(created) = &named.created {
+        super::create::show_created(&mut response, created, context);
+    }
+    Ok(Json(response))
 }
 
 /// `/api/show`'s answer for a model whose weights come `from` (a file).
@@ -801,6 +804,7 @@ fn show_response(facts: &ModelFacts, from: &str, context: u32) -> ShowResponse {
         ),
         parameters: format!("num_ctx {context}"),
         template: facts.template.clone(),
+        system: None,
         details: details(facts),
         model_info: facts.model_info.clone(),
         capabilities: facts.capabilities.clone(),
@@ -820,7 +824,8 @@ pub async fn generate(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let arrived = Instant::now();
-    let request: GenerateRequest = parse_json(&body_bytes(body)?)?;
+    let body = super::create::ollama_body(&state.registry, body_bytes(body)?);
+    let request: GenerateRequest = parse_json(&body)?;
     let infer = generate_request(&request)?;
     let route = Route::Generate {
         model: request.model.clone(),
@@ -848,7 +853,8 @@ pub async fn chat(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let arrived = Instant::now();
-    let request: ChatRequest = parse_json(&body_bytes(body)?)?;
+    let body = super::create::ollama_body(&state.registry, body_bytes(body)?);
+    let request: ChatRequest = parse_json(&body)?;
     let infer = chat_request(&request)?;
     let route = Route::Chat {
         model: request.model.clone(),
@@ -919,7 +925,8 @@ pub async fn embeddings(
     }))
 }
 
-/// Forgets a model name (the file on disk is never touched).
+/// Forgets a model name (the GGUF file is never touched, but for an uploaded
+/// blob no model uses any more); a created model's manifest goes with it.
 #[utoipa::path(delete, path = "/api/delete", tag = "ollama", request_body = DeleteRequest,
     responses((status = 200), (status = 404, body = crate::core::error::OllamaErrorBody)))]
 pub async fn delete_model(
@@ -928,10 +935,11 @@ pub async fn delete_model(
 ) -> Result<StatusCode> {
     let request: DeleteRequest = parse_json(&body_bytes(body)?)?;
     let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
-    state
+    let removed = state
         .registry
         .delete(&name)
         .map_err(|_| ApiError::ModelNotFound(requested))?;
+    super::create::forget(&state, &name, &removed);
     Ok(StatusCode::OK)
 }
 
@@ -947,8 +955,9 @@ pub async fn copy(
     let destination = ModelName::parse(&request.destination, "destination")?;
     state
         .registry
-        .copy(&source, destination)
+        .copy(&source, destination.clone())
         .map_err(|_| ApiError::ModelNotFound(request.source.clone()))?;
+    super::create::copied(&state, &destination);
     Ok(StatusCode::OK)
 }
 

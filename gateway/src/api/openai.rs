@@ -768,7 +768,8 @@ pub async fn chat_completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let arrived = Instant::now();
-    let request: ChatCompletionRequest = parse_json(&body_bytes(body)?)?;
+    let body = super::create::openai_body(&state.registry, body_bytes(body)?);
+    let request: ChatCompletionRequest = parse_json(&body)?;
     let infer = chat_request(&request)?;
     let generation = generation(&state, infer, arrived).await?;
     if request.stream.unwrap_or(false) {
@@ -791,7 +792,8 @@ pub async fn completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let arrived = Instant::now();
-    let request: CompletionRequest = parse_json(&body_bytes(body)?)?;
+    let body = super::create::openai_body(&state.registry, body_bytes(body)?);
+    let request: CompletionRequest = parse_json(&body)?;
     let infer = completion_request(&request)?;
     let generation = generation(&state, infer, arrived).await?;
     if request.stream.unwrap_or(false) {

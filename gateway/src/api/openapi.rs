@@ -5,7 +5,7 @@ use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
-use super::{ollama, openai, pull};
+use super::{blobs, create, ollama, openai, pull};
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{OllamaOptions, StopSpec};
 use crate::server::AppState;
@@ -31,6 +31,10 @@ use crate::server::AppState;
         ollama::delete_model,
         ollama::copy,
         pull::pull,
+        create::create,
+        create::push,
+        blobs::head_blob,
+        blobs::post_blob,
         openai::list_models,
         openai::retrieve_model,
         openai::chat_completions,
@@ -196,6 +200,9 @@ mod tests {
             "/api/delete",
             "/api/copy",
             "/api/pull",
+            "/api/create",
+            "/api/push",
+            "/api/blobs/{digest}",
             "/v1/models",
             "/v1/models/{id}",
             "/v1/chat/completions",

@@ -294,7 +294,7 @@ fn plan_remote(
     })
 }
 
-fn looks_like_path(source: &str) -> bool {
+pub(crate) fn looks_like_path(source: &str) -> bool {
     source.to_ascii_lowercase().ends_with(".gguf")
         || Path::new(source).is_absolute()
         || source.starts_with("./")
@@ -445,9 +445,9 @@ async fn pull_local(
 }
 
 /// A temporary file removed when dropped, unless it was renamed into place.
-struct PartFile {
-    path: PathBuf,
-    kept: bool,
+pub(crate) struct PartFile {
+    pub(crate) path: PathBuf,
+    pub(crate) kept: bool,
 }
 
 impl Drop for PartFile {
@@ -458,7 +458,8 @@ impl Drop for PartFile {
     }
 }
 
-static PART_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Numbers the temporary files of this process.
+pub(crate) static PART_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Where a download goes: `dir/file_name`, served as `name`.
 struct Target<'a> {

@@ -233,6 +233,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     if let Some(dir) = &models_dir {
         crate::api::pull::remove_stale_parts(dir);
+        crate::api::pull::remove_stale_parts(&crate::pool::manifest::blobs_dir(dir));
+        crate::pool::manifest::register_saved(&registry, dir);
     }
     let state = AppState {
         registry: Arc::new(registry),

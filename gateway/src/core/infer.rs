@@ -78,6 +78,9 @@ async fn resolve_and_start(
         .resolve(&request.name)
         .ok_or_else(|| ApiError::ModelNotFound(request.requested.clone()))?;
     crate::metrics::note_model(&request.name.display);
+    if let Some(created) = &named.created {
+        created.apply(&mut request.backend);
+    }
     let tools = check_tools(&mut request, &named.info)?;
     check_thinking(&mut request, &named.info)?;
     if request.backend.prompt == Prompt::Load {

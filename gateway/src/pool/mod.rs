@@ -5,7 +5,9 @@
 //! - [`residency`]: the global budget (promotions, demotions, placements).
 //! - [`local`]: the in-process llama-tiered engine behind [`crate::core::backend::ModelBackend`].
 //! - [`runner`]: a model in a child process of its own behind the same trait.
+//! - [`manifest`]: models made by `/api/create` (a file's weights with their own defaults).
 pub mod local;
+pub mod manifest;
 pub mod planner;
 pub mod registry;
 pub mod residency;
@@ -107,8 +109,12 @@ pub struct LoadedBackend {
 impl registry::NamedModel {
     /// What the model is, from its source, without loading it.
     pub fn facts(&self) -> ModelFacts {
-        match &self.source {
+        let mut facts = match &self.source {
             registry::ModelSource::Local(_) => self.info.facts(),
+        };
+        if let Some(template) = self.created.as_ref().and_then(|m| m.template.clone()) {
+            facts.template = template;
         }
+        facts
     }
 }

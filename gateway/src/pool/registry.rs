@@ -32,6 +32,7 @@ use hypura_scheduler::profile::HardwareProfile;
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel};
 
+use super::manifest::Manifest;
 use super::runner::{self, RunnerProcess, Runners};
 use super::PoolError;
 use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts, StreamCounters};
@@ -158,6 +159,9 @@ pub struct NamedModel {
     pub source: ModelSource,
     pub info: Arc<ModelInfo>,
     pub policy: ModelPolicy,
+    /// Made by `/api/create`: its template, system prompt and default
+    /// options (`None`: served from a file as it is).
+    pub created: Option<Arc<Manifest>>,
 }
 
 impl ModelInfo {
@@ -656,6 +660,7 @@ impl Registry {
             source: ModelSource::local(path),
             info,
             policy,
+            created: None,
         };
         self.add_to_budget(&named)?;
         self.names.insert(name.key, named);
@@ -718,10 +723,60 @@ impl Registry {
             source,
             info,
             policy,
+            created: None,
         };
         self.add_to_budget(&named)?;
         self.names.insert(name.key, named);
         Ok(())
+    }
+
+    /// `/api/create`: serves `manifest` as `name`, with the settings of the
+    /// models already served from its file (if any), replacing a created
+    /// model of that name; fails if a model served from a file as it is
+    /// has the name.
+    pub fn register_created(
+        &self,
+        name: ModelName,
+        info: Arc<ModelInfo>,
+        manifest: Arc<Manifest>,
+    ) -> Result<(), String> {
+        let taken_by = self
+            .names
+            .get(&name.key)
+            .filter(|existing| existing.created.is_none())
+            .map(|existing| existing.source.to_string());
+        if let Some(file) = taken_by {
+            return Err(format!(
+                "the name {} is taken by the model served from {file}: give another name",
+                name.display
+            ));
+        }
+        let source = ModelSource::local(manifest.weights.clone());
+        let sibling = self
+            .names
+            .iter()
+            .find(|e| e.source == source)
+            .map(|e| e.policy);
+        let named = NamedModel {
+            name: name.display,
+            source,
+            info,
+            policy: sibling.unwrap_or_default(),
+            created: Some(manifest),
+        };
+        if sibling.is_none() {
+            self.add_to_budget(&named)?;
+        }
+        self.names.insert(name.key, named);
+        Ok(())
+    }
+
+    /// What is known of the file at `path`, when a model is served from it.
+    pub fn info_of(&self, path: &Path) -> Option<Arc<ModelInfo>> {
+        self.names
+            .iter()
+            .find(|e| e.source.local_path().as_path() == path)
+            .map(|e| Arc::clone(&e.info))
     }
 
     pub fn resolve(&self, name: &ModelName) -> Option<NamedModel> {
@@ -973,8 +1028,8 @@ impl Registry {
     }
 
     /// `/api/delete`: forgets the name (the file is left alone); the model is
-    /// unloaded when no other name serves its file.
-    pub fn delete(&self, name: &ModelName) -> Result<(), PoolError> {
+    /// unloaded when no other name serves its file. What the name served.
+    pub fn delete(&self, name: &ModelName) -> Result<NamedModel, PoolError> {
         let (_, named) = self
             .names
             .remove(&name.key)
@@ -982,7 +1037,7 @@ impl Registry {
         if !self.names.iter().any(|e| e.source == named.source) {
             self.unload_file(named.source.local_path());
         }
-        Ok(())
+        Ok(named)
     }
 
     /// Expires idle models whose keep-alive has passed (moka evicts lazily).

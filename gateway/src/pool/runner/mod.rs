@@ -95,6 +95,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
             n_parallel: e.model_n_parallel,
             ..ModelPolicy::default()
         },
+        created: None,
     };
     let settings = EngineSettings {
         n_ctx_per_seq: e.n_ctx_per_seq,
