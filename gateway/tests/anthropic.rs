@@ -83,14 +83,25 @@ fn whole(s: &Server) {
     assert!(input_tokens > 10, "{r}");
     assert!(r["usage"]["output_tokens"].as_u64().unwrap() > 5);
 
-    // A system prompt (as blocks) changes the prompt.
+    // A system prompt (as blocks) is the system message: the prompt is the chat route's.
     let r = post_json(
         s,
-        json!({"model": MODEL, "max_tokens": 8, "messages": question(), "temperature": 0,
-            "system": [{"type": "text", "text": "You are a geography teacher."}]}),
+        json!({"model": MODEL, "max_tokens": 1, "messages": question(),
+            "system": [{"type": "text", "text": "You are a "}, {"type": "text", "text": "geography teacher."}]}),
         200,
     );
-    assert!(r["usage"]["input_tokens"].as_u64().unwrap() > input_tokens, "{r}");
+    let chat = client()
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "system", "content": "You are a geography teacher."},
+            {"role": "user", "content": "What is the capital of Germany?"}]}))
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap();
+    assert_eq!(r["usage"]["input_tokens"], chat["usage"]["prompt_tokens"], "{chat}");
+    assert_ne!(r["usage"]["input_tokens"], input_tokens);
 }
 
 fn streamed(s: &Server) {

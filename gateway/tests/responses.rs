@@ -81,17 +81,26 @@ fn whole(s: &Server) {
     );
     assert_eq!(same["output"][0]["content"][0]["text"], GERMANY);
     assert_eq!(same["usage"]["input_tokens"], usage["input_tokens"]);
+    // Instructions are the system message: the prompt is the chat route's.
     let instructed = s.post_json(
         "/v1/responses",
         json!({"model": MODEL, "input": QUESTION, "instructions": "Answer in French.",
-            "temperature": 0, "max_output_tokens": 20}),
+            "temperature": 0, "max_output_tokens": 1}),
         200,
     );
     assert_eq!(instructed["instructions"], "Answer in French.");
-    assert!(
-        instructed["usage"]["input_tokens"].as_u64() > usage["input_tokens"].as_u64(),
-        "{instructed}"
+    let chat = s.post_json(
+        "/v1/chat/completions",
+        json!({"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "system", "content": "Answer in French."},
+            {"role": "user", "content": QUESTION}]}),
+        200,
     );
+    assert_eq!(
+        instructed["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_ne!(instructed["usage"]["input_tokens"], usage["input_tokens"]);
 }
 
 fn streamed(s: &Server) {
