@@ -100,7 +100,10 @@ fn whole(s: &Server) {
         .unwrap()
         .json::<Value>()
         .unwrap();
-    assert_eq!(r["usage"]["input_tokens"], chat["usage"]["prompt_tokens"], "{chat}");
+    assert_eq!(
+        r["usage"]["input_tokens"], chat["usage"]["prompt_tokens"],
+        "{chat}"
+    );
     assert_ne!(r["usage"]["input_tokens"], input_tokens);
 }
 

@@ -164,7 +164,8 @@ fn json_schema_format(s: &Server) {
         "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]},
             "country_code": {"type": "string", "enum": ["FR", "DE", "IT"]}},
         "required": ["city", "country_code"], "additionalProperties": false});
-    let format = json!({"type": "json_schema", "name": "capital", "schema": schema, "strict": true});
+    let format =
+        json!({"type": "json_schema", "name": "capital", "schema": schema, "strict": true});
     for stream in [false, true] {
         let request = json!({"model": MODEL, "input": QUESTION, "temperature": 0,
             "max_output_tokens": 100, "text": {"format": format}, "stream": stream});
@@ -177,7 +178,9 @@ fn json_schema_format(s: &Server) {
             serde_json::from_str(&body).unwrap()
         };
         assert_eq!(response["text"]["format"], format);
-        let text = response["output"][0]["content"][0]["text"].as_str().unwrap();
+        let text = response["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap();
         let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         let mut keys: Vec<&String> = value.as_object().unwrap().keys().collect();
         keys.sort();

@@ -110,7 +110,10 @@ fn bad(message: String) -> AnthropicError {
 
 /// A message's `content`: a string or a list of blocks.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(untagged, expecting = "expected a string or an array of content blocks")]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of content blocks"
+)]
 pub enum Content {
     Text(String),
     #[schema(value_type = Vec<Object>)]
@@ -259,7 +262,11 @@ fn convert_message(message: &MessageParam, index: usize) -> Result<Vec<ChatMessa
         match block {
             Block::Text { text: t } => text.push_str(t),
             Block::ToolUse { id, name, input } => {
-                let arguments = if input.is_null() { json!({}) } else { input.clone() };
+                let arguments = if input.is_null() {
+                    json!({})
+                } else {
+                    input.clone()
+                };
                 calls.push(json!({"id": id, "type": "function",
                     "function": {"name": name, "arguments": arguments}}));
             }
@@ -633,7 +640,9 @@ pub async fn messages(
     let generation = match infer(&state.registry, infer_request, arrived).await? {
         Answer::Generating(generation) => *generation,
         Answer::Loaded { .. } => {
-            return Err(ApiError::Internal("a request without a prompt reached generation".into()).into())
+            return Err(
+                ApiError::Internal("a request without a prompt reached generation".into()).into(),
+            )
         }
     };
     let stop = request.stop_sequences.clone().unwrap_or_default();
@@ -724,18 +733,29 @@ mod tests {
             Some(json!([{"id": "toolu_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]))
         );
-        assert_eq!((m[2].role.as_str(), m[2].content.as_str()), ("tool", "21 C"));
+        assert_eq!(
+            (m[2].role.as_str(), m[2].content.as_str()),
+            ("tool", "21 C")
+        );
         assert_eq!(m[2].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(m[3], ChatMessage::new("user", "And?"));
         let tools = infer.tools.unwrap();
         assert_eq!(
             tools.definitions,
-            [json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})]
+            [
+                json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})
+            ]
         );
         assert_eq!(tools.choice, ToolChoice::Function("get_weather".into()));
-        assert_eq!(tool_choice(Some(&json!({"type": "any"}))).unwrap(), ToolChoice::Required);
-        assert_eq!(tool_choice(Some(&json!({"type": "none"}))).unwrap(), ToolChoice::None);
+        assert_eq!(
+            tool_choice(Some(&json!({"type": "any"}))).unwrap(),
+            ToolChoice::Required
+        );
+        assert_eq!(
+            tool_choice(Some(&json!({"type": "none"}))).unwrap(),
+            ToolChoice::None
+        );
     }
 
     #[test]
@@ -776,7 +796,8 @@ mod tests {
 
     #[test]
     fn a_whole_reply_has_its_blocks_stop_reason_and_usage() {
-        let r = serde_json::to_value(messages_response("claude-x", &outcome("Hello"), &[])).unwrap();
+        let r =
+            serde_json::to_value(messages_response("claude-x", &outcome("Hello"), &[])).unwrap();
         assert!(r["id"].as_str().unwrap().starts_with("msg_"));
         assert_eq!(r["type"], "message");
         assert_eq!(r["role"], "assistant");
@@ -788,7 +809,8 @@ mod tests {
             r["usage"],
             json!({"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 0})
         );
-        let tools = serde_json::to_value(messages_response("m", &tool_outcome("Sure."), &[])).unwrap();
+        let tools =
+            serde_json::to_value(messages_response("m", &tool_outcome("Sure."), &[])).unwrap();
         assert_eq!(tools["stop_reason"], "tool_use");
         assert_eq!(
             tools["content"],
@@ -810,7 +832,10 @@ mod tests {
         let mut by_sequence = outcome("x");
         by_sequence.finished.context.pop();
         let (reason, which) = stop_reason(&by_sequence, &stop);
-        assert_eq!((reason.as_str(), which.as_deref()), ("stop_sequence", Some("END")));
+        assert_eq!(
+            (reason.as_str(), which.as_deref()),
+            ("stop_sequence", Some("END"))
+        );
         let two = ["A".to_string(), "B".to_string()];
         assert_eq!(stop_reason(&by_sequence, &two).1, None);
     }
@@ -839,8 +864,14 @@ mod tests {
             ]
         );
         assert_eq!(events[0].1["message"]["content"], json!([]));
-        assert_eq!(events[1].1["content_block"], json!({"type": "text", "text": ""}));
-        assert_eq!(events[3].1["delta"], json!({"type": "text_delta", "text": "re."}));
+        assert_eq!(
+            events[1].1["content_block"],
+            json!({"type": "text", "text": ""})
+        );
+        assert_eq!(
+            events[3].1["delta"],
+            json!({"type": "text_delta", "text": "re."})
+        );
         assert_eq!(events[4].1["index"], 0);
         assert_eq!(
             events[5].1["content_block"],

@@ -184,8 +184,8 @@ mod tests {
             "#/components/schemas/OpenAiErrorBody"
         );
         assert_eq!(
-            doc["paths"]["/v1/messages"]["post"]["responses"]["401"]["content"]
-                ["application/json"]["schema"]["$ref"],
+            doc["paths"]["/v1/messages"]["post"]["responses"]["401"]["content"]["application/json"]
+                ["schema"]["$ref"],
             "#/components/schemas/AnthropicErrorBody"
         );
     }

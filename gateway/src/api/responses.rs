@@ -253,11 +253,9 @@ fn content_text(content: &MessageContent, where_: &str) -> Result<String> {
                     "{where_}.content[{i}]: this model does not support images"
                 )))
             }
-            "input_file" => {
-                return Err(bad(format!(
-                    "{where_}.content[{i}]: file inputs are not supported: send the text as input_text"
-                )))
-            }
+            "input_file" => return Err(bad(format!(
+                "{where_}.content[{i}]: file inputs are not supported: send the text as input_text"
+            ))),
             other => {
                 return Err(bad(format!(
                     "{where_}.content[{i}]: unknown content type {other:?}: use input_text"
@@ -295,8 +293,11 @@ pub fn input_messages(
                 object.insert("type".into(), "message".into());
             }
         }
-        let item: InputItem = serde_json::from_value(item)
-            .map_err(|e| bad(format!("{where_}: {e}: items are messages, function_call or function_call_output")))?;
+        let item: InputItem = serde_json::from_value(item).map_err(|e| {
+            bad(format!(
+                "{where_}: {e}: items are messages, function_call or function_call_output"
+            ))
+        })?;
         match item {
             InputItem::Message { role, content } => {
                 let text = content_text(&content, &where_)?;
@@ -310,7 +311,11 @@ pub fn input_messages(
                 name,
                 arguments,
             } => {
-                let arguments = if arguments.is_empty() { "{}".into() } else { arguments };
+                let arguments = if arguments.is_empty() {
+                    "{}".into()
+                } else {
+                    arguments
+                };
                 let call = json!({"id": call_id, "type": "function",
                     "function": {"name": name, "arguments": arguments}});
                 push_call(&mut messages, call);
@@ -383,9 +388,11 @@ pub fn text_format_grammar(format: Option<&Value>) -> Result<Option<String>> {
                 .get("schema")
                 .filter(|s| !s.is_null())
                 .ok_or_else(|| {
-                    bad("text.format.schema is required with \"type\": \"json_schema\": give \
+                    bad(
+                        "text.format.schema is required with \"type\": \"json_schema\": give \
                          the JSON Schema the reply must follow"
-                        .into())
+                            .into(),
+                    )
                 })?;
             Ok(Some(structured::schema_grammar(
                 schema,
@@ -773,7 +780,9 @@ pub async fn create_response(
     let generation = match infer(&state.registry, infer_request, arrived).await? {
         Answer::Generating(generation) => *generation,
         Answer::Loaded { .. } => {
-            return Err(ApiError::Internal("a request without a prompt reached generation".into()).into())
+            return Err(
+                ApiError::Internal("a request without a prompt reached generation".into()).into(),
+            )
         }
     };
     let echo = Echo::new(&request);
@@ -808,7 +817,8 @@ mod tests {
             .map(|event| {
                 let (name, data) = event.split_once('\n').unwrap();
                 let name = name.strip_prefix("event: ").unwrap().to_string();
-                let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                let data: Value =
+                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
                 assert_eq!(data["type"], name.as_str());
                 (name, data)
             })
@@ -819,10 +829,14 @@ mod tests {
     fn a_string_input_is_one_user_message_after_the_instructions() {
         let infer = responses_request(&request(json!({"model": "m", "input": "Hi",
             "instructions": "Be brief.", "max_output_tokens": 7, "temperature": 0,
-            "top_p": 0.5}))).unwrap();
+            "top_p": 0.5})))
+        .unwrap();
         assert_eq!(
             messages(&infer),
-            [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")]
+            [
+                ChatMessage::new("system", "Be brief."),
+                ChatMessage::new("user", "Hi")
+            ]
         );
         let params = &infer.backend.params;
         assert_eq!(params.max_tokens, Some(7));
@@ -848,7 +862,10 @@ mod tests {
         assert_eq!(m.len(), 5, "{m:?}");
         assert_eq!(m[0], ChatMessage::new("developer", "Use tools."));
         assert_eq!(m[1], ChatMessage::new("user", "Weather in Rome?"));
-        assert_eq!((m[2].role.as_str(), m[2].content.as_str()), ("assistant", ""));
+        assert_eq!(
+            (m[2].role.as_str(), m[2].content.as_str()),
+            ("assistant", "")
+        );
         assert_eq!(
             m[2].tool_calls,
             Some(json!([
@@ -856,7 +873,10 @@ mod tests {
                 {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
             ]))
         );
-        assert_eq!((m[3].role.as_str(), m[3].content.as_str()), ("tool", "21 C"));
+        assert_eq!(
+            (m[3].role.as_str(), m[3].content.as_str()),
+            ("tool", "21 C")
+        );
         assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
         assert_eq!(m[4], ChatMessage::new("assistant", "Warm."));
     }
@@ -866,15 +886,21 @@ mod tests {
         let infer = responses_request(&request(json!({"model": "m", "input": "x",
             "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
                 "parameters": {"type": "object"}, "strict": true}],
-            "tool_choice": {"type": "function", "name": "get_weather"}}))).unwrap();
+            "tool_choice": {"type": "function", "name": "get_weather"}})))
+        .unwrap();
         let tools = infer.tools.unwrap();
         assert_eq!(
             tools.definitions,
-            [json!({"type": "function", "function": {"name": "get_weather",
-                "description": "Weather", "parameters": {"type": "object"}, "strict": true}})]
+            [
+                json!({"type": "function", "function": {"name": "get_weather",
+                "description": "Weather", "parameters": {"type": "object"}, "strict": true}})
+            ]
         );
         assert_eq!(tools.choice, ToolChoice::Function("get_weather".into()));
-        assert_eq!(tool_choice(Some(&json!("required"))).unwrap(), ToolChoice::Required);
+        assert_eq!(
+            tool_choice(Some(&json!("required"))).unwrap(),
+            ToolChoice::Required
+        );
         assert_eq!(tool_choice(None).unwrap(), ToolChoice::Auto);
     }
 
@@ -883,12 +909,16 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"city": {"type": "string"}},
             "required": ["city"]});
         let infer = responses_request(&request(json!({"model": "m", "input": "x",
-            "text": {"format": {"type": "json_schema", "name": "c", "schema": schema}}}))).unwrap();
+            "text": {"format": {"type": "json_schema", "name": "c", "schema": schema}}})))
+        .unwrap();
         let grammar = infer.backend.params.sampling.grammar.unwrap();
         assert!(grammar.contains("city"), "{grammar}");
         let object = text_format_grammar(Some(&json!({"type": "json_object"}))).unwrap();
         assert!(object.is_some());
-        assert_eq!(text_format_grammar(Some(&json!({"type": "text"}))).unwrap(), None);
+        assert_eq!(
+            text_format_grammar(Some(&json!({"type": "text"}))).unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -919,7 +949,9 @@ mod tests {
 
     #[test]
     fn a_whole_response_has_one_message_or_the_calls() {
-        let echo = Echo::new(&request(json!({"model": "m", "input": "x", "instructions": "I"})));
+        let echo = Echo::new(&request(
+            json!({"model": "m", "input": "x", "instructions": "I"}),
+        ));
         let r = serde_json::to_value(response_object(&echo, &outcome("Hello"))).unwrap();
         assert!(r["id"].as_str().unwrap().starts_with("resp_"));
         assert_eq!(r["object"], "response");
@@ -956,7 +988,10 @@ mod tests {
         cut.finished.finish_reason = FinishReason::Length;
         let r = serde_json::to_value(response_object(&echo, &cut)).unwrap();
         assert_eq!(r["status"], "incomplete");
-        assert_eq!(r["incomplete_details"], json!({"reason": "max_output_tokens"}));
+        assert_eq!(
+            r["incomplete_details"],
+            json!({"reason": "max_output_tokens"})
+        );
     }
 
     #[test]
@@ -984,7 +1019,10 @@ mod tests {
                 "response.completed",
             ]
         );
-        let numbers: Vec<u64> = events.iter().map(|(_, d)| d["sequence_number"].as_u64().unwrap()).collect();
+        let numbers: Vec<u64> = events
+            .iter()
+            .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+            .collect();
         assert_eq!(numbers, (0..10).collect::<Vec<u64>>());
         assert_eq!(events[0].1["response"]["status"], "in_progress");
         assert_eq!(events[4].1["delta"], "Hel");
