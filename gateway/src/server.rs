@@ -286,7 +286,7 @@ fn unauthorized(path: &str, presented: bool) -> Response {
     let message = if presented {
         "invalid API key"
     } else {
-        "missing API key: send the header `Authorization: Bearer <key>`"
+        "missing API key: send the header `Authorization: Bearer <key>` or `x-api-key: <key>`"
     };
     let mut response = family_error(path, ApiError::Unauthorized(message.into()));
     response

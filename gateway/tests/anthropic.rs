@@ -258,7 +258,11 @@ fn errors_and_keys(s: &Server) {
     let (status, r) = send(None);
     assert_eq!(status, 401);
     assert_eq!(r["type"], "error");
-    assert_eq!(r["error"]["type"], "authentication_error");
+    assert_eq!(
+        r["error"],
+        json!({"type": "authentication_error", "message":
+            "missing API key: send the header `Authorization: Bearer <key>` or `x-api-key: <key>`"})
+    );
     let (status, r) = send(Some(("x-api-key", "wrong")));
     assert_eq!(status, 401);
     assert_eq!(r["error"]["message"], "invalid API key");

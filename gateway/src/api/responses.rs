@@ -253,9 +253,11 @@ fn content_text(content: &MessageContent, where_: &str) -> Result<String> {
                     "{where_}.content[{i}]: this model does not support images"
                 )))
             }
-            "input_file" => return Err(bad(format!(
+            "input_file" => {
+                return Err(bad(format!(
                 "{where_}.content[{i}]: file inputs are not supported: send the text as input_text"
-            ))),
+            )))
+            }
             other => {
                 return Err(bad(format!(
                     "{where_}.content[{i}]: unknown content type {other:?}: use input_text"
