@@ -23,7 +23,8 @@ PACKAGES=(cmake make g++ libclang-dev python3-pip ca-certificates)
 # With --test only. Why each is needed:
 #   prometheus    tests/dashboards.rs scrapes a live gateway with a real Prometheus (and promtool)
 #   chromium      tests/status_page.rs loads /status in headless Chromium
-TEST_PACKAGES=(prometheus chromium)
+#   nodejs, npm   tests/npm_clients.rs drives the gateway with the npm `openai` and `ollama` packages
+TEST_PACKAGES=(prometheus chromium nodejs npm)
 
 present() {
   case "$1" in
@@ -40,6 +41,8 @@ present() {
     ca-certificates) [ -s /etc/ssl/certs/ca-certificates.crt ] ;;
     prometheus) command -v prometheus >/dev/null && command -v promtool >/dev/null ;;
     chromium) command -v chromium >/dev/null ;;
+    nodejs) command -v node >/dev/null ;;
+    npm) command -v npm >/dev/null ;;
     *) echo "install-deps.sh: no presence check for $1" >&2; return 1 ;;
   esac
 }
@@ -81,8 +84,8 @@ for tool in cargo python3; do
   }
 done
 
-if [ "$test_clients" = 1 ] && ! python3 -c "import ollama, openai, pytest" 2>/dev/null; then
-  # The gateway's client tests drive it with the real `ollama` and `openai` packages.
+if [ "$test_clients" = 1 ] && ! python3 -c "import ollama, openai, anthropic, pytest" 2>/dev/null; then
+  # The gateway's client tests drive it with the real `ollama`, `openai` and `anthropic` packages.
   python3 -m pip install --quiet -r gateway/tests/clients/requirements.txt 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages -r gateway/tests/clients/requirements.txt
 fi

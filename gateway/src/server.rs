@@ -25,7 +25,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::{blobs, create, debug, ollama, openai, openapi, pull};
+use crate::api::{anthropic, blobs, create, debug, ollama, openai, openapi, pull, responses};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
@@ -71,6 +71,10 @@ const CORS_HEADERS: &[&str] = &[
     "accept",
     "x-requested-with",
     "openai-beta",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
+    "anthropic-dangerous-direct-browser-access",
     "x-stainless-arch",
     "x-stainless-async",
     "x-stainless-custom-poll-interval",
@@ -140,6 +144,8 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/responses", post(responses::create_response))
+        .route("/v1/messages", post(anthropic::messages))
         .merge(openapi::routes())
         .merge(debug::routes())
         .route("/metrics", get(metrics::http::handler))
@@ -184,7 +190,9 @@ fn is_openai_path(path: &str) -> bool {
 
 /// An error written in the family of the route asked for.
 fn family_error(path: &str, e: ApiError) -> Response {
-    if is_openai_path(path) {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        anthropic::AnthropicError(e).into_response()
+    } else if is_openai_path(path) {
         OpenAiError(e).into_response()
     } else {
         OllamaError(e).into_response()
@@ -236,16 +244,18 @@ async fn origin_guard(State(state): State<AppState>, request: Request, next: Nex
     }
 }
 
-/// The key of `Authorization: Bearer <key>`, if sent.
+/// The key of `Authorization: Bearer <key>`, or of `x-api-key` (Anthropic's
+/// clients), if sent.
 fn bearer(request: &Request) -> Option<&str> {
-    request
-        .headers()
+    let headers = request.headers();
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim)
 }
 
@@ -289,7 +299,7 @@ fn unauthorized(path: &str, presented: bool) -> Response {
     let message = if presented {
         "invalid API key"
     } else {
-        "missing API key: send the header `Authorization: Bearer <key>`"
+        "missing API key: send the header `Authorization: Bearer <key>` or `x-api-key: <key>`"
     };
     let mut response = family_error(path, ApiError::Unauthorized(message.into()));
     response

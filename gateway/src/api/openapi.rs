@@ -5,7 +5,7 @@ use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
-use super::{blobs, create, ollama, openai, pull};
+use super::{anthropic, blobs, create, ollama, openai, pull, responses};
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{OllamaOptions, StopSpec};
 use crate::server::AppState;
@@ -16,7 +16,8 @@ use crate::server::AppState;
         title = "hypura",
         description = "Ollama- and OpenAI-compatible inference over GGUF models. Durations are \
                        integer nanoseconds; timestamps RFC 3339. When the server has an API key, \
-                       every route but `/` and `/api/version` needs `Authorization: Bearer <key>`."
+                       every route but `/` and `/api/version` needs `Authorization: Bearer <key>` \
+                       (or `x-api-key: <key>`)."
     ),
     paths(
         ollama::root,
@@ -40,6 +41,8 @@ use crate::server::AppState;
         openai::chat_completions,
         openai::completions,
         openai::embeddings,
+        responses::create_response,
+        anthropic::messages,
     ),
     components(schemas(
         OllamaErrorBody,
@@ -47,10 +50,12 @@ use crate::server::AppState;
         OpenAiErrorDetail,
         OllamaOptions,
         StopSpec,
+        anthropic::AnthropicErrorBody,
     )),
     tags(
         (name = "ollama", description = "Ollama's API"),
         (name = "openai", description = "OpenAI's API, under /v1"),
+        (name = "anthropic", description = "Anthropic's Messages API, /v1/messages"),
     )
 )]
 pub struct ApiDoc;
@@ -74,6 +79,8 @@ const MODEL_ROUTES: &[&str] = &[
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
 ];
 
 /// The document with, on every operation, the statuses the server's layers
@@ -84,12 +91,7 @@ const MODEL_ROUTES: &[&str] = &[
 pub fn document() -> utoipa::openapi::OpenApi {
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
     let mut doc = ApiDoc::openapi();
-    let error = |description: &str, openai: bool| {
-        let body = if openai {
-            "OpenAiErrorBody"
-        } else {
-            "OllamaErrorBody"
-        };
+    let error = |description: &str, body: &str| {
         ResponseBuilder::new()
             .description(description)
             .content(
@@ -101,7 +103,11 @@ pub fn document() -> utoipa::openapi::OpenApi {
             .build()
     };
     for (path, item) in doc.paths.paths.iter_mut() {
-        let openai = path.starts_with("/v1");
+        let body = match path.as_str() {
+            "/v1/messages" => "AnthropicErrorBody",
+            p if p.starts_with("/v1") => "OpenAiErrorBody",
+            _ => "OllamaErrorBody",
+        };
         let operations = [
             item.get.as_mut(),
             item.post.as_mut(),
@@ -115,7 +121,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
                     .responses
                     .responses
                     .entry(status.to_string())
-                    .or_insert_with(|| error(description, openai).into());
+                    .or_insert_with(|| error(description, body).into());
             };
             if has_body {
                 add(
@@ -181,6 +187,11 @@ mod tests {
                 ["application/json"]["schema"]["$ref"],
             "#/components/schemas/OpenAiErrorBody"
         );
+        assert_eq!(
+            doc["paths"]["/v1/messages"]["post"]["responses"]["401"]["content"]["application/json"]
+                ["schema"]["$ref"],
+            "#/components/schemas/AnthropicErrorBody"
+        );
     }
 
     #[test]
@@ -208,6 +219,8 @@ mod tests {
             "/v1/chat/completions",
             "/v1/completions",
             "/v1/embeddings",
+            "/v1/responses",
+            "/v1/messages",
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }

@@ -58,12 +58,12 @@ pub fn openai_response_format(format: Option<&Value>) -> Result<Option<String>, 
     }
 }
 
-fn json_object_grammar() -> Result<String, ApiError> {
+pub fn json_object_grammar() -> Result<String, ApiError> {
     json_schema_to_grammar(JSON_OBJECT_SCHEMA).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 /// A JSON Schema → a grammar, or a 400 naming `field` and the problem.
-fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
+pub fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
     check_schema(schema, schema, "#").map_err(|fault| fault.into_error(field))?;
     check_bounds(schema, "#").map_err(|fault| fault.into_error(field))?;
     let grammar = json_schema_to_grammar(&schema.to_string()).map_err(|e| {

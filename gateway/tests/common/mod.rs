@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod charges;
+pub mod templates;
 
 pub const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1:latest";
 
