@@ -176,9 +176,15 @@ async fn load_or_unload(pool: &Registry, request: &InferRequest) -> Result<Answe
         pool.unload(&request.name);
         "unload"
     } else {
+        let context = request.backend.params.num_ctx;
         drop(
-            pool.backend(&request.requested, &request.name, request.keep_alive)
-                .await?,
+            pool.backend_with_context(
+                &request.requested,
+                &request.name,
+                request.keep_alive,
+                context,
+            )
+            .await?,
         );
         "load"
     };
