@@ -550,11 +550,11 @@ impl Drop for ModelLease {
             }
             return;
         }
-        if keep_alive.is_zero() {
+        // A read recomputes the entry's expiry, now that it is idle. A
+        // reload (a larger context, a dead runner) may have replaced this load.
+        let current = self.loaded.get(&self.model.path);
+        if keep_alive.is_zero() && current.is_some_and(|m| m.id == self.model.id) {
             self.loaded.invalidate(&self.model.path);
-        } else {
-            // A read recomputes the entry's expiry, now that it is idle.
-            let _ = self.loaded.get(&self.model.path);
         }
     }
 }
