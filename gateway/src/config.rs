@@ -56,8 +56,6 @@ pub struct ServerSection {
     pub queue_limit: Option<usize>,
     pub batch: Option<u32>,
     pub threads: Option<u32>,
-    /// Most tokens of a reply whose request sets no limit.
-    pub default_max_tokens: Option<u32>,
     pub keep_alive: Option<Text>,
     pub max_body_bytes: Option<Text>,
     pub models_dir: Option<PathBuf>,
@@ -88,6 +86,8 @@ pub struct ServerSection {
     /// Largest download of `/api/pull`.
     pub pull_max_bytes: Option<Text>,
     pub in_process: Option<bool>,
+    /// Most tokens of a reply whose request sets no limit.
+    pub default_max_tokens: Option<u32>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -456,7 +456,7 @@ mod tests {
              `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
-             `pull_max_bytes`, `in_process` (line 3)"
+             `pull_max_bytes`, `in_process`, `default_max_tokens` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),
