@@ -28,6 +28,8 @@ pub const DEFAULT_QUEUE_LIMIT: usize = 64;
 pub const DEFAULT_BATCH: u32 = 512;
 pub const DEFAULT_KEEP_ALIVE: KeepAlive = KeepAlive::For(std::time::Duration::from_secs(300));
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Most tokens of a reply whose request sets no limit (the context caps it too).
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// The file as written: every key optional, unknown keys refused.
 #[derive(Debug, Default, Deserialize)]
@@ -86,6 +88,8 @@ pub struct ServerSection {
     /// Largest download of `/api/pull`.
     pub pull_max_bytes: Option<Text>,
     pub in_process: Option<bool>,
+    /// Most tokens of a reply whose request sets no limit.
+    pub default_max_tokens: Option<u32>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -142,6 +146,7 @@ pub struct Config {
     pub queue_limit: Option<usize>,
     pub batch: Option<u32>,
     pub threads: Option<u32>,
+    pub default_max_tokens: Option<u32>,
     pub keep_alive: Option<KeepAlive>,
     pub demote_after: Option<KeepAlive>,
     pub max_body_bytes: Option<usize>,
@@ -222,6 +227,15 @@ pub fn check_context(n: u32) -> Result<u32, String> {
     }
 }
 
+/// `--default-max-tokens` / `default_max_tokens`: tokens of a reply.
+pub fn check_max_tokens(n: u32) -> Result<u32, String> {
+    if n >= 1 {
+        Ok(n)
+    } else {
+        Err("0 is too small: use at least 1 token".into())
+    }
+}
+
 /// `--batch` / `batch`: tokens per decode call.
 pub fn check_batch(n: u32) -> Result<u32, String> {
     if n >= 1 {
@@ -258,6 +272,10 @@ impl ConfigFile {
             host: s.host,
             port: s.port,
             api_key: s.api_key,
+            default_max_tokens: s
+                .default_max_tokens
+                .map(|n| at("server.default_max_tokens", check_max_tokens(n)))
+                .transpose()?,
             context: s
                 .context
                 .map(|n| at("server.context", check_context(n)))
@@ -388,6 +406,7 @@ mod tests {
         assert_eq!(config.port, Some(DEFAULT_PORT));
         assert_eq!(config.api_key, None);
         assert_eq!(config.context, Some(DEFAULT_CONTEXT));
+        assert_eq!(config.default_max_tokens, Some(DEFAULT_MAX_TOKENS));
         assert_eq!(config.parallel, Some(DEFAULT_PARALLEL));
         assert_eq!(config.queue_limit, Some(DEFAULT_QUEUE_LIMIT));
         assert_eq!(config.batch, Some(DEFAULT_BATCH));
@@ -444,7 +463,7 @@ mod tests {
              `demote_after`, `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
-             `pull_max_bytes`, `in_process` (line 3)"
+             `pull_max_bytes`, `in_process`, `default_max_tokens` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

@@ -1,7 +1,7 @@
 //! The HTTP application: the routes of every API family ([`crate::api`]) over
 //! one [`AppState`], and serving it until a signal.
 //!
-//! Layers, outermost first: request id (`x-request-id`, generated when absent
+//! Layers, outermost first: the path's trailing slash trimmed, request id (`x-request-id`, generated when absent
 //! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
 //! panic → 500, CORS, body size limit (not on `/api/blobs` uploads, which
 //! their handler caps at `[server] pull_max_bytes`), bearer auth (when an API key is set;
@@ -21,6 +21,7 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::normalize_path::NormalizePath;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -124,7 +125,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         )
         .route_layer(middleware::from_fn(metrics::http::track))
         .layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+    let routes = Router::new()
         .route("/", get(ollama::root).head(ollama::root))
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))
@@ -171,7 +172,10 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
                 .on_response(HttpSpans),
         )
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
-        .with_state(state)
+        .with_state(state);
+    // `/api/tags/` is `/api/tags`, as Ollama answers it: the path loses its
+    // trailing slash before routing (a layer on the routes would run after).
+    Router::new().fallback_service(NormalizePath::trim_trailing_slash(routes))
 }
 
 fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {

@@ -8,7 +8,10 @@ fn python_clients() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = hypura_gguf::testing::smollm2();
     let have = Command::new("python3")
-        .args(["-c", "import ollama, openai, anthropic, pytest"])
+        .args([
+            "-c",
+            "import ollama, openai, anthropic, pytest, langchain_ollama, langchain_openai",
+        ])
         .status();
     assert!(
         have.is_ok_and(|s| s.success()),

@@ -445,7 +445,8 @@ fn errors_have_the_right_status_and_body() {
         let v: Value = r.json().unwrap();
         assert_eq!(v["error"]["type"], kind, "{v}");
         assert!(v["error"]["param"].is_null() || v["error"]["param"].is_string());
-        assert!(v["error"]["code"].is_null());
+        // `model_not_found`, `context_length_exceeded` (tests/context.rs), or null.
+        assert!(v["error"]["code"].is_null() || v["error"]["code"].is_string());
         v["error"]["message"].as_str().unwrap().to_string()
     };
 

@@ -21,3 +21,20 @@ pub mod openai;
 pub mod openapi;
 pub mod pull;
 pub mod responses;
+
+use axum::http::HeaderValue;
+use axum::response::Response;
+
+use crate::core::infer::TRUNCATED_MESSAGES_HEADER;
+
+/// `response` with [`TRUNCATED_MESSAGES_HEADER`] when `truncated_messages`
+/// of the conversation were dropped to fit the context window.
+pub fn with_truncation(mut response: Response, truncated_messages: usize) -> Response {
+    if truncated_messages > 0 {
+        response.headers_mut().insert(
+            TRUNCATED_MESSAGES_HEADER,
+            HeaderValue::from(truncated_messages),
+        );
+    }
+    response
+}

@@ -213,6 +213,11 @@ pub struct ChatRequest {
     pub keep_alive: Option<Value>,
     #[schema(value_type = Object)]
     pub think: Option<Value>,
+    /// Drop the oldest messages (system messages and the last turn stay)
+    /// when the conversation is too long for the context window (default
+    /// true); false makes it a 400. The response's
+    /// `x-hypura-truncated-messages` header counts the messages dropped.
+    pub truncate: Option<bool>,
 }
 
 /// Fields of the last chunk (`done: true`).
@@ -451,6 +456,7 @@ pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
     });
     infer.keep_alive = keep_alive;
     infer.think = think(request.think.as_ref())?;
+    infer.truncate = request.truncate.unwrap_or(true);
     Ok(infer)
 }
 
@@ -657,15 +663,17 @@ async fn respond(
         }
         Answer::Generating(generation) => *generation,
     };
+    let truncated = generation.truncated_messages;
     if streaming {
-        return Ok(stream(generation, route));
+        return Ok(super::with_truncation(stream(generation, route), truncated));
     }
     let outcome = generation.collect().await?;
-    Ok((
+    let response = (
         [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
         ndjson_line(&route.whole(&outcome)),
     )
-        .into_response())
+        .into_response();
+    Ok(super::with_truncation(response, truncated))
 }
 
 /// `/api/embed` and `/api/embeddings` → an [`EmbedRequest`].
@@ -783,12 +791,7 @@ pub async fn show(
     let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
     let named = resolve(&state, &requested, &name)?;
     let facts = named.facts();
-    let context = state.registry.settings().n_ctx_per_seq.min(
-        facts
-            .context_length
-            .unwrap_or(u64::MAX)
-            .min(u32::MAX as u64) as u32,
-    );
+    let context = state.registry.served_context(&named);
     let mut response = show_response(&facts, &named.source.to_string(), context);
     if let Some(created) = &named.created {
         super::create::show_created(&mut response, created, context);
@@ -841,11 +844,15 @@ pub async fn generate(
     .await
 }
 
-/// Continues a conversation with the model's chat template.
+/// Continues a conversation with the model's chat template. A conversation
+/// too long for the context window loses its oldest messages (system
+/// messages and the last turn stay) unless `truncate` is false (then 400);
+/// a trailing assistant message is continued (prefill).
 #[utoipa::path(post, path = "/api/chat", tag = "ollama", request_body = ChatRequest,
     responses(
-        (status = 200, description = "NDJSON chunks, or one object with stream: false", body = ChatChunk, content_type = "application/x-ndjson"),
-        (status = 400, body = crate::core::error::OllamaErrorBody),
+        (status = 200, description = "NDJSON chunks, or one object with stream: false", body = ChatChunk, content_type = "application/x-ndjson",
+            headers(("x-hypura-truncated-messages" = u32, description = "Messages dropped to fit the context window (absent when none)"))),
+        (status = 400, description = "Invalid request; or the conversation does not fit the context window (with truncate: false, or its last turn alone), or options.num_ctx is above the model's training context", body = crate::core::error::OllamaErrorBody),
         (status = 404, body = crate::core::error::OllamaErrorBody),
         (status = 503, description = "Queue full", body = crate::core::error::OllamaErrorBody)))]
 pub async fn chat(

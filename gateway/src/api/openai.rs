@@ -28,7 +28,10 @@ use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, InferRequest, Prompt, ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError};
+use crate::core::validation::{
+    parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError, MAX_CHOICES,
+};
+use crate::pool::registry::NamedModel;
 use crate::server::{body_bytes, AppState};
 
 type Result<T> = std::result::Result<T, OpenAiError>;
@@ -48,6 +51,9 @@ pub struct ModelObject {
     /// Unix seconds (the file's modification time).
     pub created: u64,
     pub owned_by: String,
+    /// hypura: the context per sequence the model is served with now, in
+    /// tokens (what a request's prompt and reply share).
+    pub context_length: u32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -119,8 +125,13 @@ pub struct ChatCompletionRequest {
     /// `{"type": "function", "function": {"name"}}` (a call forced by a grammar).
     #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
-    /// Only 1.
+    /// Choices to generate, 1 (default) to 8; each is a generation of its own
+    /// (with `seed`, choice i samples with seed + i).
     pub n: Option<u32>,
+    /// hypura: drop the oldest messages (system messages and the last turn
+    /// stay) when the conversation is too long for the context window
+    /// (default true); false makes it a 400 `context_length_exceeded`.
+    pub truncate: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -142,6 +153,7 @@ pub struct CompletionRequest {
     pub presence_penalty: Option<f32>,
     pub suffix: Option<String>,
     pub echo: Option<bool>,
+    /// Choices to generate, 1 (default) to 8.
     pub n: Option<u32>,
 }
 
@@ -331,9 +343,11 @@ fn chat_messages(messages: &[ChatCompletionMessage]) -> Result<Vec<ChatMessage>>
         .collect()
 }
 
-fn only_one_choice(n: Option<u32>) -> Result<()> {
+/// `n`: how many choices, 1 to [`MAX_CHOICES`].
+fn choice_count(n: Option<u32>) -> Result<u32> {
     match n {
-        None | Some(1) => Ok(()),
+        None => Ok(1),
+        Some(n @ 1..=MAX_CHOICES) => Ok(n),
         Some(n) => Err(ApiError::from(ValidationError::ChoiceCount(n)).into()),
     }
 }
@@ -341,7 +355,7 @@ fn only_one_choice(n: Option<u32>) -> Result<()> {
 /// `/v1/chat/completions` → an [`InferRequest`].
 pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     let name = model_name(&request.model)?;
-    only_one_choice(request.n)?;
+    choice_count(request.n)?;
     let grammar = structured::openai_response_format(request.response_format.as_ref())?;
     let choice = ToolChoice::parse(request.tool_choice.as_ref())?;
     let messages = chat_messages(&request.messages)?;
@@ -361,13 +375,14 @@ pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
         definitions: request.tools.clone().unwrap_or_default(),
         choice,
     });
+    infer.truncate = request.truncate.unwrap_or(true);
     Ok(infer)
 }
 
 /// `/v1/completions` → an [`InferRequest`] with a raw text prompt.
 pub fn completion_request(request: &CompletionRequest) -> Result<InferRequest> {
     let name = model_name(&request.model)?;
-    only_one_choice(request.n)?;
+    choice_count(request.n)?;
     if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::from(ValidationError::NotSupportedYet(
             "suffix is not supported yet: omit it",
@@ -469,8 +484,24 @@ fn sse_response(body: Body) -> Response {
         .into_response()
 }
 
-/// A whole chat reply (`stream` unset or false).
-pub fn chat_completion(model: &str, outcome: &Outcome) -> ChatCompletion {
+/// The usage of `n` choices of one prompt: the prompt once, every reply.
+fn total_usage(usages: impl IntoIterator<Item = Usage>) -> Usage {
+    usages.into_iter().fold(
+        Usage {
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            total_tokens: 0,
+        },
+        |sum, u| Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: sum.completion_tokens + u.completion_tokens,
+            total_tokens: u.prompt_tokens + sum.completion_tokens + u.completion_tokens,
+        },
+    )
+}
+
+/// One choice of a whole chat reply.
+fn chat_choice(index: u32, outcome: &Outcome) -> ChatChoice {
     let (content, tool_calls) = match &outcome.reply {
         Some(reply) => (
             reply.content.clone(),
@@ -478,40 +509,52 @@ pub fn chat_completion(model: &str, outcome: &Outcome) -> ChatCompletion {
         ),
         None => (outcome.text.clone(), Vec::new()),
     };
+    ChatChoice {
+        index,
+        message: AssistantMessage {
+            role: "assistant".into(),
+            content: (tool_calls.is_empty() || !content.is_empty()).then_some(content),
+            tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+        },
+        finish_reason: finish_reason(outcome).into(),
+    }
+}
+
+/// A whole chat reply (`stream` unset or false), one choice per outcome.
+pub fn chat_completion(model: &str, outcomes: &[Outcome]) -> ChatCompletion {
     ChatCompletion {
         id: structured::unique_id("chatcmpl-"),
         object: "chat.completion".into(),
         created: unix_seconds(SystemTime::now()),
         model: model.to_string(),
         system_fingerprint: SYSTEM_FINGERPRINT.into(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message: AssistantMessage {
-                role: "assistant".into(),
-                content: (tool_calls.is_empty() || !content.is_empty()).then_some(content),
-                tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
-            },
-            finish_reason: finish_reason(outcome).into(),
-        }],
-        usage: usage(outcome),
+        choices: (0..)
+            .zip(outcomes)
+            .map(|(i, o)| chat_choice(i, o))
+            .collect(),
+        usage: total_usage(outcomes.iter().map(usage)),
     }
 }
 
-/// A whole text completion; `echo` puts the prompt before the reply.
-pub fn text_completion(model: &str, outcome: &Outcome, echo: Option<&str>) -> TextCompletion {
+/// A whole text completion, one choice per outcome; `echo` puts the prompt
+/// before each reply.
+pub fn text_completion(model: &str, outcomes: &[Outcome], echo: Option<&str>) -> TextCompletion {
     TextCompletion {
         id: structured::unique_id("cmpl-"),
         object: "text_completion".into(),
         created: unix_seconds(SystemTime::now()),
         model: model.to_string(),
         system_fingerprint: SYSTEM_FINGERPRINT.into(),
-        choices: vec![CompletionChoice {
-            text: format!("{}{}", echo.unwrap_or_default(), outcome.text),
-            index: 0,
-            logprobs: None,
-            finish_reason: Some(outcome.finished.finish_reason.as_str().into()),
-        }],
-        usage: Some(usage(outcome)),
+        choices: (0..)
+            .zip(outcomes)
+            .map(|(index, outcome)| CompletionChoice {
+                text: format!("{}{}", echo.unwrap_or_default(), outcome.text),
+                index,
+                logprobs: None,
+                finish_reason: Some(outcome.finished.finish_reason.as_str().into()),
+            })
+            .collect(),
+        usage: Some(total_usage(outcomes.iter().map(usage))),
     }
 }
 
@@ -555,6 +598,8 @@ pub struct StreamIds {
     model: String,
     include_usage: bool,
     chat: bool,
+    /// The choice this stream's chunks are for.
+    index: u32,
 }
 
 impl StreamIds {
@@ -565,6 +610,15 @@ impl StreamIds {
             model: model.to_string(),
             include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
             chat,
+            index: 0,
+        }
+    }
+
+    /// The same stream, for choice `index`.
+    fn for_choice(&self, index: u32) -> StreamIds {
+        StreamIds {
+            index,
+            ..self.clone()
         }
     }
 
@@ -596,7 +650,7 @@ impl StreamIds {
                 system_fingerprint: SYSTEM_FINGERPRINT.into(),
                 choices: vec![CompletionChoice {
                     text: content.unwrap_or_default(),
-                    index: 0,
+                    index: self.index,
                     logprobs: None,
                     finish_reason: finish.map(str::to_string),
                 }],
@@ -623,7 +677,7 @@ impl StreamIds {
             model: self.model.clone(),
             system_fingerprint: SYSTEM_FINGERPRINT.into(),
             choices: vec![ChunkChoice {
-                index: 0,
+                index: self.index,
                 delta,
                 finish_reason: finish.map(str::to_string),
             }],
@@ -644,9 +698,16 @@ impl StreamIds {
         sse_event(&value)
     }
 
-    /// The events after the last text: what the tool filter held back (text,
-    /// then the calls whole), finish, usage, `[DONE]`.
+    /// The events after the last text of one choice, then the stream's end.
     pub fn tail(&self, outcome: &Outcome) -> Bytes {
+        [self.finish(outcome), self.end(usage(outcome))]
+            .concat()
+            .into()
+    }
+
+    /// The events after the last text of this choice: what the tool filter
+    /// held back (text, then the calls whole), then its finish.
+    fn finish(&self, outcome: &Outcome) -> Bytes {
         let mut out = Vec::new();
         if let Some(reply) = &outcome.reply {
             if !reply.content.is_empty() {
@@ -658,8 +719,15 @@ impl StreamIds {
             }
         }
         out.extend_from_slice(&self.chunk(None, None, Some(finish_reason(outcome))));
+        Bytes::from(out)
+    }
+
+    /// The end of the stream, once every choice finished: usage (when
+    /// asked), `[DONE]`.
+    fn end(&self, usage: Usage) -> Bytes {
+        let mut out = Vec::new();
         if self.include_usage {
-            out.extend_from_slice(&self.usage_chunk(usage(outcome)));
+            out.extend_from_slice(&self.usage_chunk(usage));
         }
         out.extend_from_slice(b"data: [DONE]\n\n");
         Bytes::from(out)
@@ -673,23 +741,88 @@ impl StreamIds {
     }
 }
 
-/// Streams a generation as SSE.
-fn stream(generation: Generation, ids: StreamIds) -> Response {
-    let first = ids.head();
-    let start = Some((generation, ids));
-    let events = futures_util::stream::unfold(start, |state| async move {
+/// What one choice's stream yields.
+enum Piece {
+    Text(Bytes),
+    /// Its last events, and its usage.
+    Done(Bytes, Usage),
+    /// An error event then `[DONE]`: the whole stream ends.
+    Failed(Bytes),
+}
+
+/// The events of one choice.
+fn choice_events(
+    generation: Generation,
+    ids: StreamIds,
+) -> impl futures_util::Stream<Item = Piece> + Send {
+    futures_util::stream::unfold(Some((generation, ids)), |state| async move {
         let (mut generation, ids) = state?;
         match generation.next().await? {
             InferEvent::Text(text) => {
                 let event = ids.chunk(None, Some(text), None);
-                Some((event, Some((generation, ids))))
+                Some((Piece::Text(event), Some((generation, ids))))
             }
-            InferEvent::Done(outcome) => Some((ids.tail(&outcome), None)),
-            InferEvent::Error(e) => Some((ids.error(&e), None)),
+            InferEvent::Done(outcome) => {
+                Some((Piece::Done(ids.finish(&outcome), usage(&outcome)), None))
+            }
+            InferEvent::Error(e) => Some((Piece::Failed(ids.error(&e)), None)),
+        }
+    })
+}
+
+/// Streams generations (one per choice, interleaved, each chunk with its
+/// choice's index) as SSE; the stream ends when the last choice finishes.
+fn stream(generations: Vec<Generation>, ids: StreamIds) -> Response {
+    let choices: Vec<_> = (0..)
+        .zip(generations)
+        .map(|(i, generation)| choice_events(generation, ids.for_choice(i)).boxed())
+        .collect();
+    let heads: Vec<Bytes> = (0..choices.len() as u32)
+        .filter_map(|i| ids.for_choice(i).head())
+        .collect();
+    let start = Some((futures_util::stream::select_all(choices), Vec::new()));
+    let events = futures_util::stream::unfold(start, move |state| {
+        let ids = ids.clone();
+        async move {
+            let (mut choices, mut usages) = state?;
+            match choices.next().await {
+                Some(Piece::Text(event)) => Some((event, Some((choices, usages)))),
+                Some(Piece::Done(events, usage)) => {
+                    usages.push(usage);
+                    Some((events, Some((choices, usages))))
+                }
+                Some(Piece::Failed(event)) => Some((event, None)),
+                None => Some((ids.end(total_usage(usages)), None)),
+            }
         }
     });
-    let events = futures_util::stream::iter(first).chain(events);
+    let events = futures_util::stream::iter(heads).chain(events);
     sse_response(Body::from_stream(events.map(Ok::<_, Infallible>)))
+}
+
+/// Starts `n` generations of `request` (choice i with seed + i when a
+/// seed is set); they run side by side in the model's slots.
+async fn generations(
+    state: &AppState,
+    request: InferRequest,
+    n: u32,
+    arrived: Instant,
+) -> Result<Vec<Generation>> {
+    let mut started = Vec::new();
+    for i in 0..n {
+        let mut request = request.clone();
+        let seed = &mut request.backend.params.sampling.seed;
+        *seed = seed.map(|s| s.wrapping_add(i));
+        started.push(generation(state, request, arrived).await?);
+    }
+    Ok(started)
+}
+
+/// Runs every generation to its end.
+async fn collect(generations: Vec<Generation>) -> Result<Vec<Outcome>> {
+    let outcomes =
+        futures_util::future::try_join_all(generations.into_iter().map(Generation::collect));
+    Ok(outcomes.await?)
 }
 
 /// Runs a request through [`infer`]; OpenAI requests always carry a prompt.
@@ -710,11 +843,12 @@ async fn generation(
 // Handlers
 // ---------------------------------------------------------------------------------------------
 
-fn model_object(name: String, modified: SystemTime) -> ModelObject {
+fn model_object(state: &AppState, named: NamedModel) -> ModelObject {
     ModelObject {
-        id: name,
+        context_length: state.registry.served_context(&named),
+        created: unix_seconds(named.facts().modified),
+        id: named.name,
         object: "model".into(),
-        created: unix_seconds(modified),
         owned_by: "hypura".into(),
     }
 }
@@ -726,10 +860,7 @@ pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
         .registry
         .list()
         .into_iter()
-        .map(|m| {
-            let modified = m.facts().modified;
-            model_object(m.name, modified)
-        })
+        .map(|m| model_object(&state, m))
         .collect();
     Json(ModelList {
         object: "list".into(),
@@ -750,18 +881,19 @@ pub async fn retrieve_model(
         .registry
         .resolve(&name)
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(Json({
-        let modified = named.facts().modified;
-        model_object(named.name, modified)
-    }))
+    Ok(Json(model_object(&state, named)))
 }
 
-/// A chat reply, whole or streamed as SSE.
+/// A chat reply, whole or streamed as SSE, with `n` choices. A conversation
+/// too long for the context window loses its oldest messages (system
+/// messages and the last turn stay) unless `truncate` is false; a trailing
+/// assistant message is continued (prefill).
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai", request_body = ChatCompletionRequest,
     responses(
-        (status = 200, description = "A completion, or SSE chunks with stream: true", body = ChatCompletion),
-        (status = 400, body = crate::core::error::OpenAiErrorBody),
-        (status = 404, body = crate::core::error::OpenAiErrorBody),
+        (status = 200, description = "A completion, or SSE chunks with stream: true", body = ChatCompletion,
+            headers(("x-hypura-truncated-messages" = u32, description = "Messages dropped to fit the context window (absent when none)"))),
+        (status = 400, description = "Invalid request; `code: context_length_exceeded` when the conversation does not fit the context window (with truncate: false, or its last turn alone)", body = crate::core::error::OpenAiErrorBody),
+        (status = 404, description = "Unknown model (`code: model_not_found`)", body = crate::core::error::OpenAiErrorBody),
         (status = 503, body = crate::core::error::OpenAiErrorBody)))]
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -771,14 +903,17 @@ pub async fn chat_completions(
     let body = super::create::openai_body(&state.registry, body_bytes(body)?);
     let request: ChatCompletionRequest = parse_json(&body)?;
     let infer = chat_request(&request)?;
-    let generation = generation(&state, infer, arrived).await?;
+    let n = choice_count(request.n)?;
+    let generations = generations(&state, infer, n, arrived).await?;
+    let truncated = generations[0].truncated_messages;
     if request.stream.unwrap_or(false) {
         let options = request.stream_options.as_ref();
         let ids = StreamIds::new("chatcmpl", &request.model, options, true);
-        return Ok(stream(generation, ids));
+        return Ok(super::with_truncation(stream(generations, ids), truncated));
     }
-    let outcome = generation.collect().await?;
-    Ok(Json(chat_completion(&request.model, &outcome)).into_response())
+    let outcomes = collect(generations).await?;
+    let response = Json(chat_completion(&request.model, &outcomes)).into_response();
+    Ok(super::with_truncation(response, truncated))
 }
 
 /// A raw text completion (no chat template).
@@ -795,19 +930,20 @@ pub async fn completions(
     let body = super::create::openai_body(&state.registry, body_bytes(body)?);
     let request: CompletionRequest = parse_json(&body)?;
     let infer = completion_request(&request)?;
-    let generation = generation(&state, infer, arrived).await?;
+    let n = choice_count(request.n)?;
+    let generations = generations(&state, infer, n, arrived).await?;
     if request.stream.unwrap_or(false) {
         let options = request.stream_options.as_ref();
         let ids = StreamIds::new("cmpl", &request.model, options, false);
-        return Ok(stream(generation, ids));
+        return Ok(stream(generations, ids));
     }
-    let outcome = generation.collect().await?;
+    let outcomes = collect(generations).await?;
     let echo = match &request.prompt {
         Some(StopSpec::One(p)) if request.echo.unwrap_or(false) => Some(p.as_str()),
         Some(StopSpec::Many(v)) if request.echo.unwrap_or(false) => v.first().map(String::as_str),
         _ => None,
     };
-    Ok(Json(text_completion(&request.model, &outcome, echo)).into_response())
+    Ok(Json(text_completion(&request.model, &outcomes, echo)).into_response())
 }
 
 /// Embeddings (L2-normalised), as floats or base64 little-endian f32.
@@ -896,8 +1032,12 @@ mod tests {
                 "messages must not be empty",
             ),
             (
-                json!({"model": "m", "n": 2, "messages": [{"role": "user", "content": "x"}]}),
-                "n must be 1, got 2",
+                json!({"model": "m", "n": 9, "messages": [{"role": "user", "content": "x"}]}),
+                "n must be between 1 and 8, got 9",
+            ),
+            (
+                json!({"model": "m", "n": 0, "messages": [{"role": "user", "content": "x"}]}),
+                "n must be between 1 and 8, got 0",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
@@ -931,7 +1071,7 @@ mod tests {
 
     #[test]
     fn a_whole_chat_reply_is_openais() {
-        let reply = serde_json::to_value(chat_completion("gpt-x", &outcome("Hello"))).unwrap();
+        let reply = serde_json::to_value(chat_completion("gpt-x", &[outcome("Hello")])).unwrap();
         assert_eq!(
             blank(reply, "chatcmpl-"),
             json!({"id": "ID", "object": "chat.completion", "created": 0, "model": "gpt-x",
@@ -940,7 +1080,7 @@ mod tests {
                     "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
         );
-        let tools = serde_json::to_value(chat_completion("m", &tool_outcome(""))).unwrap();
+        let tools = serde_json::to_value(chat_completion("m", &[tool_outcome("")])).unwrap();
         assert_eq!(tools["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(
             tools["choices"][0]["message"],
@@ -993,6 +1133,22 @@ mod tests {
     }
 
     #[test]
+    fn n_choices_each_have_their_index_and_the_usage_counts_the_prompt_once() {
+        let whole = chat_completion("m", &[outcome("a"), outcome("b")]);
+        let whole = serde_json::to_value(whole).unwrap();
+        assert_eq!(whole["choices"][0]["index"], 0);
+        assert_eq!(whole["choices"][1]["index"], 1);
+        assert_eq!(whole["choices"][1]["message"]["content"], "b");
+        assert_eq!(
+            whole["usage"],
+            json!({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7})
+        );
+        let ids = StreamIds::new("chatcmpl", "m", None, true).for_choice(1);
+        let text = events(&ids.chunk(None, Some("b".into()), None));
+        assert_eq!(text[0]["choices"][0]["index"], 1);
+    }
+
+    #[test]
     fn a_streamed_tool_call_comes_whole_with_its_index() {
         let ids = StreamIds::new("chatcmpl", "m", None, true);
         let tail = events(&ids.tail(&tool_outcome("")));
@@ -1021,7 +1177,7 @@ mod tests {
                 "choices": [{"text": "4", "index": 0, "logprobs": null, "finish_reason": null}]})
         );
         let whole =
-            serde_json::to_value(text_completion("m", &outcome(" 4"), Some("2+2="))).unwrap();
+            serde_json::to_value(text_completion("m", &[outcome(" 4")], Some("2+2="))).unwrap();
         assert_eq!(whole["choices"][0]["text"], "2+2= 4");
         assert_eq!(whole["usage"]["total_tokens"], 5);
     }

@@ -17,7 +17,10 @@ use crate::server::AppState;
         description = "Ollama- and OpenAI-compatible inference over GGUF models. Durations are \
                        integer nanoseconds; timestamps RFC 3339. When the server has an API key, \
                        every route but `/` and `/api/version` needs `Authorization: Bearer <key>` \
-                       (or `x-api-key: <key>`)."
+                       (or `x-api-key: <key>`). A path with a trailing slash is the same route. \
+                       Chat routes drop the oldest messages of a conversation too long for the \
+                       context window (`x-hypura-truncated-messages` counts them) unless \
+                       `truncate` is false."
     ),
     paths(
         ollama::root,

@@ -38,6 +38,9 @@ pub struct ServeArgs {
     /// Context per request in tokens (capped at each model's training context) [default: 4096].
     #[arg(long, value_parser = flag(config::check_context))]
     context: Option<u32>,
+    /// Most tokens of a reply whose request sets no limit [default: 4096].
+    #[arg(long, value_parser = flag(config::check_max_tokens))]
+    default_max_tokens: Option<u32>,
     /// Requests decoded together per model; more wait in its queue [default: 4].
     #[arg(long, value_parser = flag(config::check_parallel))]
     parallel: Option<u32>,
@@ -183,6 +186,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ram_budget_bytes: args.ram_budget.or(file.ram_budget_bytes),
         profile: Arc::clone(&profile),
         runners,
+        default_max_tokens: args
+            .default_max_tokens
+            .or(file.default_max_tokens)
+            .unwrap_or(config::DEFAULT_MAX_TOKENS),
     });
     let mut count = 0;
     for (i, model) in file.models.iter().enumerate() {

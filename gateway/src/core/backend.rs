@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 pub use hypura_scheduler::budget::Residency;
 
-use super::request::{BackendRequest, EmbedBatch};
+use super::request::{BackendRequest, EmbedBatch, Prompt};
 
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +110,27 @@ pub trait ModelBackend: Send + Sync {
 
     /// How many tokens `text` is, as the model tokenizes a raw prompt.
     fn count_tokens(&self, text: &str) -> Result<usize, BackendError>;
+
+    /// How many tokens `request` would submit: its `context`, then its
+    /// prompt rendered with the chat template and tokenized. Backends that
+    /// render templates count exactly; this default estimates from
+    /// [`ModelBackend::count_tokens`] of each message (plus a few tokens
+    /// for each message's markers).
+    fn prompt_tokens(&self, request: &BackendRequest) -> Result<usize, BackendError> {
+        let prompt = match &request.prompt {
+            Prompt::Load => 0,
+            Prompt::Text { text } => self.count_tokens(text)?,
+            Prompt::Tokens(tokens) => tokens.len(),
+            Prompt::Messages { messages, .. } => {
+                let mut sum = 0;
+                for message in messages {
+                    sum += self.count_tokens(&message.content)? + 4;
+                }
+                sum
+            }
+        };
+        Ok(request.context.len() + prompt)
+    }
 
     /// What the backend runs now.
     fn status(&self) -> BackendStatus;

@@ -95,13 +95,24 @@ impl ApiError {
         }
     }
 
+    /// OpenAI's `error.code`, for the errors clients branch on.
+    fn openai_code(&self) -> Option<&'static str> {
+        match self {
+            ApiError::ModelNotFound(_) => Some("model_not_found"),
+            ApiError::Validation(
+                ValidationError::PromptTooLong { .. } | ValidationError::NumCtxTooLarge { .. },
+            ) => Some("context_length_exceeded"),
+            _ => None,
+        }
+    }
+
     /// The body of an OpenAI error (also sent as an SSE event mid-stream).
     pub fn openai_body(&self) -> serde_json::Value {
         json!({"error": {
             "message": self.to_string(),
             "type": self.openai_type(),
             "param": self.openai_param(),
-            "code": null,
+            "code": self.openai_code(),
         }})
     }
 }
@@ -244,6 +255,13 @@ mod tests {
         assert_eq!(body["error"]["message"], "model 'x' not found");
         assert_eq!(body["error"]["type"], "not_found_error");
         assert_eq!(body["error"]["param"], "model");
-        assert!(body["error"]["code"].is_null());
+        assert_eq!(body["error"]["code"], "model_not_found");
+        let long = ValidationError::PromptTooLong {
+            prompt_tokens: 9,
+            n_ctx: 8,
+        };
+        let body = ApiError::from(long).openai_body();
+        assert_eq!(body["error"]["code"], "context_length_exceeded");
+        assert!(ApiError::Internal("x".into()).openai_body()["error"]["code"].is_null());
     }
 }

@@ -27,6 +27,7 @@ use super::backend::{
 use super::error::ApiError;
 use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
+use super::truncate;
 use super::validation::{self, ValidationError};
 use crate::pool::registry::{ModelInfo, Registry};
 use crate::telemetry::genai;
@@ -83,14 +84,25 @@ async fn resolve_and_start(
     }
     let tools = check_tools(&mut request, &named.info)?;
     check_thinking(&mut request, &named.info)?;
+    check_context(&request, &named.info)?;
     if request.backend.prompt == Prompt::Load {
         return load_or_unload(pool, &request).await;
     }
+    // A reply with no limit of its own stops at the server's.
+    let params = &mut request.backend.params;
+    params
+        .max_tokens
+        .get_or_insert(pool.settings().default_max_tokens);
     let mut attempt = 0;
     loop {
         attempt += 1;
         let lease = pool
-            .backend(&request.requested, &request.name, request.keep_alive)
+            .backend_with_context(
+                &request.requested,
+                &request.name,
+                request.keep_alive,
+                request.backend.params.num_ctx,
+            )
             .await?;
         match Generation::start(lease, &request, tools.clone(), arrived).await {
             // A keep-alive expiry raced this request: a second lease gets a fresh load.
@@ -119,6 +131,23 @@ fn check_tools(request: &mut InferRequest, info: &ModelInfo) -> Result<Option<To
         }
     }
     Ok(tools)
+}
+
+/// `num_ctx` may not pass the model's training context.
+fn check_context(request: &InferRequest, info: &ModelInfo) -> Result<(), ApiError> {
+    let (Some(asked), Some(trained)) = (request.backend.params.num_ctx, info.context_length) else {
+        return Ok(());
+    };
+    if u64::from(asked) > trained {
+        return Err(ValidationError::NumCtxTooLarge {
+            asked,
+            model: request.requested.clone(),
+            limit: u32::try_from(trained).unwrap_or(u32::MAX),
+            why: "its training context",
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// `think: true` needs a model that thinks; the template learns the choice
@@ -150,9 +179,15 @@ async fn load_or_unload(pool: &Registry, request: &InferRequest) -> Result<Answe
         pool.unload(&request.name);
         "unload"
     } else {
+        let context = request.backend.params.num_ctx;
         drop(
-            pool.backend(&request.requested, &request.name, request.keep_alive)
-                .await?,
+            pool.backend_with_context(
+                &request.requested,
+                &request.name,
+                request.keep_alive,
+                context,
+            )
+            .await?,
         );
         "load"
     };
@@ -197,9 +232,16 @@ impl Outcome {
     }
 }
 
+/// The response header that says how many of the oldest messages were
+/// dropped to fit the context window (present only when some were).
+pub const TRUNCATED_MESSAGES_HEADER: &str = "x-hypura-truncated-messages";
+
 /// One request running on a model.
 pub struct Generation {
     events: EventStream,
+    /// Messages dropped from the conversation to fit the context window
+    /// (sent as [`TRUNCATED_MESSAGES_HEADER`]).
+    pub truncated_messages: usize,
     /// Holds the model until the response is over.
     lease: BackendLease,
     tools: Option<Tools>,
@@ -234,16 +276,26 @@ impl Generation {
         tools: Option<Tools>,
         arrived: Instant,
     ) -> Result<Generation, ApiError> {
-        let n_ctx = lease.backend.status().context_length;
-        let n_ctx = request
-            .backend
-            .params
-            .num_ctx
-            .map_or(n_ctx, |n| n.min(n_ctx));
-        validation::check_prompt_bytes(prompt_bytes(&request.backend.prompt), n_ctx)?;
+        let slot = lease.backend.status().context_length;
+        let window = request.backend.params.num_ctx.map_or(slot, |n| n.min(slot));
+        validation::check_prompt_bytes(prompt_bytes(&request.backend.prompt), window)?;
+        let mut backend_request = request.backend.clone();
+        let truncated_messages = truncate::fit(
+            lease.backend.as_ref(),
+            &mut backend_request,
+            window,
+            request.truncate,
+        )?;
+        if truncated_messages > 0 {
+            tracing::info!(
+                truncated_messages,
+                window,
+                "dropped the {truncated_messages} oldest messages to fit the context window"
+            );
+        }
         let events = lease
             .backend
-            .generate(request.backend.clone())
+            .generate(backend_request)
             .await
             .inspect_err(|e| {
                 if let BackendError::Busy(_) = e {
@@ -255,6 +307,7 @@ impl Generation {
             })?;
         Ok(Generation {
             events,
+            truncated_messages,
             lease,
             filter: tools.as_ref().map(Tools::stream),
             tools,

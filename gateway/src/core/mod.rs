@@ -5,6 +5,7 @@
 //! - [`bounds`]: limits on what a JSON Schema may ask of llama.cpp's grammar parser.
 //! - [`structured`]: `format` / `response_format` → grammars; `tools` → prompts and tool calls.
 //! - [`backend`]: the [`backend::ModelBackend`] trait between the gateway and every model, and its events.
+//! - [`truncate`]: fitting a conversation into its context window (oldest messages dropped).
 //! - [`infer`]: the one inference path (resolve, admit, submit, stream, cancel, finish).
 //! - [`error`]: one error enum; its status and body per API family.
 pub mod backend;
@@ -13,4 +14,5 @@ pub mod error;
 pub mod infer;
 pub mod request;
 pub mod structured;
+pub mod truncate;
 pub mod validation;

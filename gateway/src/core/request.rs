@@ -63,8 +63,10 @@ pub struct GenerationParams {
     pub max_tokens: Option<u32>,
     /// Generation ends before the first of these strings (not returned).
     pub stop: Vec<String>,
-    /// Context window for this request, in tokens (`None`: the model's per-sequence
-    /// context; larger values are capped at it).
+    /// Context window for this request, in tokens (`None`: the model's
+    /// per-sequence context). A larger one than the model is loaded with
+    /// reloads it with that context, up to its training context
+    /// ([`crate::pool::registry::Registry::acquire_with_context`]).
     pub num_ctx: Option<u32>,
 }
 
@@ -109,6 +111,14 @@ pub struct InferRequest {
     /// Higher is served first when the budget is short (0: normal).
     #[serde(default)]
     pub priority: i32,
+    /// Drops the oldest messages of a conversation too long for the context
+    /// window ([`crate::core::truncate`]); `false` makes it a 400.
+    #[serde(default = "yes")]
+    pub truncate: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl InferRequest {
@@ -126,6 +136,7 @@ impl InferRequest {
             think: None,
             keep_alive: None,
             priority: 0,
+            truncate: true,
         }
     }
 }

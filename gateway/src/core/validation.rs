@@ -68,10 +68,21 @@ pub enum ValidationError {
     /// The prompt alone fills the context window.
     #[error(
         "the prompt has {prompt_tokens} tokens but the context window holds {n_ctx}: \
-         shorten the prompt or raise the context (options.num_ctx, up to the server's \
-         --context)"
+         shorten the prompt, raise the context (options.num_ctx, up to the model's training \
+         context) or let the oldest messages be dropped (truncate: true)"
     )]
     PromptTooLong { prompt_tokens: usize, n_ctx: u32 },
+    /// `options.num_ctx` above what the model can serve.
+    #[error(
+        "options.num_ctx {asked} is more than model '{model}' can serve: at most {limit} \
+         tokens ({why})"
+    )]
+    NumCtxTooLarge {
+        asked: u32,
+        model: String,
+        limit: u32,
+        why: &'static str,
+    },
     /// Ollama's `format` (as JSON text) is neither `"json"` nor a schema.
     #[error("invalid format {0}: use \"json\" or a JSON Schema object")]
     InvalidFormat(String),
@@ -193,8 +204,8 @@ pub enum ValidationError {
     /// An OpenAI content part of an unknown type.
     #[error("messages[{index}]: unsupported content part type {kind:?}")]
     UnknownContentPart { index: usize, kind: String },
-    /// OpenAI's `n` other than 1.
-    #[error("n must be 1, got {0}")]
+    /// OpenAI's `n` outside 1..=[`MAX_CHOICES`].
+    #[error("n must be between 1 and {MAX_CHOICES}, got {0}")]
     ChoiceCount(u32),
     /// A completion prompt given as a list of more than one string.
     #[error("prompt must be a string or a list of one string")]
@@ -509,7 +520,8 @@ impl StopSpec {
 // settings (threads, batch, placement) apply.
 #[allow(dead_code)]
 pub struct OllamaOptions {
-    /// Context window for this request, capped at the server's `--context`.
+    /// Context window for this request, up to the model's training context
+    /// (a larger one than the model is loaded with reloads it).
     pub num_ctx: Option<i64>,
     /// Most tokens to generate; -1 (default) or -2 = until the context is full.
     pub num_predict: Option<i64>,
@@ -525,7 +537,7 @@ pub struct OllamaOptions {
     pub typical_p: Option<f32>,
     /// 64 by default; 0 disables the penalties, -1 = whole context.
     pub repeat_last_n: Option<i32>,
-    /// 1.0 (off) by default.
+    /// 1.0 (off) by default, as Ollama's `DefaultOptions` since 2026 (1.1 before).
     pub repeat_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
@@ -544,8 +556,9 @@ pub struct OllamaOptions {
 }
 
 impl OllamaOptions {
-    /// Ollama's defaults: temperature 0.8, top_k 40, top_p 0.9, min_p 0,
-    /// repeat_last_n 64, repeat_penalty 1.0, random seed, no limit.
+    /// Ollama's defaults (its `DefaultOptions`): temperature 0.8, top_k 40,
+    /// top_p 0.9, min_p 0, repeat_last_n 64, repeat_penalty 1.0, random
+    /// seed; no limit here (the server's `default_max_tokens` then applies).
     pub fn to_params(&self) -> Result<GenerationParams, ValidationError> {
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(0.8),
@@ -600,6 +613,9 @@ impl OllamaOptions {
         })
     }
 }
+
+/// Most choices (`n`) of one OpenAI request: each is a generation of its own.
+pub const MAX_CHOICES: u32 = 8;
 
 /// OpenAI's sampling fields, with OpenAI's defaults (temperature 1, top_p 1,
 /// no top-k or min-p).

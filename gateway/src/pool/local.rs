@@ -75,6 +75,10 @@ impl ModelBackend for LocalBackend {
         Ok(prompt::tokenize_raw(&self.local.engine.model(), text)?.len())
     }
 
+    fn prompt_tokens(&self, request: &BackendRequest) -> Result<usize, BackendError> {
+        Ok(prompt_tokens(&self.local, request)?.len())
+    }
+
     fn status(&self) -> BackendStatus {
         let status = self.local.engine.status();
         BackendStatus {
@@ -220,10 +224,27 @@ fn chat_prompt(
         tools: tools.cloned(),
         ..RenderOptions::default()
     };
-    let rendered = template
+    let (messages, prefill) = split_prefill(messages);
+    let mut rendered = template
         .render(messages, &options)
         .map_err(|e| invalid(e.to_string()))?;
+    rendered.push_str(prefill);
     Ok(prompt::tokenize_chat(&model.engine.model(), &rendered)?)
+}
+
+/// A conversation ending with an assistant message (without tool calls)
+/// asks for that message to be continued, as llama.cpp's server and Ollama
+/// do: the messages before it, rendered up to the opening of the
+/// assistant's turn, then its text, so the reply goes on from there.
+fn split_prefill(messages: &[ChatMessage]) -> (&[ChatMessage], &str) {
+    match messages.split_last() {
+        Some((last, before))
+            if last.role == "assistant" && last.tool_calls.is_none() && !before.is_empty() =>
+        {
+            (before, last.content.as_str())
+        }
+        _ => (messages, ""),
+    }
 }
 
 /// One request submitted to the engine: its events, and the guard that

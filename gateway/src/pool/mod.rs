@@ -49,8 +49,21 @@ impl registry::Registry {
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
     ) -> Result<BackendLease, ApiError> {
+        self.backend_with_context(requested, name, keep_alive, None)
+            .await
+    }
+
+    /// [`Self::backend`] with at least `context` tokens per sequence (see
+    /// [`registry::Registry::acquire_with_context`]).
+    pub async fn backend_with_context(
+        &self,
+        requested: &str,
+        name: &ModelName,
+        keep_alive: Option<KeepAlive>,
+        context: Option<u32>,
+    ) -> Result<BackendLease, ApiError> {
         let lease = self
-            .acquire(requested, name, keep_alive)
+            .acquire_with_context(requested, name, keep_alive, context)
             .await
             .inspect_err(|e| {
                 if let PoolError::NoRoom(_) = e {

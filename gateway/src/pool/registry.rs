@@ -66,6 +66,8 @@ pub struct EngineSettings {
     pub profile: Arc<ServerProfile>,
     /// Runs each model in a runner process of its own (`None`: in this process).
     pub runners: Option<Arc<Runners>>,
+    /// Most tokens a reply may take when its request sets no limit.
+    pub default_max_tokens: u32,
 }
 
 /// The residency floor of a model: the budget scheduler never demotes it below
@@ -554,11 +556,11 @@ impl Drop for ModelLease {
             }
             return;
         }
-        if keep_alive.is_zero() {
+        // A read recomputes the entry's expiry, now that it is idle. A
+        // reload (a larger context, a dead runner) may have replaced this load.
+        let current = self.loaded.get(&self.model.path);
+        if keep_alive.is_zero() && current.is_some_and(|m| m.id == self.model.id) {
             self.loaded.invalidate(&self.model.path);
-        } else {
-            // A read recomputes the entry's expiry, now that it is idle.
-            let _ = self.loaded.get(&self.model.path);
         }
     }
 }
@@ -805,9 +807,38 @@ impl Registry {
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
     ) -> Result<ModelLease, PoolError> {
-        let named = self
+        self.acquire_with_context(requested, name, keep_alive, None)
+            .await
+    }
+
+    /// [`Registry::acquire`] with at least `context` tokens per sequence, as
+    /// Ollama honours `num_ctx`: a model loaded with a smaller context is
+    /// loaded again with this one (requests in flight finish on the old
+    /// load), and keeps it until it unloads; smaller asks run in the larger
+    /// slots. Under a global budget, whose books were made for the
+    /// configured context, a larger one is refused naming the limit.
+    pub async fn acquire_with_context(
+        &self,
+        requested: &str,
+        name: &ModelName,
+        keep_alive: Option<KeepAlive>,
+        context: Option<u32>,
+    ) -> Result<ModelLease, PoolError> {
+        let mut named = self
             .resolve(name)
             .ok_or_else(|| PoolError::NotFound(requested.to_string()))?;
+        let configured = batch_config(&named, &self.settings).n_ctx_per_seq;
+        let needed = context.unwrap_or(0).max(configured);
+        if needed > configured {
+            if self.budget.is_some() {
+                return Err(PoolError::Rejected(format!(
+                    "options.num_ctx {needed} is more than model '{requested}' is served with \
+                     under the memory budget: at most {configured} tokens (raise it with \
+                     --context or the model's `context` in the configuration)"
+                )));
+            }
+            named.policy.n_ctx_per_seq = Some(needed);
+        }
         let started = Instant::now();
         let default_keep_alive = named
             .policy
@@ -829,10 +860,11 @@ impl Registry {
                         let model = loaded
                             .try_get_with(Arc::clone(&key), || load(&named, &settings, None))
                             .map_err(|e| (*e).clone())?;
-                        if !model.is_dead() {
+                        let stale = |m: &LoadedModel| m.is_dead() || m.n_ctx_per_seq < needed;
+                        if !stale(&model) {
                             return Ok(model);
                         }
-                        replace_dead(&loaded, key, || load(&named, &settings, None))
+                        replace_stale(&loaded, key, stale, || load(&named, &settings, None))
                     })
                 })
                 .await
@@ -988,6 +1020,20 @@ impl Registry {
         .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
     }
 
+    /// The context per sequence `named` is served with: its load's when it
+    /// is loaded, else what a load gets (the server's or the model's
+    /// `context`, capped at its training context).
+    pub fn served_context(&self, named: &NamedModel) -> u32 {
+        let path = named.source.local_path();
+        self.loaded
+            .iter()
+            .find(|(key, _)| key.as_path() == path.as_path())
+            .map_or_else(
+                || batch_config(named, &self.settings).n_ctx_per_seq,
+                |(_, model)| model.n_ctx_per_seq,
+            )
+    }
+
     /// Unloads the model named `name` if it is loaded (in-flight requests finish).
     pub fn unload(&self, name: &ModelName) -> bool {
         let Some(named) = self.resolve(name) else {
@@ -1064,11 +1110,23 @@ fn replace_dead(
     key: Arc<PathBuf>,
     load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
 ) -> Result<Arc<LoadedModel>, PoolError> {
+    replace_stale(loaded, key, LoadedModel::is_dead, load)
+}
+
+/// The model at `key`, loaded anew if it is `stale` (its runner died, or its
+/// context is too small), once whoever asks first. The replaced load is
+/// shut down by the cache's eviction listener: its requests in flight finish.
+fn replace_stale(
+    loaded: &Cache<Arc<PathBuf>, Arc<LoadedModel>>,
+    key: Arc<PathBuf>,
+    stale: impl Fn(&LoadedModel) -> bool,
+    load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
+) -> Result<Arc<LoadedModel>, PoolError> {
     use moka::ops::compute::{CompResult, Op};
     let result = loaded
         .entry(key)
         .and_try_compute_with(|entry| match entry {
-            Some(entry) if !entry.value().is_dead() => Ok(Op::Nop),
+            Some(entry) if !stale(entry.value()) => Ok(Op::Nop),
             _ => load().map(Op::Put),
         })?;
     match result {

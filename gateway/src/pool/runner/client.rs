@@ -270,6 +270,14 @@ impl ModelBackend for RunnerBackend {
         }
     }
 
+    fn prompt_tokens(&self, request: &BackendRequest) -> Result<usize, BackendError> {
+        let op = Op::PromptTokens(Box::new(request.clone()));
+        match self.connection().call_blocking(op, Some(SYNC_CALL_TIMEOUT)) {
+            Msg::Count(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
     fn status(&self) -> BackendStatus {
         match self
             .connection()

@@ -139,6 +139,13 @@ impl Host {
                     .map_or_else(Msg::Failed, Msg::Count);
                 self.reply(id, msg);
             }
+            Op::PromptTokens(request) => {
+                let msg = self
+                    .held()
+                    .and_then(|held| held.backend.prompt_tokens(&request))
+                    .map_or_else(Msg::Failed, Msg::Count);
+                self.reply(id, msg);
+            }
             Op::Status => {
                 let msg = self
                     .held()

@@ -110,6 +110,8 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
         ram_budget_bytes: e.ram_budget_bytes,
         profile: Arc::clone(&profile),
         runners: None,
+        // The gateway applies it before a request reaches the runner.
+        default_max_tokens: u32::MAX,
     };
     let budgeted = match spec.budgeted {
         None => None,

@@ -14,8 +14,8 @@
 //! 3. any number of calls: `generate` → `accepted`, then `event`s, the last
 //!    a `done` or `error` event (or `failed` at once: not queued); `cancel
 //!    {call}` ends a generation early (its stream then ends with whatever the
-//!    engine says, or nothing more); `embed` → `embedded`; `count_tokens` →
-//!    `count`; `status` → `status`; `memory` → `memory`; `streaming` →
+//!    engine says, or nothing more); `embed` → `embedded`; `count_tokens` and
+//!    `prompt_tokens` → `count`; `status` → `status`; `memory` → `memory`; `streaming` →
 //!    `streaming`; `kv_cache` → `kv_cache`; `set_residency` →
 //!    `ok` once the move is made; `shutdown` → `ok` once in-flight work is
 //!    done (new work is refused);
@@ -38,7 +38,7 @@ use crate::core::request::{BackendRequest, EmbedBatch};
 
 /// The protocol version this build speaks; a runner and a gateway of
 /// different builds refuse each other at `hello`.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The environment variable that enables [`Op::Abort`] in a runner.
 pub const TEST_HOOKS_ENV: &str = "HYPURA_RUNNER_TEST_HOOKS";
@@ -67,6 +67,10 @@ pub enum Op {
     CountTokens {
         text: String,
     },
+    /// Tokens a generation request would submit ([`ModelBackend::prompt_tokens`]).
+    ///
+    /// [`ModelBackend::prompt_tokens`]: crate::core::backend::ModelBackend::prompt_tokens
+    PromptTokens(Box<BackendRequest>),
     Status,
     Memory,
     /// Its streaming counters since load ([`ModelBackend::streaming`]).
