@@ -110,12 +110,12 @@ pub fn parse(text: &str) -> ParsedReply {
     let Ok(Value::Object(mut object)) = serde_json::from_str::<Value>(text) else {
         return cut_response(text).map_or_else(|| whole(text), |c| whole(&c));
     };
-    let calls: Option<Vec<ToolCall>> = match (object.remove("tool_calls"), object.remove("tool_call"))
-    {
-        (Some(Value::Array(list)), _) => list.into_iter().map(call).collect(),
-        (_, Some(one)) => call(one).map(|c| vec![c]),
-        _ => None,
-    };
+    let calls: Option<Vec<ToolCall>> =
+        match (object.remove("tool_calls"), object.remove("tool_call")) {
+            (Some(Value::Array(list)), _) => list.into_iter().map(call).collect(),
+            (_, Some(one)) => call(one).map(|c| vec![c]),
+            _ => None,
+        };
     match (calls, object.remove("response")) {
         (Some(tool_calls), _) if !tool_calls.is_empty() => ParsedReply {
             content: String::new(),
@@ -251,7 +251,10 @@ mod tests {
              To answer the user directly:\n{\"response\": \"<your answer>\"}"
         );
         let forced_parallel = system_prompt(&[weather()], true, false);
-        assert!(forced_parallel.ends_with("(one or more calls)"), "{forced_parallel}");
+        assert!(
+            forced_parallel.ends_with("(one or more calls)"),
+            "{forced_parallel}"
+        );
         assert!(!forced_parallel.contains("response"));
     }
 
@@ -259,8 +262,14 @@ mod tests {
     fn the_system_prompt_joins_a_leading_system_message() {
         let user = ChatMessage::new("user", "Hi");
         let added = with_system(std::slice::from_ref(&user), "TOOLS");
-        assert_eq!(added, vec![ChatMessage::new("system", "TOOLS"), user.clone()]);
-        let joined = with_system(&[ChatMessage::new("system", "Be brief."), user.clone()], "TOOLS");
+        assert_eq!(
+            added,
+            vec![ChatMessage::new("system", "TOOLS"), user.clone()]
+        );
+        let joined = with_system(
+            &[ChatMessage::new("system", "Be brief."), user.clone()],
+            "TOOLS",
+        );
         assert_eq!(joined[0], ChatMessage::new("system", "Be brief.\n\nTOOLS"));
         assert_eq!(joined.len(), 2);
     }
@@ -285,13 +294,13 @@ mod tests {
             json!({"type": "object", "properties": {"response": {"type": "string"}},
                 "required": ["response"]})
         );
-        let two = [
-            ("a".to_string(), json!({})),
-            ("b".to_string(), Value::Null),
-        ];
+        let two = [("a".to_string(), json!({})), ("b".to_string(), Value::Null)];
         let items = &reply_schema(&two, true, true)["properties"]["tool_calls"]["items"];
         assert_eq!(items["anyOf"].as_array().unwrap().len(), 2);
-        assert_eq!(items["anyOf"][1]["properties"]["arguments"], json!({"type": "object"}));
+        assert_eq!(
+            items["anyOf"][1]["properties"]["arguments"],
+            json!({"type": "object"})
+        );
     }
 
     fn call(name: &str, arguments: Value) -> ToolCall {
@@ -304,7 +313,8 @@ mod tests {
 
     #[test]
     fn replies_parse_into_calls_or_content() {
-        let one = parse(r#"{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}"#);
+        let one =
+            parse(r#"{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}"#);
         assert_eq!(
             one,
             ParsedReply {
