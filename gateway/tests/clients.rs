@@ -1,5 +1,6 @@
-//! Runs the Python client tests (`gateway/tests/clients/`, the real `ollama`
-//! and `openai` packages) against this build's `hypura` binary.
+//! Runs the Python client tests (`gateway/tests/clients/`, the real `ollama`,
+//! `openai`, `langchain-openai` and `langchain-ollama` packages) against this
+//! build's `hypura` binary.
 use std::path::Path;
 use std::process::Command;
 
@@ -8,7 +9,10 @@ fn python_clients() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = hypura_gguf::testing::smollm2();
     let have = Command::new("python3")
-        .args(["-c", "import ollama, openai, pytest"])
+        .args([
+            "-c",
+            "import ollama, openai, pytest, langchain_openai, langchain_ollama",
+        ])
         .status();
     assert!(
         have.is_ok_and(|s| s.success()),
