@@ -36,18 +36,24 @@ pub fn system_prompt(tools: &[Value], parallel: bool, allow_response: bool) -> S
         })
         .collect();
     let listed = serde_json::to_string_pretty(&functions).unwrap_or_default();
-    let call = if parallel {
-        "{\"tool_calls\": [{\"name\": \"<tool name>\", \"arguments\": {<arguments>}}]} \
-         (one or more calls)"
+    // An example naming a real tool: small models copy it far more often
+    // than a placeholder.
+    let name = functions
+        .first()
+        .and_then(|f| f.get("name"))
+        .cloned()
+        .unwrap_or_else(|| "<tool name>".into());
+    let call = format!("{{\"name\": {name}, \"arguments\": {{...}}}}");
+    let example = if parallel {
+        format!("{{\"tool_calls\": [{call}]}}")
     } else {
-        "{\"tool_call\": {\"name\": \"<tool name>\", \"arguments\": {<arguments>}}}"
+        format!("{{\"tool_call\": {call}}}")
     };
     let mut prompt = format!(
-        "You can call these tools (`parameters` is the JSON Schema of a tool's arguments):\n\
-         {listed}\n\nAnswer with one JSON object. To call tools:\n{call}"
+        "You can call these tools:\n{listed}\n\nTo call a tool, answer with JSON like {example}."
     );
     if allow_response {
-        prompt.push_str("\nTo answer the user directly:\n{\"response\": \"<your answer>\"}");
+        prompt.push_str(" To answer without a tool: {\"response\": \"...\"}");
     }
     prompt
 }
@@ -238,24 +244,25 @@ mod tests {
 
     #[test]
     fn the_system_prompt_lists_the_functions_and_the_reply_shapes() {
-        let prompt = system_prompt(&[weather()], false, true);
+        let prompt = system_prompt(&[weather()], true, true);
         assert_eq!(
             prompt,
-            "You can call these tools (`parameters` is the JSON Schema of a tool's arguments):\n\
+            "You can call these tools:\n\
              [\n  {\n    \"name\": \"get_weather\",\n    \"description\": \"Current weather\",\n    \
              \"parameters\": {\n      \"type\": \"object\",\n      \"properties\": {\n        \
              \"city\": {\n          \"type\": \"string\"\n        }\n      },\n      \
              \"required\": [\n        \"city\"\n      ]\n    }\n  }\n]\n\n\
-             Answer with one JSON object. To call tools:\n\
-             {\"tool_call\": {\"name\": \"<tool name>\", \"arguments\": {<arguments>}}}\n\
-             To answer the user directly:\n{\"response\": \"<your answer>\"}"
+             To call a tool, answer with JSON like \
+             {\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {...}}]}. \
+             To answer without a tool: {\"response\": \"...\"}"
         );
-        let forced_parallel = system_prompt(&[weather()], true, false);
+        let forced_one = system_prompt(&[weather()], false, false);
         assert!(
-            forced_parallel.ends_with("(one or more calls)"),
-            "{forced_parallel}"
+            forced_one.ends_with(
+                "like {\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {...}}}."
+            ),
+            "{forced_one}"
         );
-        assert!(!forced_parallel.contains("response"));
     }
 
     #[test]
