@@ -4,8 +4,12 @@
 //!   llama.cpp's server builds, with its workarounds keyed on what the template can do.
 //! - [`tools`]: tool-call syntax per template family: detection, parsing a reply back into
 //!   calls, holding call text back while streaming, the grammar that forces a call.
+//! - [`generic`]: llama.cpp's generic tool-call format, for templates that cannot describe
+//!   tools: the system prompt, the reply's schema, parsing; plain-message fallbacks for
+//!   tool calls and results in a history.
 //!
 //! Fixtures shared with other crates' tests live in `fixtures/` (e.g. Qwen 2.5's template).
+pub mod generic;
 pub mod template;
 pub mod tools;
 

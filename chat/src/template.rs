@@ -163,6 +163,12 @@ pub struct TemplateCaps {
     /// Tool-call arguments are read as an object (e.g. `arguments | tojson`);
     /// when true, string arguments are parsed before rendering.
     pub object_arguments: bool,
+    /// An assistant's `tool_calls` reach the output; when false they are
+    /// written into its content ([`crate::generic::polyfill_messages`]).
+    pub tool_calls: bool,
+    /// A `tool` message's content reaches the output (the template does not
+    /// skip or reject the role); when false it becomes a user message.
+    pub tool_responses: bool,
 }
 
 /// A compiled chat template with the model's BOS and EOS texts.
@@ -200,6 +206,8 @@ impl ChatTemplate {
                 system_role: true,
                 string_content: true,
                 object_arguments: false,
+                tool_calls: true,
+                tool_responses: true,
             },
         };
         template.caps = template.probe_caps();
@@ -318,8 +326,13 @@ impl ChatTemplate {
     /// Messages as llama.cpp's jinja path sees them, workarounds applied.
     fn messages_json(&self, messages: &[ChatMessage]) -> Result<Json, ChatTemplateError> {
         let map_developer = !self.source.contains("<|channel|>");
+        let messages = crate::generic::polyfill_messages(
+            messages,
+            !self.caps.tool_calls,
+            !self.caps.tool_responses,
+        );
         let mut out = Vec::with_capacity(messages.len());
-        for message in messages {
+        for message in &messages {
             let mut json = message_json(message, self.caps.object_arguments)?;
             if map_developer && message.role == "developer" {
                 json.insert("role".into(), "system".into());
@@ -355,10 +368,16 @@ impl ChatTemplate {
             ]))
             .is_some_and(|out| out.contains(CONTENT_MARKER))
         };
+        // llama.cpp's tool-call probe: the call's name or arguments, and the
+        // tool's answer, reach the output.
+        let tools_probe = self.probe(tool_call_probe(json!({ "arg": TOOL_ARG_MARKER })));
+        let shows = |marker: &str| tools_probe.as_ref().is_some_and(|out| out.contains(marker));
         TemplateCaps {
             system_role,
             string_content: reads_string || !reads_parts(),
             object_arguments: self.probe_object_arguments(),
+            tool_calls: shows(TOOL_NAME_MARKER) || shows(TOOL_ARG_MARKER),
+            tool_responses: shows(TOOL_RESPONSE_MARKER),
         }
     }
 
@@ -367,10 +386,9 @@ impl ChatTemplate {
     /// whole object (`{{ arguments }}`, a Python repr) does not count. So: the
     /// marker must reach the output some other way than that repr.
     fn probe_object_arguments(&self) -> bool {
-        const ARG_MARKER: &str = "hypura-probe-argument";
-        let printed_whole = format!("{{'arg': '{ARG_MARKER}'}}");
-        self.probe(tool_call_probe(json!({ "arg": ARG_MARKER })))
-            .is_some_and(|out| out.replace(&printed_whole, "").contains(ARG_MARKER))
+        let printed_whole = format!("{{'arg': '{TOOL_ARG_MARKER}'}}");
+        self.probe(tool_call_probe(json!({ "arg": TOOL_ARG_MARKER })))
+            .is_some_and(|out| out.replace(&printed_whole, "").contains(TOOL_ARG_MARKER))
     }
 
     /// Renders a probe conversation with llama.cpp's probe context
@@ -684,6 +702,10 @@ fn wrap_content_as_parts(message: &mut Map<String, Json>) {
     }
 }
 
+const TOOL_ARG_MARKER: &str = "hypura-probe-argument";
+const TOOL_NAME_MARKER: &str = "tool1";
+const TOOL_RESPONSE_MARKER: &str = "Tool response";
+
 /// llama.cpp's tool-call probe conversation (`caps_get`), with `arguments` given.
 fn tool_call_probe(arguments: Json) -> Json {
     json!([
@@ -691,9 +713,9 @@ fn tool_call_probe(arguments: Json) -> Json {
         {"role": "assistant", "content": "", "tool_calls": [{
             "id": "call00001",
             "type": "function",
-            "function": {"name": "tool1", "arguments": arguments},
+            "function": {"name": TOOL_NAME_MARKER, "arguments": arguments},
         }]},
-        {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+        {"role": "tool", "content": TOOL_RESPONSE_MARKER, "tool_call_id": "call00001"},
         {"role": "assistant", "content": "The tool response was 'tool response'"},
         {"role": "user", "content": "User message"},
     ])
@@ -1289,6 +1311,48 @@ mod tests {
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 15 Mar 2025\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {{\"name\": function name, \"parameters\": dictionary of argument name and its value}}.Do not use variables.\n\n{tool}\n\nWhat is the capital of France?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         );
         assert_eq!(render_with(&tmpl, &one_user(), &opts), expected);
+    }
+
+    /// A call and its result, as OpenAI clients send them back.
+    fn called_and_answered() -> Vec<ChatMessage> {
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = Some(serde_json::json!([{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]));
+        let mut result = ChatMessage::new("tool", "18 C");
+        result.tool_call_id = Some("call_1".into());
+        vec![ChatMessage::new("user", "Weather in Paris?"), call, result]
+    }
+
+    /// SmolLM2 prints neither calls (written into the content, as llama.cpp
+    /// does) nor anything tool-specific, but does print a `tool` turn.
+    #[test]
+    fn smollm2_gets_calls_as_content_and_keeps_its_tool_turn() {
+        let tmpl = template(SMOLLM2, "<|im_start|>", "<|im_end|>");
+        assert!(!tmpl.caps().tool_calls);
+        assert!(tmpl.caps().tool_responses);
+        assert_eq!(
+            render(&tmpl, &called_and_answered()),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nWeather in Paris?<|im_end|>\n\
+             <|im_start|>assistant\n{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"},\"id\":\"call_1\"}]}<|im_end|>\n\
+             <|im_start|>tool\n18 C<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    /// Gemma 2 rejects any role but user and model: a tool result becomes a user turn.
+    #[test]
+    fn gemma_2_gets_tool_results_as_user_turns() {
+        let tmpl = template(GEMMA_2, "<bos>", "<eos>");
+        assert!(!tmpl.caps().tool_calls && !tmpl.caps().tool_responses);
+        assert_eq!(
+            render(&tmpl, &called_and_answered()),
+            "<bos><start_of_turn>user\nWeather in Paris?<end_of_turn>\n\
+             <start_of_turn>model\n{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"},\"id\":\"call_1\"}]}<end_of_turn>\n\
+             <start_of_turn>user\n{\"tool_response\":{\"content\":\"18 C\",\"tool_call_id\":\"call_1\"}}<end_of_turn>\n\
+             <start_of_turn>model\n"
+        );
+        let qwen = template(QWEN_2_5, "", "<|im_end|>");
+        assert!(qwen.caps().tool_calls && qwen.caps().tool_responses);
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //!   (or, in newer tokenizers, `[TOOL_CALLS]f[ARGS]{…}`).
 //! - [`ToolFamily::Json`]: any other template that mentions `tools`: a bare
 //!   JSON call object (or array of them) as the whole reply, as Ollama reads it.
+//! - [`ToolFamily::Generic`]: templates that do not mention `tools`: llama.cpp's
+//!   generic format ([`crate::generic`]), `{"tool_call": …}` or `{"response": …}`.
 use serde_json::{json, Map, Value};
 
 /// How a template's model writes tool calls.
@@ -22,6 +24,8 @@ pub enum ToolFamily {
     Llama3,
     Mistral,
     Json,
+    /// The template cannot describe tools: [`crate::generic`] does.
+    Generic,
 }
 
 /// One call the model asked for.
@@ -77,7 +81,7 @@ impl ToolFamily {
             ToolFamily::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
             ToolFamily::Llama3 => &[PYTHON_TAG],
             ToolFamily::Mistral => &[MISTRAL_CALLS, MISTRAL_ARGS],
-            ToolFamily::Json => &[],
+            ToolFamily::Json | ToolFamily::Generic => &[],
         }
     }
 
@@ -95,7 +99,7 @@ impl ToolFamily {
         match self {
             ToolFamily::Hermes => Some(HERMES_OPEN),
             ToolFamily::Mistral => Some(MISTRAL_CALLS),
-            ToolFamily::Llama3 | ToolFamily::Json => None,
+            ToolFamily::Llama3 | ToolFamily::Json | ToolFamily::Generic => None,
         }
     }
 }
@@ -108,6 +112,7 @@ pub fn parse(family: ToolFamily, text: &str) -> ParsedReply {
         ToolFamily::Mistral => parse_mistral(text),
         ToolFamily::Llama3 => parse_llama3(text),
         ToolFamily::Json => parse_bare(text).map(|calls| (String::new(), calls)),
+        ToolFamily::Generic => return crate::generic::parse(text),
     };
     match parsed {
         Some((content, tool_calls)) if !tool_calls.is_empty() => ParsedReply {
@@ -347,18 +352,7 @@ pub fn forced_call_grammar<E>(
     let key = family.arguments_key();
     let calls: Vec<Value> = tools
         .iter()
-        .map(|(name, parameters)| {
-            let parameters = if parameters.is_object() {
-                parameters.clone()
-            } else {
-                json!({"type": "object"})
-            };
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": name}, key: parameters},
-                "required": ["name", key],
-            })
-        })
+        .map(|(name, parameters)| call_schema(name, parameters, key))
         .collect();
     let schema = match <[Value; 1]>::try_from(calls) {
         Ok([one]) => one,
@@ -375,9 +369,26 @@ pub fn forced_call_grammar<E>(
     let root = match family {
         ToolFamily::Hermes => format!(r#"root ::= "<tool_call>\n" {CALL_RULE} "\n</tool_call>""#),
         ToolFamily::Mistral => format!(r#"root ::= "[TOOL_CALLS][" {CALL_RULE} "]""#),
-        ToolFamily::Llama3 | ToolFamily::Json => format!("root ::= {CALL_RULE}"),
+        ToolFamily::Llama3 | ToolFamily::Json | ToolFamily::Generic => {
+            format!("root ::= {CALL_RULE}")
+        }
     };
     Ok(format!("{root}\n{renamed}"))
+}
+
+/// The JSON Schema of one call to `name`: `{"name": name, key: arguments}`
+/// (`parameters`, the arguments' schema, any object when it is not one).
+pub(crate) fn call_schema(name: &str, parameters: &Value, key: &str) -> Value {
+    let parameters = if parameters.is_object() {
+        parameters.clone()
+    } else {
+        json!({"type": "object"})
+    };
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, key: parameters},
+        "required": ["name", key],
+    })
 }
 
 #[cfg(test)]

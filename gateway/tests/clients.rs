@@ -1,5 +1,6 @@
 //! Runs the Python client tests (`gateway/tests/clients/`, the real `ollama`,
-//! `openai` and `anthropic` packages) against this build's `hypura` binary.
+//! `openai`, `anthropic`, `langchain-openai` and `langchain-ollama` packages)
+//! against this build's `hypura` binary.
 use std::path::Path;
 use std::process::Command;
 

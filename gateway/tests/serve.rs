@@ -53,7 +53,7 @@ fn metadata_routes() {
         let show = s.post_json("/api/show", body, 200);
         assert_eq!(show["model_info"]["llama.context_length"], 8192);
         assert_eq!(show["model_info"]["general.architecture"], "llama");
-        assert_eq!(show["capabilities"], json!(["completion"]));
+        assert_eq!(show["capabilities"], json!(["completion", "tools"]));
         assert!(show["template"].as_str().unwrap().contains("<|im_start|>"));
         assert_eq!(show["details"]["family"], "llama");
         assert!(show["modelfile"].as_str().unwrap().contains("FROM "));
@@ -561,7 +561,7 @@ fn errors_have_the_right_status_and_body() {
         ),
         400,
     );
-    assert!(e.contains("does not support tools"), "{e}");
+    assert!(e.starts_with("tools[0] must be"), "{e}");
     let e = ollama_error(
         s.post("/api/chat", json!({"model": MODEL,
                                    "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})),

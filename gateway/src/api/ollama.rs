@@ -200,8 +200,9 @@ pub struct ChatRequest {
     pub model: String,
     /// Empty or absent: load the model (or unload it with `keep_alive: 0`).
     pub messages: Option<Vec<Message>>,
-    /// OpenAI-style function tools, for models whose template supports
-    /// them (others answer 400); calls come back in `message.tool_calls`.
+    /// OpenAI-style function tools; calls come back in `message.tool_calls`.
+    /// Models whose chat template cannot describe tools get them in the
+    /// system prompt, their replies held to a JSON format by a grammar.
     #[schema(value_type = Vec<Object>)]
     pub tools: Option<Vec<Value>>,
     /// `"json"` or a JSON Schema, as in `/api/generate`.
@@ -453,6 +454,7 @@ pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
     infer.tools = request.tools.clone().map(|definitions| ToolRequest {
         definitions,
         choice: ToolChoice::Auto,
+        parallel: true,
     });
     infer.keep_alive = keep_alive;
     infer.think = think(request.think.as_ref())?;
@@ -1198,7 +1200,8 @@ mod tests {
             infer.tools,
             Some(ToolRequest {
                 definitions: vec![tool],
-                choice: ToolChoice::Auto
+                choice: ToolChoice::Auto,
+                parallel: true,
             })
         );
         assert_eq!(infer.think, Some(true));

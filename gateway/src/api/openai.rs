@@ -118,9 +118,13 @@ pub struct ChatCompletionRequest {
     /// reply is constrained by a grammar (the schema always, `strict` or not).
     #[schema(value_type = Object)]
     pub response_format: Option<Value>,
-    /// Function tools, for models whose template supports them (others answer 400).
+    /// Function tools. Models whose chat template cannot describe tools get
+    /// them in the system prompt, their replies held to a JSON format (a call
+    /// or a response) by a grammar.
     #[schema(value_type = Vec<Object>)]
     pub tools: Option<Vec<Value>>,
+    /// The model may call several tools in one reply (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// `"auto"` (default), `"none"` (tools left out), `"required"` or
     /// `{"type": "function", "function": {"name"}}` (a call forced by a grammar).
     #[schema(value_type = Object)]
@@ -374,6 +378,7 @@ pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     infer.tools = Some(ToolRequest {
         definitions: request.tools.clone().unwrap_or_default(),
         choice,
+        parallel: request.parallel_tool_calls.unwrap_or(true),
     });
     infer.truncate = request.truncate.unwrap_or(true);
     Ok(infer)
@@ -1022,6 +1027,16 @@ mod tests {
         let tools = infer.tools.unwrap();
         assert_eq!(tools.choice, ToolChoice::Required);
         assert_eq!(tools.definitions.len(), 1);
+        assert!(tools.parallel);
+        let one_at_a_time: ChatCompletionRequest = body(json!({"model": "m",
+            "messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": false}));
+        assert!(
+            !chat_request(&one_at_a_time)
+                .unwrap()
+                .tools
+                .unwrap()
+                .parallel
+        );
     }
 
     #[test]

@@ -121,14 +121,12 @@ fn check_tools(request: &mut InferRequest, info: &ModelInfo) -> Result<Option<To
     let tools = prepare_tools(
         Some(offered.definitions.as_slice()),
         &offered.choice,
+        offered.parallel,
         info.chat_template.as_deref(),
-        &request.requested,
     )?;
     if let Some(tools) = &tools {
         tools.apply(&mut request.backend.params.sampling)?;
-        if let Prompt::Messages { tools: slot, .. } = &mut request.backend.prompt {
-            *slot = Some(tools.definitions.clone());
-        }
+        tools.render_into(&mut request.backend.prompt);
     }
     Ok(tools)
 }
@@ -855,7 +853,7 @@ mod tests {
         let tool = serde_json::json!({"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
         let template = "{% if tools %}<tool_call>{% endif %}";
-        prepare_tools(Some(&[tool]), &ToolChoice::Auto, Some(template), "fake")
+        prepare_tools(Some(&[tool]), &ToolChoice::Auto, true, Some(template))
             .unwrap()
             .unwrap()
     }

@@ -88,6 +88,14 @@ pub struct ToolRequest {
     /// OpenAI-style function tools (`{"type": "function", "function": {…}}`).
     pub definitions: Vec<Value>,
     pub choice: ToolChoice,
+    /// The model may call several tools in one reply (OpenAI's
+    /// `parallel_tool_calls`, default true).
+    #[serde(default = "parallel_by_default")]
+    pub parallel: bool,
+}
+
+fn parallel_by_default() -> bool {
+    true
 }
 
 /// One generation, whichever API family asked for it.

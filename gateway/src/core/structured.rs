@@ -5,22 +5,25 @@
 //!   llama.cpp's converter; the schema is checked here first so a bad one is
 //!   a 400 that says what is wrong (the converter's own reason is lost in
 //!   its C wrapper).
-//! - `tools` are checked against the model's chat template (a template that
-//!   never mentions `tools` cannot describe them: 400, as Ollama), rendered
-//!   through it, and the reply is parsed back into calls with the template
-//!   family's syntax ([`hypura_chat::tools`]). `tool_choice`: `auto`
-//!   (default) parses whatever the model writes, `none` leaves the tools
-//!   out, `required` or `{"type": "function", "function": {"name"}}` force one
-//!   call with a grammar.
+//! - `tools` are rendered through the model's chat template and the reply is
+//!   parsed back into calls with the template family's syntax
+//!   ([`hypura_chat::tools`]). `tool_choice`: `auto` (default) parses
+//!   whatever the model writes, `none` leaves the tools out, `required` or
+//!   `{"type": "function", "function": {"name"}}` force one call with a
+//!   grammar. A template that never mentions `tools` cannot describe them:
+//!   llama.cpp's generic format ([`hypura_chat::generic`]) puts them in the
+//!   system prompt and a grammar holds the reply to a call or a response.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use hypura_chat::generic;
 use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
 use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
 use serde_json::{json, Map, Value};
 
 use crate::core::bounds::{self, BoundsProblem, GrammarProblem};
 use crate::core::error::ApiError;
+use crate::core::request::Prompt;
 use crate::core::validation::ValidationError;
 
 /// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
@@ -338,17 +341,21 @@ pub struct Tools {
     pub family: ToolFamily,
     /// The `tools` array, for the template.
     pub definitions: Value,
-    /// Forces a call (tool_choice `required` or a named function).
+    /// Forces a call (tool_choice `required` or a named function) or, for
+    /// [`ToolFamily::Generic`], holds the reply to a call or a response.
     grammar: Option<String>,
+    /// [`ToolFamily::Generic`]: the system prompt that describes the tools.
+    system_prompt: Option<String>,
 }
 
 /// Checks `tools` and `tool_choice` for the model whose chat template is
-/// `template` (`None`: it has none). `None` when no tools take part.
+/// `template` (`None`: it has none). `parallel`: the model may call several
+/// tools at once. `None` when no tools take part.
 pub fn prepare_tools(
     tools: Option<&[Value]>,
     choice: &ToolChoice,
+    parallel: bool,
     template: Option<&str>,
-    requested: &str,
 ) -> Result<Option<Tools>, ApiError> {
     let tools = tools.unwrap_or_default();
     if tools.is_empty() {
@@ -362,13 +369,9 @@ pub fn prepare_tools(
     if *choice == ToolChoice::None {
         return Ok(None);
     }
-    let family =
-        template
-            .and_then(ToolFamily::detect)
-            .ok_or_else(|| ValidationError::Unsupported {
-                model: requested.to_string(),
-                capability: "tools",
-            })?;
+    let family = template
+        .and_then(ToolFamily::detect)
+        .unwrap_or(ToolFamily::Generic);
     let mut named = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
         let function = tool
@@ -386,9 +389,9 @@ pub fn prepare_tools(
         named.push((name.to_string(), parameters));
     }
     let forced: Vec<(String, Value)> = match choice {
-        ToolChoice::Required => named,
+        ToolChoice::Required => named.clone(),
         ToolChoice::Function(name) => {
-            let one: Vec<_> = named.into_iter().filter(|(n, _)| n == name).collect();
+            let one: Vec<_> = named.iter().filter(|(n, _)| n == name).cloned().collect();
             if one.is_empty() {
                 return Err(ValidationError::ToolChoiceUnknownFunction(name.clone()).into());
             }
@@ -396,29 +399,44 @@ pub fn prepare_tools(
         }
         ToolChoice::Auto | ToolChoice::None => Vec::new(),
     };
-    let grammar = if forced.is_empty() {
-        None
+    let required = !forced.is_empty();
+    if family == ToolFamily::Generic {
+        let offered = if required { forced } else { named };
+        let schema = generic::reply_schema(&offered, parallel, required);
+        return Ok(Some(Tools {
+            family,
+            system_prompt: Some(generic::system_prompt(tools, parallel, !required)),
+            definitions: Value::Array(tools.to_vec()),
+            grammar: Some(tool_grammar(&schema.to_string())?),
+        }));
+    }
+    let grammar = if required {
+        Some(tools::forced_call_grammar(family, &forced, tool_grammar)?)
     } else {
-        let grammar = tools::forced_call_grammar(family, &forced, |schema| {
-            let value: Value = serde_json::from_str(schema).unwrap_or(Value::Null);
-            check_schema(&value, &value, "#")
-                .and_then(|()| check_bounds(&value, "#"))
-                .map_err(|fault| match fault {
-                    SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
-                    bounds => bounds.into_error("tools"),
-                })?;
-            let grammar = json_schema_to_grammar(schema)
-                .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))?;
-            check_grammar_text(&grammar, "tools")?;
-            Ok::<_, ValidationError>(grammar)
-        })?;
-        Some(grammar)
+        None
     };
     Ok(Some(Tools {
         family,
         definitions: Value::Array(tools.to_vec()),
         grammar,
+        system_prompt: None,
     }))
+}
+
+/// A grammar for a schema built from the tools' parameters: a bad one is
+/// the tools' fault.
+fn tool_grammar(schema: &str) -> Result<String, ValidationError> {
+    let value: Value = serde_json::from_str(schema).unwrap_or(Value::Null);
+    check_schema(&value, &value, "#")
+        .and_then(|()| check_bounds(&value, "#"))
+        .map_err(|fault| match fault {
+            SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
+            bounds => bounds.into_error("tools"),
+        })?;
+    let grammar = json_schema_to_grammar(schema)
+        .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))?;
+    check_grammar_text(&grammar, "tools")?;
+    Ok(grammar)
 }
 
 impl Tools {
@@ -433,11 +451,29 @@ impl Tools {
             .collect();
         if let Some(grammar) = &self.grammar {
             if sampling.grammar.is_some() {
-                return Err(ValidationError::ToolChoiceWithFormat.into());
+                return Err(match self.family {
+                    ToolFamily::Generic => ValidationError::ToolsWithFormat,
+                    _ => ValidationError::ToolChoiceWithFormat,
+                }
+                .into());
             }
             sampling.grammar = Some(grammar.clone());
         }
         Ok(())
+    }
+
+    /// Puts the tools in `prompt`: for the template, or (generic format) in
+    /// its system prompt.
+    pub fn render_into(&self, prompt: &mut Prompt) {
+        if let Prompt::Messages {
+            messages, tools, ..
+        } = prompt
+        {
+            match &self.system_prompt {
+                Some(system) => *messages = generic::with_system(messages, system),
+                None => *tools = Some(self.definitions.clone()),
+            }
+        }
     }
 
     pub fn stream(&self) -> ToolStream {
@@ -662,7 +698,7 @@ mod tests {
         let tools = vec![json!({"type": "function", "function": {"name": "f",
             "parameters": {"type": "object", "properties":
                 {"s": {"type": "string", "minLength": 4, "maxLength": 3}}}}})];
-        let e = prepare_tools(Some(&tools), &ToolChoice::Required, Some(QWEN_LIKE), "m")
+        let e = prepare_tools(Some(&tools), &ToolChoice::Required, true, Some(QWEN_LIKE))
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -698,25 +734,73 @@ mod tests {
     }
 
     #[test]
-    fn tools_need_a_template_that_knows_them() {
-        let err = prepare_tools(
-            Some(&weather()),
-            &ToolChoice::Auto,
-            Some("{{ x }}"),
-            "m:latest",
-        )
-        .unwrap_err();
-        assert_eq!(err.to_string(), "\"m:latest\" does not support tools");
-        let none = prepare_tools(Some(&weather()), &ToolChoice::None, None, "m").unwrap();
+    fn tools_take_the_template_family_or_the_generic_format() {
+        let none = prepare_tools(Some(&weather()), &ToolChoice::None, true, None).unwrap();
         assert!(none.is_none());
-        let tools = prepare_tools(Some(&weather()), &ToolChoice::Auto, Some(QWEN_LIKE), "m")
+        let tools = prepare_tools(Some(&weather()), &ToolChoice::Auto, true, Some(QWEN_LIKE))
             .unwrap()
             .unwrap();
         assert_eq!(tools.family, ToolFamily::Hermes);
-        assert!(tools.grammar.is_none());
+        assert!(tools.grammar.is_none() && tools.system_prompt.is_none());
         let bad = vec![json!({"type": "function"})];
-        let err = prepare_tools(Some(&bad), &ToolChoice::Auto, Some(QWEN_LIKE), "m").unwrap_err();
+        let err = prepare_tools(Some(&bad), &ToolChoice::Auto, true, Some(QWEN_LIKE)).unwrap_err();
         assert!(err.to_string().starts_with("tools[0] must be"), "{err}");
+        let err = prepare_tools(Some(&bad), &ToolChoice::Auto, true, None).unwrap_err();
+        assert!(err.to_string().starts_with("tools[0] must be"), "{err}");
+    }
+
+    /// A template without tools (or none): the tools go into the system
+    /// prompt and a grammar allows a call or a response (only calls when
+    /// one is required), as one `tool_call` or a `tool_calls` list.
+    #[test]
+    fn templates_without_tools_get_the_generic_format() {
+        for template in [Some("{{ x }}"), None] {
+            let tools = prepare_tools(Some(&weather()), &ToolChoice::Auto, true, template)
+                .unwrap()
+                .unwrap();
+            assert_eq!(tools.family, ToolFamily::Generic);
+            let mut sampling = SamplingParams::default();
+            tools.apply(&mut sampling).unwrap();
+            let grammar = sampling.grammar.unwrap();
+            assert!(grammar.contains("\"\\\"tool_calls\\\"\""), "{grammar}");
+            assert!(grammar.contains("\"\\\"response\\\"\""), "{grammar}");
+            assert!(sampling.preserved_tokens.is_empty());
+            let mut prompt = Prompt::messages(vec![hypura_chat::ChatMessage::new("user", "Hi")]);
+            tools.render_into(&mut prompt);
+            let Prompt::Messages {
+                messages,
+                tools: for_template,
+                ..
+            } = prompt
+            else {
+                unreachable!()
+            };
+            assert_eq!(for_template, None, "the template cannot take them");
+            assert_eq!(messages[0].role, "system");
+            assert_eq!(
+                messages[0].content,
+                generic::system_prompt(&weather(), true, true)
+            );
+        }
+        let one = prepare_tools(
+            Some(&weather()),
+            &ToolChoice::Function("get_weather".into()),
+            false,
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let grammar = one.grammar.clone().unwrap();
+        assert!(grammar.contains("\"\\\"tool_call\\\"\""), "{grammar}");
+        assert!(!grammar.contains("tool_calls") && !grammar.contains("response"));
+        let mut with_format = SamplingParams {
+            grammar: Some("root ::= \"x\"".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            one.apply(&mut with_format),
+            Err(ApiError::Validation(ValidationError::ToolsWithFormat))
+        ));
     }
 
     #[test]
@@ -724,8 +808,8 @@ mod tests {
         let required = prepare_tools(
             Some(&weather()),
             &ToolChoice::Required,
+            true,
             Some(QWEN_LIKE),
-            "m",
         )
         .unwrap()
         .unwrap();
@@ -749,8 +833,8 @@ mod tests {
         let err = prepare_tools(
             Some(&weather()),
             &ToolChoice::Function("nope".into()),
+            true,
             Some(QWEN_LIKE),
-            "m",
         )
         .unwrap_err();
         assert_eq!(
@@ -821,8 +905,8 @@ mod tests {
             tools_rule(prepare_tools(
                 None,
                 &ToolChoice::Required,
-                Some(QWEN_LIKE),
-                "m"
+                true,
+                Some(QWEN_LIKE)
             )),
             ValidationError::ToolChoiceWithoutTools
         );
@@ -830,37 +914,25 @@ mod tests {
             tools_rule(prepare_tools(
                 Some(&weather()),
                 &ToolChoice::Function("nope".into()),
-                Some(QWEN_LIKE),
-                "m"
+                true,
+                Some(QWEN_LIKE)
             )),
             ValidationError::ToolChoiceUnknownFunction("nope".into())
-        );
-        assert_eq!(
-            tools_rule(prepare_tools(
-                Some(&weather()),
-                &ToolChoice::Auto,
-                None,
-                "m"
-            )),
-            ValidationError::Unsupported {
-                model: "m".into(),
-                capability: "tools"
-            }
         );
         assert!(matches!(
             tools_rule(prepare_tools(
                 Some(&[json!({"type": "function"})]),
                 &ToolChoice::Auto,
-                Some(QWEN_LIKE),
-                "m"
+                true,
+                Some(QWEN_LIKE)
             )),
             ValidationError::InvalidTool { index: 0, .. }
         ));
         let forced = prepare_tools(
             Some(&weather()),
             &ToolChoice::Required,
+            true,
             Some(QWEN_LIKE),
-            "m",
         )
         .unwrap()
         .unwrap();

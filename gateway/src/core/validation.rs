@@ -167,6 +167,14 @@ pub enum ValidationError {
          drop one of them"
     )]
     ToolChoiceWithFormat,
+    /// Tools on a model whose template cannot describe them (its replies are
+    /// held to the generic tool-call format) together with a response format.
+    #[error(
+        "tools and a response format cannot be combined on this model (its chat template \
+         has no tool support, so tool replies are held to their own JSON format): drop one \
+         of them"
+    )]
+    ToolsWithFormat,
     /// `tools[index]` (as JSON text) is not a function definition.
     #[error(
         "tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\", \

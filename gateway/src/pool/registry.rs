@@ -194,12 +194,8 @@ impl ModelInfo {
         {
             capabilities.push("thinking");
         }
-        if chat_template
-            .as_deref()
-            .is_some_and(|t| t.contains("tools"))
-        {
-            capabilities.push("tools");
-        }
+        // Templates that cannot describe tools get llama.cpp's generic format.
+        capabilities.push("tools");
         let mut hasher = Sha256::new();
         hasher.update(path.as_os_str().as_encoded_bytes());
         hasher.update(file.file_bytes().to_le_bytes());
