@@ -395,6 +395,11 @@ pub fn messages_request(request: &MessagesRequest) -> Result<InferRequest> {
     infer.tools = Some(ToolRequest {
         definitions,
         choice,
+        parallel: request
+            .tool_choice
+            .as_ref()
+            .and_then(|c| c["disable_parallel_tool_use"].as_bool())
+            != Some(true),
     });
     Ok(infer)
 }

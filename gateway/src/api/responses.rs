@@ -458,6 +458,7 @@ pub fn responses_request(request: &ResponsesRequest) -> Result<InferRequest> {
     infer.tools = Some(ToolRequest {
         definitions,
         choice,
+        parallel: request.parallel_tool_calls.unwrap_or(true),
     });
     Ok(infer)
 }
