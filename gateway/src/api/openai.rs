@@ -722,6 +722,9 @@ fn model_object(name: String, modified: SystemTime) -> ModelObject {
 /// Every model the server can run.
 #[utoipa::path(get, path = "/v1/models", tag = "openai", responses((status = 200, body = ModelList)))]
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+    let remote = crate::upstream::listed(&state.registry)
+        .into_iter()
+        .map(|m| model_object(m.name.display, m.facts.modified));
     let data = state
         .registry
         .list()
@@ -730,6 +733,7 @@ pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
             let modified = m.facts().modified;
             model_object(m.name, modified)
         })
+        .chain(remote)
         .collect();
     Json(ModelList {
         object: "list".into(),
@@ -746,14 +750,15 @@ pub async fn retrieve_model(
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>> {
     let name = model_name(&id)?;
-    let named = state
-        .registry
-        .resolve(&name)
-        .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(Json({
+    if let Some(named) = state.registry.resolve(&name) {
         let modified = named.facts().modified;
-        model_object(named.name, modified)
-    }))
+        return Ok(Json(model_object(named.name, modified)));
+    }
+    let remote = crate::upstream::listed(&state.registry)
+        .into_iter()
+        .find(|m| m.name.key == name.key)
+        .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
+    Ok(Json(model_object(remote.name.display, remote.facts.modified)))
 }
 
 /// A chat reply, whole or streamed as SSE.

@@ -5,7 +5,7 @@ use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
-use super::{ollama, openai, pull};
+use super::{health, ollama, openai, pull};
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{OllamaOptions, StopSpec};
 use crate::server::AppState;
@@ -36,6 +36,8 @@ use crate::server::AppState;
         openai::chat_completions,
         openai::completions,
         openai::embeddings,
+        health::health,
+        health::ready,
     ),
     components(schemas(
         OllamaErrorBody,
@@ -47,6 +49,7 @@ use crate::server::AppState;
     tags(
         (name = "ollama", description = "Ollama's API"),
         (name = "openai", description = "OpenAI's API, under /v1"),
+        (name = "health", description = "Liveness and readiness for load balancers"),
     )
 )]
 pub struct ApiDoc;
@@ -58,7 +61,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// Routes open without the API key.
-const OPEN_ROUTES: &[&str] = &["/", "/api/version"];
+const OPEN_ROUTES: &[&str] = &["/", "/api/version", "/health", "/ready"];
 /// Routes that change which models exist (the admin key, when set).
 const ADMIN_ROUTES: &[&str] = &["/api/pull", "/api/copy", "/api/delete"];
 /// Routes that run a model: they may queue (503) and fail mid-way (500).
