@@ -31,6 +31,9 @@ pub async fn ready(State(state): State<AppState>) -> (StatusCode, &'static str) 
     if local || remote {
         (StatusCode::OK, "ready")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no model can be served now")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no model can be served now",
+        )
     }
 }

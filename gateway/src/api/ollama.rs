@@ -825,7 +825,10 @@ pub async fn show(
                 .into_iter()
                 .find(|m| m.name.key == name.key)
                 .ok_or_else(|| ApiError::ModelNotFound(requested.clone()))?;
-            (remote.facts, format!("an upstream server's {}", remote.upstream_name))
+            (
+                remote.facts,
+                format!("an upstream server's {}", remote.upstream_name),
+            )
         }
     };
     let context = state.registry.settings().n_ctx_per_seq.min(

@@ -758,7 +758,10 @@ pub async fn retrieve_model(
         .into_iter()
         .find(|m| m.name.key == name.key)
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(Json(model_object(remote.name.display, remote.facts.modified)))
+    Ok(Json(model_object(
+        remote.name.display,
+        remote.facts.modified,
+    )))
 }
 
 /// A chat reply, whole or streamed as SSE.

@@ -285,7 +285,9 @@ fn upstreams(flags: &[String], file: &Config) -> anyhow::Result<Option<Arc<Upstr
             c.base_url
         );
     }
-    Ok(Some(Arc::new(Upstreams::new(configs).map_err(anyhow::Error::msg)?)))
+    Ok(Some(Arc::new(
+        Upstreams::new(configs).map_err(anyhow::Error::msg)?,
+    )))
 }
 
 fn display_paths(paths: &[PathBuf]) -> String {

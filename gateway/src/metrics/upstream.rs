@@ -64,7 +64,10 @@ pub fn request(upstream: &str) {
 }
 
 pub fn error(upstream: &str) {
-    upstream_metrics().errors.with_label_values(&[upstream]).inc();
+    upstream_metrics()
+        .errors
+        .with_label_values(&[upstream])
+        .inc();
 }
 
 pub fn first_byte(upstream: &str, took: Duration) {

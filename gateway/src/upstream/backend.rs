@@ -16,13 +16,13 @@ use futures_util::{stream, FutureExt, StreamExt};
 
 use super::node::{Failure, InFlight, Node, PeerLoad};
 use super::wire;
-use crate::metrics::upstream as metrics;
 use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelBackend,
     ModelFacts, Residency, TierBytes,
 };
 use crate::core::request::{BackendRequest, EmbedBatch};
 use crate::core::validation::ModelName;
+use crate::metrics::upstream as metrics;
 
 /// Context assumed for a model whose upstream states none, in tokens: the
 /// upstream checks the prompt itself.
@@ -177,19 +177,25 @@ fn passed_on(
         if state.reader.ended() {
             return None;
         }
-        let events = match state.response.chunk().await {
-            Ok(Some(bytes)) => state.reader.feed(&bytes),
-            Ok(None) => state.reader.end(),
-            Err(e) => {
-                let why = wire::describe(&e);
-                state.node.cool_down(&why);
-                metrics::error(state.node.name());
-                vec![BackendEvent::Error(BackendError::Failed(format!(
-                    "the upstream server {} {why} in the middle of the reply",
-                    state.node.name()
-                )))]
+        let broken = match state.response.chunk().await {
+            Ok(Some(bytes)) => Ok(state.reader.feed(&bytes)),
+            Ok(None) => {
+                let events = state.reader.end();
+                match state.reader.ended() {
+                    true => Ok(events),
+                    false => Err("it closed the connection".to_string()),
+                }
             }
+            Err(e) => Err(wire::describe(&e)),
         };
+        let events = broken.unwrap_or_else(|why| {
+            state.node.cool_down(&why);
+            metrics::error(state.node.name());
+            vec![BackendEvent::Error(BackendError::Failed(format!(
+                "the upstream server {} stopped in the middle of the reply: {why}",
+                state.node.name()
+            )))]
+        });
         let failed = events.iter().any(|e| matches!(e, BackendEvent::Error(_)));
         Some((stream::iter(events), (!failed).then_some(state)))
     })
@@ -246,7 +252,10 @@ impl ModelBackend for RemoteBackend {
             .load
             .map(|l| l.context_length)
             .filter(|&n| n > 0)
-            .or(self.facts.context_length.map(|n| n.min(u32::MAX as u64) as u32))
+            .or(self
+                .facts
+                .context_length
+                .map(|n| n.min(u32::MAX as u64) as u32))
             .unwrap_or(UNKNOWN_CONTEXT);
         BackendStatus {
             context_length: context,

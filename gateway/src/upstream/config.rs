@@ -174,7 +174,10 @@ impl UpstreamSection {
         let kind = self.kind.unwrap_or(UpstreamKind::Hypura);
         let base_url = base_url(&self.url, kind).map_err(|e| format!("{}: {e}", key("url")))?;
         let name = self.name.unwrap_or_else(|| format!("peer{}", i + 1));
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
         {
             return Err(format!(
                 "{}: {name:?}: use letters, digits, '.', '_' and '-'",
@@ -317,7 +320,10 @@ mod tests {
             "[[upstreams]]\nurl = \"http://a\"\napi_key_env = \"HYPURA_TEST_SURELY_UNSET_KEY\"\n",
         )
         .unwrap_err();
-        assert!(unset.contains("HYPURA_TEST_SURELY_UNSET_KEY is not set"), "{unset}");
+        assert!(
+            unset.contains("HYPURA_TEST_SURELY_UNSET_KEY is not set"),
+            "{unset}"
+        );
         let twice = parse(
             "[[upstreams]]\nurl = \"http://a\"\nname = \"x\"\n\
              [[upstreams]]\nurl = \"http://b\"\nname = \"x\"\n",

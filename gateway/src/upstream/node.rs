@@ -379,7 +379,11 @@ mod tests {
         .unwrap();
         assert_eq!(name, "SmolLM2:latest");
         assert_eq!(
-            (facts.family.as_str(), facts.quantization.as_str(), facts.size_bytes),
+            (
+                facts.family.as_str(),
+                facts.quantization.as_str(),
+                facts.size_bytes
+            ),
             ("llama", "Q4_1", 98)
         );
         let (key, load) = peer_load(&json!({
@@ -388,14 +392,20 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(key, "smollm2:latest");
-        assert_eq!((load.active, load.queued, load.context_length), (2, 3, 4096));
+        assert_eq!(
+            (load.active, load.queued, load.context_length),
+            (2, 3, 4096)
+        );
     }
 
     #[test]
     fn jitter_stays_within_a_fifth() {
         for _ in 0..100 {
             let d = jittered(Duration::from_secs(10));
-            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
+                "{d:?}"
+            );
         }
     }
 
@@ -410,7 +420,11 @@ mod tests {
         let node = Node::new(config).unwrap();
         let fast = node.find(&ModelName::parse("fast", "m").unwrap()).unwrap();
         assert_eq!(fast.upstream_name, "llama3.2:3b");
-        assert!(node.find(&ModelName::parse("llama3.2:3b", "m").unwrap()).is_some());
-        assert!(node.find(&ModelName::parse("other", "m").unwrap()).is_none());
+        assert!(node
+            .find(&ModelName::parse("llama3.2:3b", "m").unwrap())
+            .is_some());
+        assert!(node
+            .find(&ModelName::parse("other", "m").unwrap())
+            .is_none());
     }
 }

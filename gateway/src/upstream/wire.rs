@@ -45,7 +45,12 @@ pub fn generate_body(
     request: &BackendRequest,
 ) -> Result<(&'static str, Value), BackendError> {
     let params = &request.params;
-    if params.sampling.grammar.as_deref().is_some_and(|g| !g.is_empty()) {
+    if params
+        .sampling
+        .grammar
+        .as_deref()
+        .is_some_and(|g| !g.is_empty())
+    {
         return Err(BackendError::Invalid(
             "structured output (format, response_format, a forced tool call) is not passed on \
              to upstream servers yet: ask a model served on this machine"
@@ -53,7 +58,12 @@ pub fn generate_body(
         ));
     }
     let (path, mut body) = match (&request.prompt, kind.speaks_ollama()) {
-        (Prompt::Messages { messages, tools, .. }, true) => {
+        (
+            Prompt::Messages {
+                messages, tools, ..
+            },
+            true,
+        ) => {
             let mut body = json!({"model": model, "messages": messages});
             if let Some(tools) = tools {
                 body["tools"] = tools.clone();
@@ -67,17 +77,21 @@ pub fn generate_body(
             }
             ("/api/generate", body)
         }
-        (Prompt::Messages { messages, tools, .. }, false) => {
+        (
+            Prompt::Messages {
+                messages, tools, ..
+            },
+            false,
+        ) => {
             let mut body = json!({"model": model, "messages": messages});
             if let Some(tools) = tools {
                 body["tools"] = tools.clone();
             }
             ("/v1/chat/completions", body)
         }
-        (Prompt::Text { text }, false) if request.context.is_empty() => (
-            "/v1/completions",
-            json!({"model": model, "prompt": text}),
-        ),
+        (Prompt::Text { text }, false) if request.context.is_empty() => {
+            ("/v1/completions", json!({"model": model, "prompt": text}))
+        }
         (Prompt::Text { .. }, false) => {
             return Err(BackendError::Invalid(
                 "`context` cannot be passed to an OpenAI-compatible upstream: send the whole \
@@ -169,7 +183,9 @@ pub fn embed_output(kind: UpstreamKind, reply: &Value) -> Result<EmbedOutput, St
             .collect()
     };
     let (vectors, tokens) = if kind.speaks_ollama() {
-        let vectors = reply["embeddings"].as_array().map(|all| all.iter().map(vector).collect());
+        let vectors = reply["embeddings"]
+            .as_array()
+            .map(|all| all.iter().map(vector).collect());
         (vectors, &reply["prompt_eval_count"])
     } else {
         let vectors = reply["data"]
@@ -246,16 +262,10 @@ impl Reader {
         events
     }
 
-    /// The reply's bytes ended: an error unless it finished.
+    /// The reply's bytes ended: the events of its last line. A reply cut
+    /// short leaves [`Reader::ended`] false.
     pub fn end(&mut self) -> Vec<BackendEvent> {
-        let mut events = self.feed(b"\n");
-        if !self.ended {
-            self.ended = true;
-            events.push(BackendEvent::Error(BackendError::Failed(
-                "the upstream server ended its reply before finishing it".into(),
-            )));
-        }
-        events
+        self.feed(b"\n")
     }
 
     fn text(&mut self, text: &str, events: &mut Vec<BackendEvent>) {
@@ -296,7 +306,12 @@ impl Reader {
             let nanos = |key: &str| Duration::from_nanos(chunk[key].as_u64().unwrap_or(0));
             let context = chunk["context"]
                 .as_array()
-                .map(|ids| ids.iter().filter_map(|i| i.as_i64()).map(|i| i as i32).collect())
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|i| i.as_i64())
+                        .map(|i| i as i32)
+                        .collect()
+                })
                 .unwrap_or_default();
             self.ended = true;
             events.push(BackendEvent::Done(Finished {
@@ -395,7 +410,9 @@ mod tests {
 
     #[test]
     fn raw_text_goes_to_generate_or_completions() {
-        let text = request(Prompt::Text { text: "Once".into() });
+        let text = request(Prompt::Text {
+            text: "Once".into(),
+        });
         let (path, body) = generate_body(UpstreamKind::Ollama, "m", &text).unwrap();
         assert_eq!((path, &body["raw"]), ("/api/generate", &json!(true)));
         let (path, body) = generate_body(UpstreamKind::Openai, "m", &text).unwrap();
@@ -425,6 +442,7 @@ mod tests {
             let mut events = reader.feed(&body.as_bytes()[..split]);
             events.extend(reader.feed(&body.as_bytes()[split..]));
             events.extend(reader.end());
+            assert!(reader.ended());
             let text: String = events
                 .iter()
                 .filter_map(|e| match e {
@@ -470,7 +488,8 @@ mod tests {
         );
         let mut reader = Reader::new(UpstreamKind::Hypura, Instant::now());
         reader.feed(b"{\"response\":\"a\",\"done\":false}\n");
-        assert!(matches!(reader.end().last(), Some(BackendEvent::Error(_))));
+        assert!(reader.end().is_empty());
+        assert!(!reader.ended(), "a reply cut short has not ended");
     }
 
     #[test]
@@ -480,7 +499,10 @@ mod tests {
             &json!({"embeddings": [[0.6, 0.8]], "prompt_eval_count": 3}),
         )
         .unwrap();
-        assert_eq!((ollama.vectors, ollama.prompt_tokens), (vec![vec![0.6, 0.8]], 3));
+        assert_eq!(
+            (ollama.vectors, ollama.prompt_tokens),
+            (vec![vec![0.6, 0.8]], 3)
+        );
         let openai = embed_output(
             UpstreamKind::Openai,
             &json!({"data": [{"embedding": [1.0]}], "usage": {"prompt_tokens": 2}}),
