@@ -26,23 +26,24 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-# Starts `hypura serve ARGS...` logging to $work/NAME; prints its base URL.
+# Starts `hypura serve ARGS...` logging to $work/NAME; sets $base to its URL.
 start() {
   local name=$1; shift
-  "$bin" serve "$@" --port 0 --profile "$profile" 2>"$work/$name" &
+  "$bin" serve "$@" --port 0 --profile "$profile" >/dev/null 2>"$work/$name" &
   pids+=($!)
-  local base=
+  base=
   for _ in $(seq 600); do
     base=$(sed -n 's/.*listening on \(http[^ ]*\).*/\1/p' "$work/$name" | head -1)
     [ -n "$base" ] && break
     sleep 0.1
   done
   [ -n "$base" ] || { cat "$work/$name" >&2; echo "$name did not start" >&2; exit 1; }
-  echo "$base"
 }
 
-peer=$(start peer "$model" --parallel 1)
-front=$(start front --upstream "$peer")
+start peer "$model" --parallel 1
+peer=$base
+start front --upstream "$peer"
+front=$base
 name=$(basename "$model" .gguf):latest
 
 python3 - "$peer" "$front" "$name" "$requests" <<'PY'

@@ -8,7 +8,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,7 +27,7 @@ fn config_file(name: &str, toml: &str) -> PathBuf {
 }
 
 /// `hypura serve --config FILE` with no model of its own.
-fn front(config: &PathBuf) -> Server {
+fn front(config: &Path) -> Server {
     Server::start_with(&[
         "serve".into(),
         "--config".into(),

@@ -380,9 +380,11 @@ mod tests {
     use hypura_chat::ChatMessage;
 
     fn request(prompt: Prompt) -> BackendRequest {
-        let mut params = GenerationParams::default();
-        params.max_tokens = Some(8);
-        params.stop = vec!["\n".into()];
+        let mut params = GenerationParams {
+            max_tokens: Some(8),
+            stop: vec!["\n".into()],
+            ..Default::default()
+        };
         params.sampling.seed = Some(7);
         BackendRequest {
             prompt,
