@@ -136,6 +136,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/status", get(metrics::status::page))
         .route("/api/status", get(metrics::status::data))
         .route_layer(middleware::from_fn(metrics::http::track))
+        .layer(middleware::from_fn(crate::upstream::hop_guard))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())

@@ -249,4 +249,19 @@ fn a_wedged_peer_is_left_after_its_first_byte_timeout_and_other_kinds_serve() {
         json!({"model": "nope", "messages": [{"role": "user", "content": "Hi"}]}),
     );
     assert_eq!(missing.status(), 404);
+
+    // A request from another front sees only this server's own models: fronts
+    // pointing at each other never pass a request round in circles.
+    let hop = |r: reqwest::blocking::RequestBuilder| r.header("x-hypura-upstream-hop", "1");
+    let tags: Value = hop(client().get(via_ollama.url("/api/tags")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(tags["models"], json!([]), "{tags}");
+    let looped = hop(client().post(via_ollama.url("/api/chat")))
+        .json(&chat)
+        .send()
+        .unwrap();
+    assert_eq!(looped.status(), 404);
 }

@@ -737,14 +737,11 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
         .into_iter()
         .map(ps_model)
         .collect();
-    if let Some(upstreams) = state.registry.upstreams() {
-        models.extend(
-            upstreams
-                .loaded()
-                .into_iter()
-                .map(|(node, model, load)| remote_ps_model(node, model, load)),
-        );
-    }
+    models.extend(
+        crate::upstream::loaded_elsewhere(&state.registry)
+            .into_iter()
+            .map(|(node, model, load)| remote_ps_model(node, model, load)),
+    );
     Json(PsResponse { models })
 }
 

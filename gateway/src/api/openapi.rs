@@ -204,6 +204,8 @@ mod tests {
             "/v1/chat/completions",
             "/v1/completions",
             "/v1/embeddings",
+            "/health",
+            "/ready",
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }

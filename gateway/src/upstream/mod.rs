@@ -32,6 +32,32 @@ use crate::core::request::{InferRequest, Prompt};
 use crate::core::validation::ModelName;
 use crate::pool::registry::Registry;
 
+/// The header a front sends with every request to an upstream. A hypura
+/// receiving it serves and lists only its own models, so that fronts
+/// pointing at each other never pass a request round in circles.
+pub const HOP_HEADER: &str = "x-hypura-upstream-hop";
+
+tokio::task_local! {
+    /// Whether the request being handled came from another front.
+    static FROM_A_FRONT: bool;
+}
+
+/// Middleware: notes whether the request came from another front ([`HOP_HEADER`]).
+pub async fn hop_guard(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let from_a_front = request.headers().contains_key(HOP_HEADER);
+    FROM_A_FRONT.scope(from_a_front, next.run(request)).await
+}
+
+/// The upstreams to use for the request being handled: none for a request
+/// that came from another front.
+fn upstreams_of(pool: &Registry) -> Option<&Arc<Upstreams>> {
+    let from_a_front = FROM_A_FRONT.try_with(|v| *v).unwrap_or(false);
+    pool.upstreams().filter(|_| !from_a_front)
+}
+
 /// Every upstream, in the order configured (the order breaks ties).
 pub struct Upstreams {
     nodes: Vec<Arc<Node>>,
@@ -54,7 +80,6 @@ impl Upstreams {
     /// on the current tokio runtime, for as long as it runs.
     pub fn start_probes(&self) {
         for node in &self.nodes {
-            crate::metrics::upstream::set_up(node.name(), false);
             let node = Arc::clone(node);
             tokio::spawn(async move {
                 loop {
@@ -140,7 +165,7 @@ fn rank(node: &Node, upstream_model: &str) -> Rank {
 /// own engine (or not found). Local wins unless its queue is full and the
 /// best upstream has the model loaded.
 pub fn route(pool: &Registry, name: &ModelName) -> Option<RemoteBackend> {
-    let remote = pool.upstreams()?.route(name)?;
+    let remote = upstreams_of(pool)?.route(name)?;
     if pool.resolve(name).is_none() {
         return Some(remote);
     }
@@ -158,7 +183,7 @@ fn local_queue_full(pool: &Registry, name: &ModelName) -> bool {
 /// The upstreams' models not served here under the same name (for the
 /// model lists: a local model hides a remote one of its name).
 pub fn listed(pool: &Registry) -> Vec<RemoteModel> {
-    let Some(upstreams) = pool.upstreams() else {
+    let Some(upstreams) = upstreams_of(pool) else {
         return Vec::new();
     };
     upstreams
@@ -166,6 +191,11 @@ pub fn listed(pool: &Registry) -> Vec<RemoteModel> {
         .into_iter()
         .filter(|m| pool.resolve(&m.name).is_none())
         .collect()
+}
+
+/// The models loaded on the upstreams, by upstream name (for `/api/ps`).
+pub fn loaded_elsewhere(pool: &Registry) -> Vec<(String, RemoteModel, PeerLoad)> {
+    upstreams_of(pool).map(|u| u.loaded()).unwrap_or_default()
 }
 
 /// Runs `request` on upstreams ([`crate::core::infer::infer`]'s remote

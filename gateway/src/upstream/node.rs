@@ -108,7 +108,8 @@ impl Node {
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let builder = self
             .client
-            .request(method, format!("{}{path}", self.config.base_url));
+            .request(method, format!("{}{path}", self.config.base_url))
+            .header(super::HOP_HEADER, "1");
         match &self.config.api_key {
             Some(key) => builder.bearer_auth(&key.0),
             None => builder,
