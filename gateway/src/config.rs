@@ -42,6 +42,9 @@ pub struct ConfigFile {
     /// `[telemetry]`: log format and span export.
     #[serde(default)]
     pub telemetry: TelemetrySection,
+    /// `[[upstreams]]`: other servers models are routed to.
+    #[serde(default)]
+    pub upstreams: Vec<crate::upstream::config::UpstreamSection>,
 }
 
 /// `[server]`: the same settings as `hypura serve`'s flags of the same names.
@@ -160,6 +163,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// Origins, hosts, keys and pull limits (`default_roots` left empty).
     pub security: crate::security::SecuritySettings,
+    pub upstreams: Vec<crate::upstream::config::UpstreamConfig>,
 }
 
 /// A `[[models]]` entry, checked: its name (given, or the file stem with
@@ -312,6 +316,7 @@ impl ConfigFile {
             in_process: s.in_process,
             models: Vec::new(),
             telemetry: self.telemetry.check()?,
+            upstreams: crate::upstream::config::check_all(self.upstreams)?,
             security: crate::security::SecuritySettings {
                 allowed_origins: s.allowed_origins,
                 allowed_hosts: s.allowed_hosts,

@@ -19,6 +19,8 @@
 //!   graceful shutdown.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
 //!   the default model's download.
+//! - [`upstream`]: other servers (hypura peers, Ollama, OpenAI-compatible
+//!   engines) models are routed to over HTTP, with probes and failover.
 //! - [`telemetry`]: log lines (text or JSON), the spans of requests, model
 //!   loads and moves, and their OTLP export.
 pub mod api;
@@ -32,3 +34,4 @@ pub mod pool;
 pub mod security;
 pub mod server;
 pub mod telemetry;
+pub mod upstream;

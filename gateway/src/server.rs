@@ -26,7 +26,9 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::{anthropic, blobs, create, debug, ollama, openai, openapi, pull, responses};
+use crate::api::{
+    anthropic, blobs, create, debug, health, ollama, openai, openapi, pull, responses,
+};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
@@ -128,6 +130,8 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
     let routes = Router::new()
         .route("/", get(ollama::root).head(ollama::root))
         .route("/api/version", get(ollama::version))
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
@@ -153,6 +157,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/status", get(metrics::status::page))
         .route("/api/status", get(metrics::status::data))
         .route_layer(middleware::from_fn(metrics::http::track))
+        .layer(middleware::from_fn(crate::upstream::hop_guard))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())
@@ -212,7 +217,15 @@ async fn not_found(request: Request) -> Response {
 }
 
 /// Open without the key: the status page holds no data (it asks `/api/status`, which needs it).
-const OPEN_PATHS: &[&str] = &["/", "/api/version", "/openapi.json", "/docs", "/status"];
+const OPEN_PATHS: &[&str] = &[
+    "/",
+    "/api/version",
+    "/openapi.json",
+    "/docs",
+    "/status",
+    "/health",
+    "/ready",
+];
 
 /// Refuses (403) a request from a web page of a foreign origin, or one
 /// naming a `Host` this server does not answer to (DNS rebinding); see

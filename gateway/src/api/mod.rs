@@ -9,12 +9,14 @@
 //! - [`pull`] serves `/api/pull`.
 //! - [`create`] serves `/api/create` and `/api/push`, [`blobs`] `/api/blobs/:digest`;
 //!   [`modelfile`] reads and writes Ollama's Modelfile text.
+//! - [`health`]: `/health` and `/ready`.
 //! - [`debug`]: test-only routes (with `HYPURA_RUNNER_TEST_HOOKS=1`).
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
 pub mod anthropic;
 pub mod blobs;
 pub mod create;
 pub mod debug;
+pub mod health;
 pub mod modelfile;
 pub mod ollama;
 pub mod openai;

@@ -28,7 +28,6 @@ use crate::core::request::{
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError};
-use crate::pool::registry::NamedModel;
 use crate::pool::LoadedBackend;
 use crate::server::{body_bytes, AppState};
 
@@ -102,6 +101,9 @@ pub struct PsModel {
     pub tier_bytes: TierBytes,
     /// hypura: the engine's slots now.
     pub slots: PsSlots,
+    /// hypura: the upstream server it is loaded on (absent: this one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Requests decoding (`active`, at most `parallel`) and waiting (`queued`).
@@ -353,13 +355,6 @@ fn either_name(model: Option<&str>, name: Option<&str>) -> Result<(String, Model
         .to_string();
     let parsed = ModelName::parse(&raw, "model")?;
     Ok((raw, parsed))
-}
-
-fn resolve(state: &AppState, requested: &str, name: &ModelName) -> Result<NamedModel> {
-    state
-        .registry
-        .resolve(name)
-        .ok_or_else(|| ApiError::ModelNotFound(requested.to_string()).into())
 }
 
 fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>> {
@@ -722,20 +717,24 @@ pub async fn version() -> Json<VersionResponse> {
 #[utoipa::path(get, path = "/api/tags", tag = "ollama",
     responses((status = 200, body = TagsResponse)))]
 pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
-    let models = state
-        .registry
-        .list()
+    let local = state.registry.list();
+    let remote = crate::upstream::listed(&state.registry)
+        .into_iter()
+        .map(|m| (m.name.display, m.facts));
+    let models = local
         .into_iter()
         .map(|m| {
             let facts = m.facts();
-            TagModel {
-                model: m.name.clone(),
-                name: m.name,
-                modified_at: rfc3339(facts.modified),
-                size: facts.size_bytes,
-                digest: facts.digest.clone(),
-                details: details(&facts),
-            }
+            (m.name, facts)
+        })
+        .chain(remote)
+        .map(|(name, facts)| TagModel {
+            model: name.clone(),
+            name,
+            modified_at: rfc3339(facts.modified),
+            size: facts.size_bytes,
+            digest: facts.digest.clone(),
+            details: details(&facts),
         })
         .collect();
     Json(TagsResponse { models })
@@ -745,13 +744,50 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
 #[utoipa::path(get, path = "/api/ps", tag = "ollama",
     responses((status = 200, body = PsResponse)))]
 pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
-    let models = state
+    let mut models: Vec<PsModel> = state
         .registry
         .loaded_backends()
         .into_iter()
         .map(ps_model)
         .collect();
+    models.extend(
+        crate::upstream::loaded_elsewhere(&state.registry)
+            .into_iter()
+            .map(|(node, model, load)| remote_ps_model(node, model, load)),
+    );
     Json(PsResponse { models })
+}
+
+/// A model loaded on an upstream, as `/api/ps` lists it (`node` names the upstream).
+fn remote_ps_model(
+    node: String,
+    model: crate::upstream::node::RemoteModel,
+    load: crate::upstream::node::PeerLoad,
+) -> PsModel {
+    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
+    PsModel {
+        name: model.name.display.clone(),
+        model: model.name.display,
+        size: load.size_bytes,
+        digest: model.facts.digest.clone(),
+        details: details(&model.facts),
+        expires_at: rfc3339(forever),
+        size_vram: load.size_vram_bytes,
+        context_length: load.context_length,
+        residency: crate::core::backend::Residency::Full.to_string(),
+        tier_bytes: TierBytes {
+            gpu: load.size_vram_bytes,
+            ram: load.size_bytes.saturating_sub(load.size_vram_bytes),
+            stream: 0,
+        },
+        slots: PsSlots {
+            active: load.active,
+            queued: load.queued,
+            parallel: 0,
+            decode_tokens_per_second: None,
+        },
+        node: Some(node),
+    }
 }
 
 /// A loaded model as `/api/ps` lists it, from its backend's memory, status and facts.
@@ -779,6 +815,7 @@ fn ps_model(m: LoadedBackend) -> PsModel {
             parallel: status.parallel,
             decode_tokens_per_second: status.decode_tokens_per_second,
         },
+        node: None,
     }
 }
 
@@ -791,14 +828,25 @@ pub async fn show(
 ) -> Result<Json<ShowResponse>> {
     let request: ShowRequest = parse_json(&body_bytes(body)?)?;
     let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
-    let named = resolve(&state, &requested, &name)?;
-    let facts = named.facts();
-    let context = state.registry.served_context(&named);
-    let mut response = show_response(&facts, &named.source.to_string(), context);
-    if let Some(created) = &named.created {
-        super::create::show_created(&mut response, created, context);
+    if let Some(named) = state.registry.resolve(&name) {
+        let facts = named.facts();
+        let context = state.registry.served_context(&named);
+        let mut response = show_response(&facts, &named.source.to_string(), context);
+        if let Some(created) = &named.created {
+            super::create::show_created(&mut response, created, context);
+        }
+        return Ok(Json(response));
     }
-    Ok(Json(response))
+    let remote = crate::upstream::listed(&state.registry)
+        .into_iter()
+        .find(|m| m.name.key == name.key)
+        .ok_or_else(|| ApiError::ModelNotFound(requested.clone()))?;
+    let context = remote
+        .facts
+        .context_length
+        .map_or(0, |n| n.min(u32::MAX as u64) as u32);
+    let from = format!("an upstream server's {}", remote.upstream_name);
+    Ok(Json(show_response(&remote.facts, &from, context)))
 }
 
 /// `/api/show`'s answer for a model whose weights come `from` (a file).

@@ -858,14 +858,33 @@ fn model_object(state: &AppState, named: NamedModel) -> ModelObject {
     }
 }
 
+/// A model an upstream serves, with the context its `/api/tags` or
+/// `/v1/models` says (0 when it says none).
+fn remote_object(remote: crate::upstream::node::RemoteModel) -> ModelObject {
+    ModelObject {
+        context_length: remote
+            .facts
+            .context_length
+            .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32),
+        created: unix_seconds(remote.facts.modified),
+        id: remote.name.display,
+        object: "model".into(),
+        owned_by: "hypura".into(),
+    }
+}
+
 /// Every model the server can run.
 #[utoipa::path(get, path = "/v1/models", tag = "openai", responses((status = 200, body = ModelList)))]
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+    let remote = crate::upstream::listed(&state.registry)
+        .into_iter()
+        .map(remote_object);
     let data = state
         .registry
         .list()
         .into_iter()
         .map(|m| model_object(&state, m))
+        .chain(remote)
         .collect();
     Json(ModelList {
         object: "list".into(),
@@ -882,11 +901,14 @@ pub async fn retrieve_model(
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>> {
     let name = model_name(&id)?;
-    let named = state
-        .registry
-        .resolve(&name)
+    if let Some(named) = state.registry.resolve(&name) {
+        return Ok(Json(model_object(&state, named)));
+    }
+    let remote = crate::upstream::listed(&state.registry)
+        .into_iter()
+        .find(|m| m.name.key == name.key)
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(Json(model_object(&state, named)))
+    Ok(Json(remote_object(remote)))
 }
 
 /// A chat reply, whole or streamed as SSE, with `n` choices. A conversation

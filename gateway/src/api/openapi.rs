@@ -5,7 +5,7 @@ use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
-use super::{anthropic, blobs, create, ollama, openai, pull, responses};
+use super::{anthropic, blobs, create, health, ollama, openai, pull, responses};
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{OllamaOptions, StopSpec};
 use crate::server::AppState;
@@ -46,6 +46,8 @@ use crate::server::AppState;
         openai::embeddings,
         responses::create_response,
         anthropic::messages,
+        health::health,
+        health::ready,
     ),
     components(schemas(
         OllamaErrorBody,
@@ -59,6 +61,7 @@ use crate::server::AppState;
         (name = "ollama", description = "Ollama's API"),
         (name = "openai", description = "OpenAI's API, under /v1"),
         (name = "anthropic", description = "Anthropic's Messages API, /v1/messages"),
+        (name = "health", description = "Liveness and readiness for load balancers"),
     )
 )]
 pub struct ApiDoc;
@@ -70,7 +73,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// Routes open without the API key.
-const OPEN_ROUTES: &[&str] = &["/", "/api/version"];
+const OPEN_ROUTES: &[&str] = &["/", "/api/version", "/health", "/ready"];
 /// Routes that change which models exist (the admin key, when set).
 const ADMIN_ROUTES: &[&str] = &["/api/pull", "/api/copy", "/api/delete"];
 /// Routes that run a model: they may queue (503) and fail mid-way (500).
@@ -224,6 +227,8 @@ mod tests {
             "/v1/embeddings",
             "/v1/responses",
             "/v1/messages",
+            "/health",
+            "/ready",
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }

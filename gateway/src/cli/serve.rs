@@ -19,6 +19,7 @@ use crate::pool::runner::Runners;
 use crate::security::{Security, SecuritySettings};
 use crate::server::{self, AppState, HttpSettings};
 use crate::telemetry::{self, LogFormat, TelemetrySettings};
+use crate::upstream::{self, Upstreams};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -109,6 +110,11 @@ pub struct ServeArgs {
     /// per model (a crash in a model then ends the server).
     #[arg(long)]
     in_process: bool,
+    /// Also serve the models of another server at URL: a hypura peer, or
+    /// `ollama+URL` / `openai+URL` (repeatable; `[[upstreams]]` in the
+    /// configuration file sets more). With upstreams, no local model is needed.
+    #[arg(long, value_name = "URL")]
+    upstream: Vec<String>,
 }
 
 /// A whole or fractional number of seconds, 0 or more.
@@ -191,12 +197,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .or(file.default_max_tokens)
             .unwrap_or(config::DEFAULT_MAX_TOKENS),
     });
+    let upstreams = upstreams(&args.upstream, &file)?;
     let mut count = 0;
     for (i, model) in file.models.iter().enumerate() {
         register_configured(&registry, model).with_context(|| format!("models[{i}].path"))?;
         count += 1;
     }
-    let paths = if args.models.is_empty() && file.models.is_empty() {
+    let paths = if args.models.is_empty() && file.models.is_empty() && upstreams.is_none() {
         vec![fetch::default_model()?]
     } else {
         args.models.clone()
@@ -204,7 +211,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for path in &paths {
         count += register(&registry, path)?;
     }
-    if count == 0 {
+    if count == 0 && upstreams.is_none() {
         bail!("no *.gguf model found in {}", display_paths(&paths));
     }
     let models_dir = args
@@ -243,6 +250,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         crate::api::pull::remove_stale_parts(&crate::pool::manifest::blobs_dir(dir));
         crate::pool::manifest::register_saved(&registry, dir);
     }
+    if let Some(upstreams) = &upstreams {
+        registry.attach_upstreams(Arc::clone(upstreams));
+    }
     let state = AppState {
         registry: Arc::new(registry),
         api_key: api_key.map(Arc::from),
@@ -265,9 +275,40 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if let Some(upstreams) = upstreams {
+        runtime.block_on(upstreams.first_probes(FIRST_PROBES_TIMEOUT));
+        let _in_runtime = runtime.enter();
+        upstreams.start_probes();
+    }
     runtime
         .block_on(server::serve(addr, state, http))
         .with_context(|| format!("serving on {addr}"))
+}
+
+/// How long start-up waits for the upstreams' first answers (their model lists).
+const FIRST_PROBES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The upstreams of the file and of `--upstream` flags (`None`: none).
+fn upstreams(flags: &[String], file: &Config) -> anyhow::Result<Option<Arc<Upstreams>>> {
+    let mut configs = file.upstreams.clone();
+    for flag in flags {
+        let config = upstream::config::from_flag(flag, configs.len() + 1);
+        configs.push(config.map_err(anyhow::Error::msg)?);
+    }
+    if configs.is_empty() {
+        return Ok(None);
+    }
+    for c in &configs {
+        eprintln!(
+            "hypura: upstream {} ({}) at {}",
+            c.name,
+            c.kind.as_str(),
+            c.base_url
+        );
+    }
+    Ok(Some(Arc::new(
+        Upstreams::new(configs).map_err(anyhow::Error::msg)?,
+    )))
 }
 
 fn display_paths(paths: &[PathBuf]) -> String {

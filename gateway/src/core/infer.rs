@@ -75,6 +75,9 @@ async fn resolve_and_start(
     mut request: InferRequest,
     arrived: Instant,
 ) -> Result<Answer, ApiError> {
+    if let Some(remote) = crate::upstream::route(pool, &request.name) {
+        return crate::upstream::start(remote, request, arrived).await;
+    }
     let named = pool
         .resolve(&request.name)
         .ok_or_else(|| ApiError::ModelNotFound(request.requested.clone()))?;
@@ -518,9 +521,13 @@ async fn embed_texts(
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
     let truncate = request.batch.truncate;
     validation::check_embed_texts(&mut request.batch.texts, truncate)?;
-    let lease = pool
-        .backend(&request.requested, &request.name, request.keep_alive)
-        .await?;
+    let lease = match crate::upstream::route(pool, &request.name) {
+        Some(remote) => crate::upstream::lease(remote),
+        None => {
+            pool.backend(&request.requested, &request.name, request.keep_alive)
+                .await?
+        }
+    };
     crate::metrics::note_model(&request.name.display);
     let (mut vectors, tokens) = if request.batch.texts.is_empty() {
         (Vec::new(), 0)

@@ -16,8 +16,10 @@
 //! are called from places that hold no server state (the end of a
 //! generation, a model's eviction).
 pub mod http;
+pub mod inference_extension;
 pub mod scrape;
 pub mod status;
+pub mod upstream;
 
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};

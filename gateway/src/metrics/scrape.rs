@@ -109,6 +109,7 @@ fn read_pool(m: &Metrics, pool: &Registry) {
     }
     m.kv_cache_usage.reset();
     m.decode_rate.reset();
+    super::inference_extension::reset();
     let loaded = pool.loaded_backends();
     m.loaded_models.set(loaded.len() as i64);
     let runners = pool.settings().runners.is_some();
@@ -130,7 +131,10 @@ fn read_pool(m: &Metrics, pool: &Registry) {
         if let Some(rate) = status.decode_tokens_per_second {
             m.decode_rate.with_label_values(&name).set(rate);
         }
-        if let Some(kv) = model.backend.kv_cache() {
+        let kv = model.backend.kv_cache();
+        let kv_usage = kv.map(|kv| kv.cells_used as f64 / kv.cells.max(1) as f64);
+        super::inference_extension::set(&model.name, status.queued, status.active, kv_usage);
+        if let Some(kv) = kv {
             m.kv_cache_bytes
                 .with_label_values(&name)
                 .set(kv.bytes as i64);

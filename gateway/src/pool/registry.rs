@@ -571,6 +571,8 @@ pub struct Registry {
     budget: Option<Arc<GlobalBudget>>,
     /// Sends true to end every lease's generation ([`Registry::cancel_in_flight`]).
     cancel: tokio::sync::watch::Sender<bool>,
+    /// Other servers models are routed to ([`crate::upstream`]), set once at start-up.
+    upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
 }
 
 impl Registry {
@@ -604,7 +606,18 @@ impl Registry {
             settings,
             budget,
             cancel: tokio::sync::watch::Sender::new(false),
+            upstreams: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Routes the models of `upstreams` too (once; a second call is ignored).
+    pub fn attach_upstreams(&self, upstreams: Arc<crate::upstream::Upstreams>) {
+        let _ = self.upstreams.set(upstreams);
+    }
+
+    /// The upstreams, when any are configured.
+    pub fn upstreams(&self) -> Option<&Arc<crate::upstream::Upstreams>> {
+        self.upstreams.get()
     }
 
     /// Ends every generation in flight now: each answers its client with a
