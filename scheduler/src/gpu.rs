@@ -104,7 +104,11 @@ fn budget_order(tensors: &[PlanTensor], n_layer: u32) -> Vec<Vec<&PlanTensor>> {
         units.push(in_layer(il, false).collect());
     }
     for il in (0..n_layer).rev() {
-        units.extend(in_layer(il, true).filter(|t| !is_experts(t)).map(|t| vec![t]));
+        units.extend(
+            in_layer(il, true)
+                .filter(|t| !is_experts(t))
+                .map(|t| vec![t]),
+        );
     }
     // A layer's experts as one unit: the planner prices them so.
     for il in (0..n_layer).rev() {

@@ -474,17 +474,15 @@ fn resident_items(req: &PlanRequest, mode: Mode, kv_per_layer: u64) -> (Vec<Item
             (TensorRole::Embedding, _) => embeddings.push(i),
             (role @ (TensorRole::Attention | TensorRole::Experts), Some(layer)) => {
                 let experts = role == TensorRole::Experts;
-                let item = grouped
-                    .entry((class(role), layer))
-                    .or_insert_with(|| Item {
-                        tensors: Vec::new(),
-                        weight_bytes: 0,
-                        kv_bytes: if experts { 0 } else { kv_per_layer },
-                        touched: 0.0,
-                        layer: Some(layer),
-                        ffn: experts,
-                        streams,
-                    });
+                let item = grouped.entry((class(role), layer)).or_insert_with(|| Item {
+                    tensors: Vec::new(),
+                    weight_bytes: 0,
+                    kv_bytes: if experts { 0 } else { kv_per_layer },
+                    touched: 0.0,
+                    layer: Some(layer),
+                    ffn: experts,
+                    streams,
+                });
                 item.tensors.push(i);
                 item.weight_bytes += t.bytes;
                 item.touched += touched_per_token(t, &req.facts);
@@ -536,9 +534,11 @@ struct Streamed {
 /// are on the GPU).
 fn streamed(req: &PlanRequest, mode: Mode, gpu_layers: &BTreeSet<u32>) -> Streamed {
     let mut per_layer: BTreeMap<u32, u64> = BTreeMap::new();
-    for t in req.tensors.iter().filter(|t| {
-        is_streamed(mode, &t.name) && !t.layer.is_some_and(|l| gpu_layers.contains(&l))
-    }) {
+    for t in req
+        .tensors
+        .iter()
+        .filter(|t| is_streamed(mode, &t.name) && !t.layer.is_some_and(|l| gpu_layers.contains(&l)))
+    {
         *per_layer.entry(t.layer.unwrap_or(0)).or_insert(0) += t.bytes;
     }
     let bytes: u64 = per_layer.values().sum();
@@ -885,7 +885,13 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         kv_cache_gpu_bytes,
         stream_cache_bytes: best.cache,
         pool_slots: best.slots,
-        prefetch_depth_layers: prefetch_depth(mode, &all_streamed, best.slots, &best.prediction, &rates),
+        prefetch_depth_layers: prefetch_depth(
+            mode,
+            &all_streamed,
+            best.slots,
+            &best.prediction,
+            &rates,
+        ),
         expected_hit_rate: best.hit,
         nvme_bytes_per_token: best.nvme,
         rates,
@@ -1308,7 +1314,10 @@ mod tests {
         all_streamed.settings.mode = Some(Mode::ExpertStreaming);
         all_streamed.settings.gpu = Some(GpuShare::Layers(99));
         let all_streamed = super::plan(&all_streamed).unwrap();
-        assert_eq!(all_streamed.tier_bytes.stream, plan.tier_bytes.stream + plan.tier_bytes.gpu - all_streamed.tier_bytes.gpu);
+        assert_eq!(
+            all_streamed.tier_bytes.stream,
+            plan.tier_bytes.stream + plan.tier_bytes.gpu - all_streamed.tier_bytes.gpu
+        );
         assert!(
             plan.predicted_tokens_per_second() > all_streamed.predicted_tokens_per_second(),
             "{} vs {}",
