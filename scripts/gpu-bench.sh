@@ -320,12 +320,18 @@ EOF
 VS=$OUT/vs.jsonl
 
 # hb CASE MODEL [hypura bench flags...]: the bench report, with the peak RSS
-# (KiB) of the hypura process.
+# (KiB) of the hypura process; inside a cgroup of memory.max $CG when set.
 hb() {
   local case=$1 model=$2; shift 2
   late "hypura bench $case" && return 0
-  log "hypura bench $case: $*"
-  python3 - "$case" "$H" bench "$model" --json --threads "$T" "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
+  log "hypura bench $case: $* ${CG:+(cgroup memory.max $CG)}"
+  local wrap=()
+  if [ -n "${CG:-}" ]; then
+    local cg=/sys/fs/cgroup/hypura-hb
+    cgroup_at "$cg" "$CG" || { log "$case skipped"; return 1; }
+    wrap=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh)
+  fi
+  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
 import json, resource, subprocess, sys
 case, cmd = sys.argv[1], sys.argv[2:]
 r = subprocess.run(cmd, capture_output=True, text=True)
@@ -333,11 +339,12 @@ rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 if r.returncode != 0:
     sys.stderr.write(r.stderr[-2000:])
     sys.exit(1)
-print(json.dumps({"case": case, "engine": "hypura", "args": " ".join(cmd[3:]), "peak_rss_kib": rss,
+print(json.dumps({"case": case, "engine": "hypura", "args": " ".join(cmd[cmd.index("bench") + 2:]), "peak_rss_kib": rss,
                   **json.loads(r.stdout)}))
 EOF
   # shellcheck disable=SC2181
   [ $? -eq 0 ] || { log "FAILED: hypura bench $case"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
+  [ -n "${CG:-}" ] && log "cgroup peak (memory.peak): $(cat /sys/fs/cgroup/hypura-hb/memory.peak 2>/dev/null) bytes"
   tail -1 "$VS" | cut -c1-900 | tee -a "$OUT/log.txt"
 }
 
@@ -351,10 +358,7 @@ lb() {
   local cg=/sys/fs/cgroup/hypura-llb peak=""
   local run=("$B/llama-bench" -m "$model" -t "$T" -o json "$@")
   if [ "$max" != - ]; then
-    mkdir -p "$cg" 2>/dev/null && echo "$max" >"$cg/memory.max" \
-      || { log "cgroup v2 memory.max not writable here: $case skipped"; return 1; }
-    echo 0 >"$cg/memory.swap.max" 2>/dev/null
-    log "cgroup $cg memory.max = $(cat "$cg/memory.max")"
+    cgroup_at "$cg" "$max" || { log "$case skipped"; return 1; }
     run=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh "${run[@]}")
   fi
   "${run[@]}" >"$W/lb.json" 2>"$W/err.txt" \
@@ -370,6 +374,16 @@ for t in json.load(open(path)):
                       "n_gen": t["n_gen"], "cgroup_peak_bytes": int(peak) if peak else None}))
 EOF
   tail -2 "$VS" | tee -a "$OUT/log.txt"
+}
+
+# cgroup_at DIR MAX: a cgroup v2 at DIR with memory.max = MAX (and no swap);
+# fails where /sys/fs/cgroup is not a writable cgroup2 file system.
+cgroup_at() {
+  [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] || { log "/sys/fs/cgroup is not cgroup v2"; return 1; }
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+  mkdir -p "$1" 2>/dev/null && echo "$2" >"$1/memory.max" 2>/dev/null || { log "cgroup $1 not writable"; return 1; }
+  echo 0 >"$1/memory.swap.max" 2>/dev/null
+  log "cgroup $1: memory.max $(cat "$1/memory.max")"
 }
 
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || log "drop_caches not writable"; }
@@ -401,7 +415,10 @@ exact() {
 }
 
 bigmodel() {
-  [ -f "$MOEFULL" ] || { log "models: $MOEFULL"; "$S" moe --preset mixtral-8x7b -o "$MOEFULL" | tail -3 | tee -a "$OUT/log.txt"; }
+  late bigmodel && return 0
+  # Written under another name first: a call cut short leaves no half file.
+  [ -f "$MOEFULL" ] || { log "models: $MOEFULL"; "$S" moe --preset mixtral-8x7b -o "$MOEFULL.part" | tail -3 | tee -a "$OUT/log.txt" \
+    && mv "$MOEFULL.part" "$MOEFULL" && log "models: written"; }
   ls -la "$MOEFULL" | tee -a "$OUT/log.txt"
   df -h "$W" | tee -a "$OUT/log.txt"
 }
@@ -413,6 +430,11 @@ bigmodel() {
 vsmixtral() {
   drop_caches
   hb mixtral-8g-12g "$MOEFULL" --gpu-budget 8GiB --ram-budget 12GiB --prompt-tokens 16 \
+    --tokens "${MIX_TOKENS:-32}" --repetitions 1
+  # The same memory for both: hypura inside the same 12 GiB cgroup, its RAM
+  # budget leaving room for what it holds beside weights and cache.
+  drop_caches
+  CG=12G hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
     --tokens "${MIX_TOKENS:-32}" --repetitions 1
   local n
   for n in ${NCMOE:-23}; do
@@ -434,7 +456,7 @@ for r in rows:
 # Which llama-bench case each hypura case stands beside.
 best_ncmoe = max((v["decode"]["avg_ts"], k) for k, v in lb.items() if k.startswith("mixtral-ncmoe") and "decode" in v)[1] \
     if any(k.startswith("mixtral-ncmoe") for k in lb) else None
-beside = {"dense-all-gpu": "dense-all-gpu", "mixtral-8g-12g": best_ncmoe}
+beside = {"dense-all-gpu": "dense-all-gpu", "mixtral-8g-12g": best_ncmoe, "mixtral-8g-12g-cgroup": best_ncmoe}
 fmt = lambda m, s: f"{m:9.2f} ± {s:6.2f}"
 print(f"{'case':22} {'phase':7} {'hypura tok/s':>18} {'llama-bench tok/s':>18} {'ratio':>6}")
 for case, h in hyp.items():

@@ -232,7 +232,8 @@ pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
-/// Greedy decoding of a fixed prompt, timing the prompt and each step.
+/// Greedy decoding of a fixed prompt: an untimed warm-up, then the timed
+/// repetitions, each timing its prompt and its decode steps.
 fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result<Measured> {
     let model = Arc::clone(&tiered.model);
     let mut prompt: Vec<i32> = Vec::new();
