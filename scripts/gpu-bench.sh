@@ -331,7 +331,7 @@ hb() {
     cgroup_at "$cg" "$CG" || { log "$case skipped"; return 1; }
     wrap=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh)
   fi
-  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
+  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
 import json, resource, subprocess, sys
 case, cmd = sys.argv[1], sys.argv[2:]
 r = subprocess.run(cmd, capture_output=True, text=True)
@@ -414,13 +414,26 @@ exact() {
   R=1 hyp hybrid-ram "$MOE" --mode full-resident --gpu-budget 3584MiB
 }
 
+# The full-size Mixtral-8x7B shape (26.3 GB). May run in the background
+# beside `build` (it needs no llama.cpp); a later call waits for a writer
+# still at work rather than starting a second one.
 bigmodel() {
-  late bigmodel && return 0
-  # Written under another name first: a call cut short leaves no half file.
-  [ -f "$MOEFULL" ] || { log "models: $MOEFULL"; "$S" moe --preset mixtral-8x7b -o "$MOEFULL.part" | tail -3 | tee -a "$OUT/log.txt" \
-    && mv "$MOEFULL.part" "$MOEFULL" && log "models: written"; }
+  local pid
+  pid=$(cat "$W/bigmodel.pid" 2>/dev/null)
+  if [ ! -f "$MOEFULL" ] && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    log "models: waiting for the writer of $MOEFULL (pid $pid)"
+    while kill -0 "$pid" 2>/dev/null; do sleep 2; done
+  fi
+  if [ ! -f "$MOEFULL" ]; then
+    late bigmodel && return 0
+    log "models: $MOEFULL"
+    echo $$ >"$W/bigmodel.pid"
+    "$S" moe --preset mixtral-8x7b -o "$MOEFULL.part" | tail -3 | tee -a "$OUT/log.txt"
+    # Renamed when complete: a call cut short leaves no half file under the name.
+    [ "${PIPESTATUS[0]}" = 0 ] && mv "$MOEFULL.part" "$MOEFULL" && log "models: written"
+  fi
   ls -la "$MOEFULL" | tee -a "$OUT/log.txt"
-  df -h "$W" | tee -a "$OUT/log.txt"
+  df -h "$W" | tail -1 | tee -a "$OUT/log.txt"
 }
 
 # Full-size Mixtral shape under 8 GiB of GPU and 12 GiB of RAM: hypura's plan
@@ -431,16 +444,16 @@ vsmixtral() {
   drop_caches
   hb mixtral-8g-12g "$MOEFULL" --gpu-budget 8GiB --ram-budget 12GiB --prompt-tokens 16 \
     --tokens "${MIX_TOKENS:-32}" --repetitions 1
-  # The same memory for both: hypura inside the same 12 GiB cgroup, its RAM
-  # budget leaving room for what it holds beside weights and cache.
-  drop_caches
-  CG=12G hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
-    --tokens "${MIX_TOKENS:-32}" --repetitions 1
   local n
   for n in ${NCMOE:-23}; do
     drop_caches
     lb "mixtral-ncmoe$n" 12G "$MOEFULL" -ngl 99 --n-cpu-moe "$n" -p 0 -n "${MIX_LB_TOKENS:-16}" -r 1
   done
+  # The same memory for both: hypura inside the same 12 GiB cgroup, its RAM
+  # budget leaving room for what it holds beside weights and cache.
+  drop_caches
+  CG=12G hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
+    --tokens "${MIX_TOKENS:-32}" --repetitions 1
 }
 
 # One table: hypura beside llama-bench per case, with ratios.
