@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
 #
-#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary)
+#   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
+#                                     beside llama.cpp's own tools: tools vsdense cached exact bigmodel vsmixtral table)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -11,7 +12,9 @@
 # vendored by llama-cpp-sys-2.
 #
 # Inputs (copied into the ignored .devcarry/ and carried; docs/benchmarks.md
-# says how): .devcarry/llama.cpp.tar.gz, .devcarry/hypura, .devcarry/hypura-synth.
+# says how): .devcarry/llama.cpp.tar.gz, .devcarry/hypura, .devcarry/hypura-synth,
+# and for `tools` .devcarry/llama-tools.tar.gz (llama-bench and llama-server
+# from the llama-cpp-python 0.3.36 sdist, llama.cpp 0c1e57098).
 # Outputs under $OUT (at most 8 files): results.jsonl (one line per run),
 # log.txt, summary.txt, h200-measured.json (hypura profile), plans.jsonl,
 # bench.jsonl (hypura bench: the planner's prediction beside the measurement).
@@ -33,6 +36,7 @@ S=$PWD/.devcarry/hypura-synth
 LB=$W/llama-decode-bench
 DENSE=$W/llama-8b-q4k.gguf
 MOE=$W/mixtral-8l-q4k.gguf
+MOEFULL=$W/mixtral-8x7b-q4k.gguf
 export LD_LIBRARY_PATH=$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT" "$W"
 DEADLINE=${DEADLINE:-560}
@@ -61,6 +65,27 @@ build() {
   cc -O2 -o "$LB" scripts/bench/llama_decode_bench.c -I"$SRC/include" -I"$SRC/ggml/include" \
     -L"$B" -lllama -lggml -lggml-base -Wl,-rpath,"$B" || return 1
   ls -la "$B" | tee -a "$OUT/log.txt"
+}
+
+# llama.cpp's own llama-bench and llama-server, built in the same CMake tree
+# over the same libraries: the sdist's tools/llama-bench and tools/server, a
+# stub tools/ui (no web assets: no npm, no network) and a tools/CMakeLists.txt
+# that adds only mtmd, llama-bench, ui and server. The tarball's sources are
+# already patched for the vendored common/ (docs/benchmarks.md says which).
+tools() {
+  if [ -x "$B/llama-bench" ]; then log "tools: already there"; return; fi
+  [ -f .devcarry/llama-tools.tar.gz ] || { log "tools: no .devcarry/llama-tools.tar.gz"; return 1; }
+  tar xzf .devcarry/llama-tools.tar.gz -C "$SRC/tools" || return 1
+  local t0=$SECONDS
+  cmake -S "$SRC" -B "$W/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >>"$W/cmake.log" 2>&1 \
+    || { tail -30 "$W/cmake.log" | tee -a "$OUT/log.txt"; return 1; }
+  cmake --build "$W/build" -j"$(nproc)" --target llama-bench >"$W/tools.log" 2>&1 \
+    || { grep -E "error" "$W/tools.log" | head -30 | tee -a "$OUT/log.txt"; return 1; }
+  log "tools: llama-bench in $((SECONDS - t0)) s"
+  [ "${SERVER:-0}" = 1 ] || return 0
+  cmake --build "$W/build" -j"$(nproc)" --target llama-server >>"$W/tools.log" 2>&1 \
+    || { grep -E "error" "$W/tools.log" | head -30 | tee -a "$OUT/log.txt"; return 1; }
+  log "tools: llama-server in $((SECONDS - t0)) s"
 }
 
 models() {
@@ -287,6 +312,202 @@ for a, b in [
     (("dense-ngl0", "hypura"), ("dense-ngl0", "llama.cpp")),
 ]:
     cmp(a, b)
+EOF
+}
+
+# --- Side by side with llama.cpp's own tools (llama-bench); `hypura bench`
+# with warm-up and repetitions. One JSON line per run in vs.jsonl.
+VS=$OUT/vs.jsonl
+
+# hb CASE MODEL [hypura bench flags...]: the bench report, with the peak RSS
+# (KiB) of the hypura process; inside a cgroup of memory.max $CG when set.
+hb() {
+  local case=$1 model=$2; shift 2
+  late "hypura bench $case" && return 0
+  log "hypura bench $case: $* ${CG:+(cgroup memory.max $CG)}"
+  local wrap=()
+  if [ -n "${CG:-}" ]; then
+    local cg=/sys/fs/cgroup/hypura-hb
+    cgroup_at "$cg" "$CG" || { log "$case skipped"; return 1; }
+    wrap=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh)
+  fi
+  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
+import json, resource, subprocess, sys
+case, cmd = sys.argv[1], sys.argv[2:]
+r = subprocess.run(cmd, capture_output=True, text=True)
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+if r.returncode != 0:
+    sys.stderr.write(r.stderr[-2000:])
+    sys.exit(1)
+print(json.dumps({"case": case, "engine": "hypura", "args": " ".join(cmd[cmd.index("bench") + 2:]), "peak_rss_kib": rss,
+                  **json.loads(r.stdout)}))
+EOF
+  # shellcheck disable=SC2181
+  [ $? -eq 0 ] || { log "FAILED: hypura bench $case"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
+  [ -n "${CG:-}" ] && log "cgroup peak (memory.peak): $(cat /sys/fs/cgroup/hypura-hb/memory.peak 2>/dev/null) bytes"
+  tail -1 "$VS" | cut -c1-900 | tee -a "$OUT/log.txt"
+}
+
+# lb CASE MEMORY_MAX MODEL [llama-bench flags...]: llama-bench -o json, in a
+# cgroup v2 of that memory.max (page cache included) unless it is "-".
+lb() {
+  local case=$1 max=$2 model=$3; shift 3
+  late "llama-bench $case" && return 0
+  [ -x "$B/llama-bench" ] || { log "no llama-bench: $case skipped"; return 1; }
+  log "llama-bench $case (memory.max $max): $*"
+  local cg=/sys/fs/cgroup/hypura-llb peak=""
+  local run=("$B/llama-bench" -m "$model" -t "$T" -o json "$@")
+  if [ "$max" != - ]; then
+    cgroup_at "$cg" "$max" || { log "$case skipped"; return 1; }
+    run=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh "${run[@]}")
+  fi
+  "${run[@]}" >"$W/lb.json" 2>"$W/err.txt" \
+    || { log "FAILED: llama-bench $case"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
+  [ "$max" != - ] && peak=$(cat "$cg/memory.peak" 2>/dev/null)
+  python3 - "$case" "$*" "$W/lb.json" "$peak" >>"$VS" <<'EOF'
+import json, sys
+case, flags, path, peak = sys.argv[1:5]
+for t in json.load(open(path)):
+    kind = "prompt" if t["n_gen"] == 0 else "decode"
+    print(json.dumps({"case": case, "engine": "llama-bench", "kind": kind, "args": flags,
+                      "avg_ts": t["avg_ts"], "stddev_ts": t["stddev_ts"], "n_prompt": t["n_prompt"],
+                      "n_gen": t["n_gen"], "cgroup_peak_bytes": int(peak) if peak else None}))
+EOF
+  tail -2 "$VS" | tee -a "$OUT/log.txt"
+}
+
+# cgroup_at DIR MAX: a cgroup v2 at DIR with memory.max = MAX (and no swap);
+# fails where /sys/fs/cgroup is not a writable cgroup2 file system.
+cgroup_at() {
+  [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] || { log "/sys/fs/cgroup is not cgroup v2"; return 1; }
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+  mkdir -p "$1" 2>/dev/null && echo "$2" >"$1/memory.max" 2>/dev/null || { log "cgroup $1 not writable"; return 1; }
+  echo 0 >"$1/memory.swap.max" 2>/dev/null
+  log "cgroup $1: memory.max $(cat "$1/memory.max")"
+}
+
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || log "drop_caches not writable"; }
+
+# Llama-8B shape, everything on the GPU: pp512 and tg128, 5 repetitions.
+vsdense() {
+  lb dense-all-gpu - "$DENSE" -ngl 99 -p 512 -n 128 -r 5
+  hb dense-all-gpu "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
+}
+
+# Streaming with every expert cached against the experts in RAM, the same
+# tensors elsewhere on the same devices (Mixtral-8L): with the GPU (attention
+# and routers there, experts on the CPU) and CPU only.
+cached() {
+  local gpu
+  for gpu in 400MiB 0; do
+    hb "moe-ram-gpu$gpu" "$MOE" --mode full-resident --gpu-budget $gpu --tokens 64 --prompt-tokens 64 --repetitions 3
+    hb "moe-cached-gpu$gpu" "$MOE" --mode expert-streaming --gpu-budget $gpu --tokens 64 --prompt-tokens 64 --repetitions 3
+  done
+}
+
+# Exactness of the hybrid placement on the GPU: half the expert layers on the
+# GPU, the rest streamed under a RAM budget that evicts, against full-resident
+# with the same GPU tensors (the planner puts the same ones there) and the
+# other experts in RAM.
+exact() {
+  R=1 hyp hybrid-stream "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
+  R=1 hyp hybrid-ram "$MOE" --mode full-resident --gpu-budget 3584MiB
+}
+
+# The full-size Mixtral-8x7B shape (26.3 GB). May run in the background
+# beside `build` (it needs no llama.cpp); a later call waits for a writer
+# still at work rather than starting a second one.
+bigmodel() {
+  local pid
+  pid=$(cat "$W/bigmodel.pid" 2>/dev/null)
+  if [ ! -f "$MOEFULL" ] && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    log "models: waiting for the writer of $MOEFULL (pid $pid)"
+    while kill -0 "$pid" 2>/dev/null; do sleep 2; done
+  fi
+  if [ ! -f "$MOEFULL" ]; then
+    late bigmodel && return 0
+    log "models: $MOEFULL"
+    echo $$ >"$W/bigmodel.pid"
+    "$S" moe --preset mixtral-8x7b -o "$MOEFULL.part" | tail -3 | tee -a "$OUT/log.txt"
+    # Renamed when complete: a call cut short leaves no half file under the name.
+    [ "${PIPESTATUS[0]}" = 0 ] && mv "$MOEFULL.part" "$MOEFULL" && log "models: written"
+  fi
+  ls -la "$MOEFULL" | tee -a "$OUT/log.txt"
+  df -h "$W" | tail -1 | tee -a "$OUT/log.txt"
+}
+
+# Full-size Mixtral shape under 8 GiB of GPU and 12 GiB of RAM: hypura's plan
+# against llama-bench with every layer on the GPU but the experts of the first
+# NCMOE layers (23: the most expert layers 8 GiB holds), mmap, in a cgroup of
+# 12 GiB; page cache dropped before each.
+vsmixtral() {
+  drop_caches
+  hb mixtral-8g-12g "$MOEFULL" --gpu-budget 8GiB --ram-budget 12GiB --prompt-tokens 16 \
+    --tokens "${MIX_TOKENS:-32}" --repetitions 1
+  local n
+  for n in ${NCMOE:-23}; do
+    drop_caches
+    lb "mixtral-ncmoe$n" 12G "$MOEFULL" -ngl 99 --n-cpu-moe "$n" -p 0 -n "${MIX_LB_TOKENS:-16}" -r 1
+  done
+  # The same memory for both: hypura inside the same 12 GiB cgroup, its RAM
+  # budget leaving room for what it holds beside weights and cache.
+  drop_caches
+  CG=12G hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
+    --tokens "${MIX_TOKENS:-32}" --repetitions 1
+}
+
+# One table: hypura beside llama-bench per case, with ratios.
+table() {
+  python3 - "$VS" "$OUT/results.jsonl" <<'EOF' | tee "$OUT/table.txt"
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
+hyp = {r["case"]: r for r in rows if r["engine"] == "hypura"}
+lb = {}
+for r in rows:
+    if r["engine"] == "llama-bench":
+        lb.setdefault(r["case"], {})[r["kind"]] = r
+# Which llama-bench case each hypura case stands beside.
+best_ncmoe = max((v["decode"]["avg_ts"], k) for k, v in lb.items() if k.startswith("mixtral-ncmoe") and "decode" in v)[1] \
+    if any(k.startswith("mixtral-ncmoe") for k in lb) else None
+beside = {"dense-all-gpu": "dense-all-gpu", "mixtral-8g-12g": best_ncmoe, "mixtral-8g-12g-cgroup": best_ncmoe}
+fmt = lambda m, s: f"{m:9.2f} ± {s:6.2f}"
+print(f"{'case':22} {'phase':7} {'hypura tok/s':>18} {'llama-bench tok/s':>18} {'ratio':>6}")
+for case, h in hyp.items():
+    base = lb.get(beside.get(case), {})
+    for kind, key in (("prompt", "prompt_tokens_per_second"), ("decode", "measured_tokens_per_second")):
+        hv, hs = h[key], h.get(key + "_sd", 0.0)
+        b = base.get(kind)
+        lv = fmt(b["avg_ts"], b["stddev_ts"]) if b else " " * 18
+        ratio = f"{hv / b['avg_ts']:6.3f}" if b else "      "
+        print(f"{case:22} {kind:7} {fmt(hv, hs)} {lv} {ratio}")
+    t = h.get("tier_bytes", {})
+    st = h.get("stream", {})
+    print(f"{'':22} plan: {h['mode']}, GPU {t.get('gpu', 0) / 1e9:.2f} GB, RAM {t.get('ram', 0) / 1e9:.2f} GB, "
+          f"STREAM {t.get('stream', 0) / 1e9:.2f} GB (cache {h.get('stream_cache_bytes', 0) / 1e9:.2f} GB), "
+          f"predicted {h['predicted_tokens_per_second']:.2f} tok/s; peak RSS {h['peak_rss_kib'] / 1e6:.2f} GB")
+    if h["mode"] != "full-resident":
+        print(f"{'':22} stream: hit rate {st.get('hit_rate', 0):.2f}, {st.get('nvme_bytes_per_token', 0) / 1e9:.2f} GB/token "
+              f"at {st.get('read_gbps', 0):.2f} GB/s, stall {st.get('io_stall_seconds_per_token', 0) * 1e3:.0f} ms/token, "
+              f"{st.get('resident_layer_skips_per_token', 0):.1f} layers/token not asked")
+for case, kinds in lb.items():
+    for kind, b in kinds.items():
+        print(f"llama-bench {case} {kind}: {fmt(b['avg_ts'], b['stddev_ts'])} ({b['args']}; cgroup peak {b['cgroup_peak_bytes']})")
+def pair(a, b, what):
+    if a in hyp and b in hyp:
+        x, y = hyp[a]["measured_tokens_per_second"], hyp[b]["measured_tokens_per_second"]
+        print(f"{what}: {x:.2f} vs {y:.2f} tok/s = {x / y:.3f}")
+pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
+pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
+if os.path.exists(sys.argv[2]):
+    res = {}
+    for l in open(sys.argv[2]):
+        r = json.loads(l)
+        res.setdefault(r["case"], []).append(r)
+    if "hybrid-stream" in res and "hybrid-ram" in res:
+        a, b = res["hybrid-stream"][0]["tokens"], res["hybrid-ram"][0]["tokens"]
+        n = next((i for i, (p, q) in enumerate(zip(a, b)) if p != q), None)
+        print("GPU exactness, hybrid (experts streamed) vs the same GPU tensors with experts in RAM: "
+              + (f"identical ({len(a)} tokens)" if n is None else f"differ from token {n}"))
 EOF
 }
 

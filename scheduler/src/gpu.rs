@@ -29,8 +29,9 @@ pub enum GpuShare {
     /// counts them: the output layer first, then the last `n - 1` layers.
     Layers(u32),
     /// Resident tensors in order of use per byte (the output layer, then the
-    /// attention, norms and routers of each layer from the last, then FFN and
-    /// expert tensors from the last layer) while they fit in this many bytes.
+    /// attention, norms and routers of each layer from the last, then FFN
+    /// tensors from the last layer, then each layer's experts as one unit from
+    /// the last layer) while they fit in this many bytes.
     /// Leave room beside it for the KV cache and compute buffers.
     BudgetBytes(u64),
 }
@@ -103,7 +104,15 @@ fn budget_order(tensors: &[PlanTensor], n_layer: u32) -> Vec<Vec<&PlanTensor>> {
         units.push(in_layer(il, false).collect());
     }
     for il in (0..n_layer).rev() {
-        units.extend(in_layer(il, true).map(|t| vec![t]));
+        units.extend(
+            in_layer(il, true)
+                .filter(|t| !is_experts(t))
+                .map(|t| vec![t]),
+        );
+    }
+    // A layer's experts as one unit: the planner prices them so.
+    for il in (0..n_layer).rev() {
+        units.push(in_layer(il, true).filter(|t| is_experts(t)).collect());
     }
     units
 }
@@ -153,6 +162,10 @@ pub fn gpu_layers<'a>(
     } else {
         0
     }
+}
+
+fn is_experts(t: &PlanTensor) -> bool {
+    t.role == TensorRole::Experts
 }
 
 /// The input layer, which llama.cpp keeps on the CPU.

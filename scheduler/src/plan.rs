@@ -20,7 +20,7 @@
 //! Every feasible (mode, GPU prefix) is priced with [`cost::predict`] and the
 //! fastest wins; so more budget never predicts a slower plan (a larger budget
 //! only adds candidates and enlarges caches).
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -414,6 +414,9 @@ struct Item {
     layer: Option<u32>,
     /// Part of a layer's FFN (dense or experts): decides where the layer's second half runs.
     ffn: bool,
+    /// A layer's streamed experts (expert-streaming): off the GPU they are
+    /// STREAM, not RAM.
+    streams: bool,
 }
 
 impl Item {
@@ -453,26 +456,32 @@ fn layer_key(layer: Option<u32>) -> u32 {
     layer.map_or(0, |l| u32::MAX - l)
 }
 
-/// Resident candidates in value-per-byte order (embeddings excluded), and the
-/// embeddings' indices.
+/// Candidates for the faster tiers in value-per-byte order (embeddings
+/// excluded), and the embeddings' indices. A layer's expert stacks form one
+/// item (the GPU takes whole layers' experts, as llama.cpp's `--n-cpu-moe`
+/// does); in expert-streaming that item streams when it is not on the GPU.
+/// Dense-FFN streaming's streamed tensors are no candidates.
 fn resident_items(req: &PlanRequest, mode: Mode, kv_per_layer: u64) -> (Vec<Item>, Vec<usize>) {
-    let mut attention: BTreeMap<u32, Item> = BTreeMap::new();
+    let mut grouped: BTreeMap<(u8, u32), Item> = BTreeMap::new();
     let mut singles: Vec<(u8, u32, usize)> = Vec::new();
     let mut embeddings = Vec::new();
     for (i, t) in req.tensors.iter().enumerate() {
-        if is_streamed(mode, &t.name) {
+        let streams = is_streamed(mode, &t.name);
+        if streams && mode != Mode::ExpertStreaming {
             continue;
         }
         match (t.role, t.layer) {
             (TensorRole::Embedding, _) => embeddings.push(i),
-            (TensorRole::Attention, Some(layer)) => {
-                let item = attention.entry(layer).or_insert_with(|| Item {
+            (role @ (TensorRole::Attention | TensorRole::Experts), Some(layer)) => {
+                let experts = role == TensorRole::Experts;
+                let item = grouped.entry((class(role), layer)).or_insert_with(|| Item {
                     tensors: Vec::new(),
                     weight_bytes: 0,
-                    kv_bytes: kv_per_layer,
+                    kv_bytes: if experts { 0 } else { kv_per_layer },
                     touched: 0.0,
                     layer: Some(layer),
-                    ffn: false,
+                    ffn: experts,
+                    streams,
                 });
                 item.tensors.push(i);
                 item.weight_bytes += t.bytes;
@@ -481,9 +490,9 @@ fn resident_items(req: &PlanRequest, mode: Mode, kv_per_layer: u64) -> (Vec<Item
             (role, layer) => singles.push((class(role), layer_key(layer), i)),
         }
     }
-    let mut keyed: Vec<((u8, u32, usize), Item)> = attention
-        .into_values()
-        .map(|item| ((1, layer_key(item.layer), item.tensors[0]), item))
+    let mut keyed: Vec<((u8, u32, usize), Item)> = grouped
+        .into_iter()
+        .map(|((c, _), item)| ((c, layer_key(item.layer), item.tensors[0]), item))
         .collect();
     for (c, layer_key, i) in singles {
         let t = &req.tensors[i];
@@ -496,6 +505,7 @@ fn resident_items(req: &PlanRequest, mode: Mode, kv_per_layer: u64) -> (Vec<Item
                 touched: touched_per_token(t, &req.facts),
                 layer: t.layer,
                 ffn: matches!(t.role, TensorRole::Ffn | TensorRole::Experts),
+                streams: false,
             },
         ));
     }
@@ -520,9 +530,15 @@ struct Streamed {
     touched: f64,
 }
 
-fn streamed(req: &PlanRequest, mode: Mode) -> Streamed {
+/// The streamed part of `mode` but the layers in `gpu_layers` (whose experts
+/// are on the GPU).
+fn streamed(req: &PlanRequest, mode: Mode, gpu_layers: &BTreeSet<u32>) -> Streamed {
     let mut per_layer: BTreeMap<u32, u64> = BTreeMap::new();
-    for t in req.tensors.iter().filter(|t| is_streamed(mode, &t.name)) {
+    for t in req
+        .tensors
+        .iter()
+        .filter(|t| is_streamed(mode, &t.name) && !t.layer.is_some_and(|l| gpu_layers.contains(&l)))
+    {
         *per_layer.entry(t.layer.unwrap_or(0)).or_insert(0) += t.bytes;
     }
     let bytes: u64 = per_layer.values().sum();
@@ -595,6 +611,9 @@ fn crossings(items: &[Item], on_gpu: &[bool], s: &Streamed, req: &PlanRequest) -
     let mut output_on_gpu = false;
     for (i, item) in items.iter().enumerate() {
         let gpu = on_gpu[i];
+        if item.streams && !gpu {
+            continue; // in `s`
+        }
         match item.layer.map(|l| l as usize) {
             Some(l) if l < n => {
                 let slot = if item.ffn { &mut ffn[l] } else { &mut attn[l] };
@@ -714,7 +733,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
     let kv_total = req.facts.kv_bytes(settings.kv_tokens());
     let kv_per_layer = kv_total / u64::from(n_layer);
     let (items, embeddings) = resident_items(req, mode, kv_per_layer);
-    let s = streamed(req, mode);
+    let all_streamed = streamed(req, mode, &BTreeSet::new());
     let embedding_bytes: u64 = embeddings.iter().map(|&i| req.tensors[i].bytes).sum();
     let embedding_touched: f64 = embeddings
         .iter()
@@ -723,10 +742,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
     // KV of layers without attention tensors (unusual) stays in RAM.
     let kv_unplaced =
         kv_total - kv_per_layer * items.iter().filter(|i| i.kv_bytes > 0).count() as u64;
-    let all_bytes: u64 = items.iter().map(Item::bytes).sum();
-    let all_touched: f64 = items.iter().map(|i| i.touched).sum();
-    let min_cache = s.layer_bytes;
-    let rates = Rates::from_profile(req.profile, s.unit_bytes);
+    let rates = Rates::from_profile(req.profile, all_streamed.unit_bytes);
     let overlap = match mode {
         Mode::FullResident => Overlap::None,
         Mode::ExpertStreaming => Overlap::OnDemand,
@@ -737,36 +753,49 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
     // RAM too short for this one.
     let evaluate = |on_gpu: Vec<bool>, check_gpu: bool| -> Option<Option<Candidate>> {
         let (mut gpu_bytes, mut gpu_touched) = (0u64, 0f64);
-        let mut gpu_layers = std::collections::BTreeSet::new();
-        for (item, _) in items.iter().zip(&on_gpu).filter(|(_, &g)| g) {
-            gpu_bytes += item.bytes();
-            gpu_touched += item.touched;
-            gpu_layers.extend(item.layer);
+        let (mut ram_bytes, mut ram_touched) = (0u64, 0f64);
+        let mut gpu_layers = BTreeSet::new();
+        // Layers whose streamed experts are on the GPU instead.
+        let mut gpu_expert_layers = BTreeSet::new();
+        for (item, &gpu) in items.iter().zip(&on_gpu) {
+            if gpu {
+                gpu_bytes += item.bytes();
+                gpu_touched += item.touched;
+                gpu_layers.extend(item.layer);
+                if item.streams {
+                    gpu_expert_layers.extend(item.layer);
+                }
+            } else if !item.streams {
+                ram_bytes += item.bytes();
+                ram_touched += item.touched;
+            }
         }
         if check_gpu && gpu_bytes > gpu_budget {
             return None;
         }
+        let s = streamed(req, mode, &gpu_expert_layers);
+        if mode != Mode::FullResident && s.bytes == 0 {
+            return Some(None); // nothing left to stream: full-resident's plan
+        }
+        let ram_resident = ram_bytes + embedding_bytes + kv_unplaced;
         let cache = match settings.stream_cache_bytes {
             _ if mode == Mode::FullResident => 0,
             Some(fixed) => fixed,
-            None => {
-                let ram_resident = all_bytes - gpu_bytes + embedding_bytes + kv_unplaced;
-                match ram_budget.checked_sub(ram_resident) {
-                    Some(cache) if cache >= min_cache => cache.min(s.bytes),
-                    _ => return Some(None),
-                }
-            }
+            None => match ram_budget.checked_sub(ram_resident) {
+                Some(cache) if cache >= s.layer_bytes => cache.min(s.bytes),
+                _ => return Some(None),
+            },
         };
-        if mode == Mode::FullResident && settings.stream_cache_bytes.is_none() {
-            let ram_resident = all_bytes - gpu_bytes + embedding_bytes + kv_unplaced;
-            if ram_resident > ram_budget {
-                return Some(None);
-            }
+        if mode == Mode::FullResident
+            && settings.stream_cache_bytes.is_none()
+            && ram_resident > ram_budget
+        {
+            return Some(None);
         }
         let (hit, nvme, slots, misses) = stream_traffic(&s, mode, cache.min(s.bytes));
         let traffic = TokenTraffic {
             gpu_bytes: gpu_touched,
-            ram_bytes: all_touched - gpu_touched + embedding_touched + s.touched,
+            ram_bytes: ram_touched + embedding_touched + s.touched,
             nvme_bytes: nvme,
             misses,
             crossings: crossings(&items, &on_gpu, &s, req),
@@ -811,7 +840,11 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
     let mut tiers = BTreeMap::new();
     let mut tier_bytes = TierBytes::default();
     for (item, &gpu) in items.iter().zip(&best.on_gpu) {
-        let tier = if gpu { Tier::Gpu } else { Tier::Ram };
+        let tier = match (gpu, item.streams) {
+            (true, _) => Tier::Gpu,
+            (false, true) => Tier::Stream,
+            (false, false) => Tier::Ram,
+        };
         for &t in &item.tensors {
             tiers.insert(req.tensors[t].name.clone(), tier);
         }
@@ -821,9 +854,12 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         tiers.insert(req.tensors[i].name.clone(), Tier::Ram);
         tier_bytes.ram += req.tensors[i].bytes;
     }
-    for t in req.tensors.iter().filter(|t| is_streamed(mode, &t.name)) {
-        tiers.insert(t.name.clone(), Tier::Stream);
-        tier_bytes.stream += t.bytes;
+    // Dense-FFN streaming's streamed tensors (no candidates for the GPU).
+    for t in req.tensors {
+        if !tiers.contains_key(&t.name) {
+            tiers.insert(t.name.clone(), Tier::Stream);
+            tier_bytes.stream += t.bytes;
+        }
     }
     let kv_cache_gpu_bytes = items
         .iter()
@@ -849,7 +885,13 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         kv_cache_gpu_bytes,
         stream_cache_bytes: best.cache,
         pool_slots: best.slots,
-        prefetch_depth_layers: prefetch_depth(mode, &s, best.slots, &best.prediction, &rates),
+        prefetch_depth_layers: prefetch_depth(
+            mode,
+            &all_streamed,
+            best.slots,
+            &best.prediction,
+            &rates,
+        ),
         expected_hit_rate: best.hit,
         nvme_bytes_per_token: best.nvme,
         rates,
@@ -892,7 +934,7 @@ fn does_not_fit(req: &PlanRequest, modes: &[Mode], gpu_budget: u64, ram_budget: 
     let leanest = modes
         .iter()
         .map(|&mode| {
-            let s = streamed(req, mode);
+            let s = streamed(req, mode, &BTreeSet::new());
             let total: u64 = req.tensors.iter().map(|t| t.bytes).sum();
             let resident = total - s.bytes;
             (resident + kv + s.layer_bytes, mode, resident, s.layer_bytes)
@@ -1061,19 +1103,20 @@ mod tests {
             .map(|t| t.bytes)
             .sum();
         let kv = facts(4, 8).kv_bytes(4096);
-        // Room for the attention, norms, routers, output and KV, plus one expert tensor.
-        let one_expert_tensor = tensors
+        // Room for the attention, norms, routers, output and KV, plus the
+        // last layer's experts and half of another's: experts go by whole layers.
+        let layer_experts: u64 = tensors
             .iter()
-            .find(|t| t.role == TensorRole::Experts)
-            .unwrap()
-            .bytes;
-        let gpu = attention_and_small + kv + one_expert_tensor + 1000;
+            .filter(|t| t.role == TensorRole::Experts && t.layer == Some(3))
+            .map(|t| t.bytes)
+            .sum();
+        let gpu = attention_and_small + kv + layer_experts + layer_experts / 2;
         let plan = plan(&request(&tensors, facts(4, 8), &p, gpu, 64 * GIB)).unwrap();
         assert_eq!(plan.mode, Mode::FullResident);
         for t in &tensors {
-            let expected = match (t.role, t.name.as_str()) {
+            let expected = match (t.role, t.layer) {
                 (TensorRole::Embedding, _) => Tier::Ram,
-                (TensorRole::Experts, "blk.3.ffn_gate_exps.weight") => Tier::Gpu,
+                (TensorRole::Experts, Some(3)) => Tier::Gpu,
                 (TensorRole::Experts, _) => Tier::Ram,
                 _ => Tier::Gpu,
             };
@@ -1214,6 +1257,89 @@ mod tests {
             plan_moe.stream_cache_bytes,
             4 * GIB - plan_moe.tier_bytes.ram - plan_moe.kv_cache_bytes
         );
+    }
+
+    /// The Mixtral shape under a GPU budget too small for every expert and a
+    /// RAM budget too small for the rest: the last layers' experts on the
+    /// GPU, the others streamed through what RAM holds.
+    fn hybrid_case() -> (Vec<PlanTensor>, ModelFacts, HardwareProfile, u64) {
+        let tensors = model(32, 4096, 14336, 1024, 8);
+        let f = facts(32, 8);
+        let non_expert: u64 = tensors
+            .iter()
+            .filter(|t| !matches!(t.role, TensorRole::Experts | TensorRole::Embedding))
+            .map(|t| t.bytes)
+            .sum();
+        let layer_experts: u64 = tensors
+            .iter()
+            .filter(|t| t.role == TensorRole::Experts && t.layer == Some(0))
+            .map(|t| t.bytes)
+            .sum();
+        // Room beside attention, norms, output and KV for 5.5 layers' experts.
+        let gpu = non_expert + f.kv_bytes(4096) + layer_experts * 11 / 2;
+        (tensors, f, profile(Some(141_000_000_000)), gpu)
+    }
+
+    #[test]
+    fn expert_layers_the_gpu_holds_stay_there_and_the_rest_stream() {
+        let (tensors, f, p, gpu) = hybrid_case();
+        let plan = plan(&request(&tensors, f, &p, gpu, 12 * GIB)).unwrap();
+        assert_eq!(plan.mode, Mode::ExpertStreaming);
+        for t in &tensors {
+            let expected = match (t.role, t.layer) {
+                (TensorRole::Embedding, _) => Tier::Ram,
+                // The last five layers' experts: 5.5 layers fit, experts go by whole layers.
+                (TensorRole::Experts, Some(l)) if l >= 27 => Tier::Gpu,
+                (TensorRole::Experts, _) => Tier::Stream,
+                _ => Tier::Gpu,
+            };
+            assert_eq!(plan.tiers[&t.name], expected, "{}", t.name);
+        }
+        assert!(plan.tier_bytes.gpu + plan.kv_cache_gpu_bytes <= gpu);
+        let stream: u64 = tensors
+            .iter()
+            .filter(|t| plan.tiers[&t.name] == Tier::Stream)
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(plan.tier_bytes.stream, stream);
+        // The cache takes what RAM leaves, for the streamed layers only.
+        assert_eq!(
+            plan.stream_cache_bytes,
+            12 * GIB - plan.tier_bytes.ram - (plan.kv_cache_bytes - plan.kv_cache_gpu_bytes)
+        );
+        assert_eq!(plan.gpu_layers, 33, "every layer and the output layer");
+
+        // Faster than streaming every layer's experts beside the same attention.
+        let mut all_streamed = request(&tensors, f, &p, gpu, 12 * GIB);
+        all_streamed.settings.mode = Some(Mode::ExpertStreaming);
+        all_streamed.settings.gpu = Some(GpuShare::Layers(99));
+        let all_streamed = super::plan(&all_streamed).unwrap();
+        assert_eq!(
+            all_streamed.tier_bytes.stream,
+            plan.tier_bytes.stream + plan.tier_bytes.gpu - all_streamed.tier_bytes.gpu
+        );
+        assert!(
+            plan.predicted_tokens_per_second() > all_streamed.predicted_tokens_per_second(),
+            "{} vs {}",
+            plan.predicted_tokens_per_second(),
+            all_streamed.predicted_tokens_per_second()
+        );
+    }
+
+    #[test]
+    fn full_resident_under_the_same_gpu_budget_puts_the_same_tensors_on_the_gpu() {
+        // What the GPU exactness check compares: the hybrid plan against
+        // full-resident with the same GPU tensors, experts in RAM.
+        let (tensors, f, p, gpu) = hybrid_case();
+        let hybrid = plan(&request(&tensors, f, &p, gpu, 12 * GIB)).unwrap();
+        let mut req = request(&tensors, f, &p, gpu, 64 * GIB);
+        req.settings.mode = Some(Mode::FullResident);
+        let full = plan(&req).unwrap();
+        for t in &tensors {
+            let (h, r) = (hybrid.tiers[&t.name], full.tiers[&t.name]);
+            assert_eq!(h == Tier::Gpu, r == Tier::Gpu, "{}", t.name);
+        }
+        assert_eq!(hybrid.gpu_layers, full.gpu_layers);
     }
 
     #[test]

@@ -526,9 +526,14 @@ fn per_token_statistics_add_up_to_the_cumulative_ones() {
     assert_eq!(sum(|s| s.nvme_bytes_read), total.nvme_bytes_read);
     assert_eq!(sum(|s| s.expert_hits), total.expert_hits);
     assert_eq!(sum(|s| s.expert_misses), total.expert_misses);
-    // After the prompt, each token looks up exactly 2 experts in each of 30 layers.
+    // After the prompt, each token looks up exactly 2 experts in each of 30
+    // layers, but for layers whose experts were all cached (not asked).
     for s in &per_token[1..] {
-        assert_eq!(s.expert_hits + s.expert_misses, 2 * 30, "{s:?}");
+        assert_eq!(
+            s.expert_hits + s.expert_misses + 2 * s.resident_layer_skips,
+            2 * 30,
+            "{s:?}"
+        );
     }
 }
 
@@ -551,4 +556,94 @@ fn statistics_report_resident_bytes_per_tier() {
         stats.resident_ram_bytes,
         streamed.resident_bytes + stats.cache_bytes
     );
+}
+
+/// The hybrid placement in its CPU form: expert-streaming with the last
+/// `resident_layers` layers' experts resident (RAM here; the GPU on a GPU
+/// machine) and the other layers' experts streamed through `cache_bytes`.
+fn hybrid(path: &Path, resident_layers: u32, cache_bytes: u64) -> TieredModel {
+    let file = GgufFile::open(path).unwrap();
+    let n_layer = file.arch_u64("block_count").unwrap() as u32;
+    let mut plan = planned(&file, Mode::ExpertStreaming, None).unwrap();
+    for (name, tier) in plan.placement.tiers.iter_mut() {
+        let layer = hypura_scheduler::roles::layer_index(name);
+        if *tier == Tier::Stream && layer.is_some_and(|l| l + resident_layers >= n_layer) {
+            *tier = Tier::Ram;
+        }
+    }
+    plan.stream_cache_bytes = cache_bytes;
+    let params = TieredParams {
+        plan: Some(plan),
+        no_repack: true,
+        prefetch: true,
+        cache_dir: Some(temp_path("cache")),
+        ..Default::default()
+    };
+    TieredModel::load(path, &params).expect("hybrid load")
+}
+
+#[test]
+fn resident_expert_layers_beside_streamed_ones_are_exact() {
+    let path = smollm2_moe();
+    let full = load(path, Mode::FullResident, None);
+    let (want_tokens, want_logits) = greedy_trace(&full, 32, &mut |_| {});
+    drop(full);
+
+    // 30 layers: the last 10 resident, 20 streamed through two layers' worth.
+    let layer = layer_stream_bytes(path, Mode::ExpertStreaming);
+    let m = hybrid(path, 10, 2 * layer);
+    let streamer = m.streamer.as_ref().unwrap();
+    assert_eq!(
+        streamer.stream_bytes(),
+        20 * layer,
+        "units only for streamed layers"
+    );
+    assert_eq!(m.placement.stream_layers(), (0..20).collect::<Vec<u32>>());
+    assert_eq!(
+        m.placement.stream_patterns(),
+        vec![r"^blk\.([0-9]|1[0-9])\.ffn_(gate|up|down|gate_up)_exps\.weight$".to_string()]
+    );
+    let (tokens, logits) = greedy_trace(&m, 32, &mut |_| {});
+    assert_eq!(
+        tokens, want_tokens,
+        "hybrid tokens differ from full-resident"
+    );
+    let diff = max_abs_diff(&logits, &want_logits);
+    assert!(diff <= 1e-4, "hybrid logits differ by {diff}");
+    let stats = m.stats();
+    assert!(stats.evictions > 0 && stats.expert_misses > 0, "{stats:?}");
+    assert!(stats.cache_peak_bytes <= 2 * layer);
+    // Resident layers hold their weights outside the stream cache.
+    assert_eq!(m.ram_bytes, m.resident_bytes);
+}
+
+#[test]
+fn a_layer_whose_experts_are_all_cached_is_not_asked_for() {
+    let path = smollm2_moe();
+    let full = load(path, Mode::FullResident, None);
+    let (want_tokens, _) = greedy_trace(&full, 16, &mut |_| {});
+    drop(full);
+
+    let layer = layer_stream_bytes(path, Mode::ExpertStreaming);
+    let m = hybrid(path, 10, 20 * layer);
+    m.streamer.as_ref().unwrap().fill();
+    assert_eq!(
+        m.stats().cache_bytes,
+        20 * layer,
+        "every streamed unit cached"
+    );
+    let mut per_step = Vec::new();
+    let mut before = m.stats();
+    let (tokens, _) = greedy_trace(&m, 16, &mut |m| {
+        let now = m.stats();
+        per_step.push(now.since(&before));
+        before = now;
+    });
+    assert_eq!(tokens, want_tokens);
+    for step in &per_step {
+        // Every streamed layer skipped (one per decode of one ubatch), no lookup, no read.
+        assert_eq!(step.resident_layer_skips, 20, "{step:?}");
+        assert_eq!(step.expert_hits + step.expert_misses, 0, "{step:?}");
+        assert_eq!(step.nvme_bytes_read, 0, "{step:?}");
+    }
 }

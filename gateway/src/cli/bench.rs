@@ -46,6 +46,14 @@ pub struct BenchArgs {
     /// Threads for decoding (default: all cores).
     #[arg(long)]
     threads: Option<u32>,
+    /// Timed repetitions of prompt + decode (each from an empty KV cache);
+    /// figures are their mean ± standard deviation, as llama-bench reports.
+    #[arg(long, default_value_t = 3)]
+    repetitions: u32,
+    /// Skip the untimed warm-up run (prompt and a few tokens) before the
+    /// repetitions.
+    #[arg(long)]
+    no_warmup: bool,
     /// Predict with this saved profile (default: this machine's cached one).
     #[arg(long)]
     profile: Option<PathBuf>,
@@ -58,19 +66,45 @@ fn parse_size(text: &str) -> Result<u64, String> {
     hypura_scheduler::size::parse_size(text)
 }
 
-/// What was measured.
+/// What was measured, per timed repetition.
 struct Measured {
     prompt_tokens: u32,
-    prompt_seconds: f64,
+    prompt_seconds: Vec<f64>,
     decode_tokens: u32,
-    decode_seconds: f64,
-    /// Streaming over the decode phase only.
+    decode_seconds: Vec<f64>,
+    /// Streaming over the timed decode phases only.
     stream: StreamStats,
 }
 
+impl Measured {
+    fn decode_tokens_total(&self) -> u32 {
+        self.decode_tokens * self.decode_seconds.len() as u32
+    }
+}
+
+/// Mean and sample standard deviation of `tokens / seconds` over the repetitions.
+fn rate(tokens: u32, seconds: &[f64]) -> (f64, f64) {
+    let rates: Vec<f64> = seconds
+        .iter()
+        .map(|s| f64::from(tokens) / s.max(1e-12))
+        .collect();
+    let n = rates.len().max(1) as f64;
+    let mean = rates.iter().sum::<f64>() / n;
+    let var = if rates.len() > 1 {
+        rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    if args.tokens == 0 || args.prompt_tokens == 0 {
-        bail!("--tokens and --prompt-tokens must be at least 1");
+    if args.tokens == 0 || args.prompt_tokens == 0 || args.repetitions == 0 {
+        bail!("--tokens, --prompt-tokens and --repetitions must be at least 1");
     }
     let loaded = inspect::require_profile(args.profile.as_deref())?;
     let file = GgufFile::open(&args.model)?;
@@ -110,9 +144,13 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     )?;
 
     let predicted = plan.prediction.tokens_per_second;
-    let measured = f64::from(m.decode_tokens) / m.decode_seconds.max(1e-12);
+    // Mean seconds per repetition: `measured = tokens / decode_seconds`.
+    let decode_seconds = mean(&m.decode_seconds);
+    let measured = f64::from(m.decode_tokens) / decode_seconds.max(1e-12);
+    let (_, decode_sd) = rate(m.decode_tokens, &m.decode_seconds);
+    let (prompt_rate, prompt_sd) = rate(m.prompt_tokens, &m.prompt_seconds);
     let relative_error = relative_error(predicted, measured);
-    let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens);
+    let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens_total());
     let lookups = m.stream.expert_hits + m.stream.expert_misses;
     let hit_rate = if lookups > 0 {
         m.stream.expert_hits as f64 / lookups as f64
@@ -126,11 +164,15 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "tier_bytes": plan.tier_bytes,
         "stream_cache_bytes": plan.stream_cache_bytes,
         "load_seconds": load_seconds,
+        "repetitions": args.repetitions,
+        "warmup": !args.no_warmup,
         "prompt_tokens": m.prompt_tokens,
-        "prompt_tokens_per_second": f64::from(m.prompt_tokens) / m.prompt_seconds.max(1e-12),
+        "prompt_tokens_per_second": prompt_rate,
+        "prompt_tokens_per_second_sd": prompt_sd,
         "decode_tokens": m.decode_tokens,
-        "decode_seconds": m.decode_seconds,
+        "decode_seconds": decode_seconds,
         "measured_tokens_per_second": measured,
+        "measured_tokens_per_second_sd": decode_sd,
         "predicted_tokens_per_second": predicted,
         "relative_error": relative_error,
         "bottleneck": plan.prediction.bottleneck,
@@ -140,7 +182,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "nvme_bytes_per_token": per_token(m.stream.nvme_bytes_read),
             "hit_rate": hit_rate,
             "read_gbps": m.stream.read_gbps,
-            "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens),
+            "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
+            "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
         },
     });
     if args.json {
@@ -157,12 +200,11 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         format_bytes(plan.stream_cache_bytes)
     );
     println!(
-        "prompt              {} tokens, {:.1} tok/s",
-        m.prompt_tokens,
-        report["prompt_tokens_per_second"].as_f64().unwrap_or(0.0)
+        "prompt              {} tokens, {prompt_rate:.1} ± {prompt_sd:.1} tok/s ({} repetitions)",
+        m.prompt_tokens, args.repetitions
     );
     println!(
-        "decode              {} tokens, {measured:.2} tok/s measured, {predicted:.2} tok/s predicted ({}), error {:+.1}%",
+        "decode              {} tokens, {measured:.2} ± {decode_sd:.2} tok/s measured, {predicted:.2} tok/s predicted ({}), error {:+.1}%",
         m.decode_tokens,
         plan.prediction.bottleneck.describe(),
         relative_error * 100.0
@@ -175,7 +217,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             hit_rate * 100.0,
             plan.expected_hit_rate * 100.0,
             m.stream.read_gbps,
-            m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens)
+            m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens_total())
         );
     }
     Ok(())
@@ -190,7 +232,8 @@ pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
-/// Greedy decoding of a fixed prompt, timing the prompt and each step.
+/// Greedy decoding of a fixed prompt: an untimed warm-up, then the timed
+/// repetitions, each timing its prompt and its decode steps.
 fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result<Measured> {
     let model = Arc::clone(&tiered.model);
     let mut prompt: Vec<i32> = Vec::new();
@@ -214,25 +257,18 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         n_threads: args.threads.unwrap_or(0),
         ..Default::default()
     })?;
-    let mut batch = Batch::new(prompt.len());
-    for (i, &t) in prompt.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == prompt.len())?;
+    if !args.no_warmup {
+        // Untimed: first-use costs (kernels, allocations, the stream cache's
+        // first reads) stay out of the figures, as in llama-bench.
+        run_once(&mut ctx, &prompt, args.tokens.min(8))?;
     }
-    let started = Instant::now();
-    ctx.decode(&batch)?;
-    let prompt_seconds = started.elapsed().as_secs_f64();
-    let mut next = argmax(ctx.logits(batch.len() as i32 - 1)?);
-
     let before = tiered.stats();
-    let started = Instant::now();
-    let mut one = Batch::new(1);
-    for step in 0..args.tokens {
-        one.clear();
-        one.push(next, (prompt.len() as u32 + step) as i32, 0, true)?;
-        ctx.decode(&one)?;
-        next = argmax(ctx.logits(0)?);
+    let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
+    for _ in 0..args.repetitions {
+        let (p, d) = run_once(&mut ctx, &prompt, args.tokens)?;
+        prompt_seconds.push(p);
+        decode_seconds.push(d);
     }
-    let decode_seconds = started.elapsed().as_secs_f64();
     let stream = tiered.stats().since(&before);
     Ok(Measured {
         prompt_tokens: prompt.len() as u32,
@@ -241,6 +277,33 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         decode_seconds,
         stream,
     })
+}
+
+/// From an empty KV cache: the prompt in one batch, then `tokens` greedy
+/// steps of one token. Returns (prompt seconds, decode seconds).
+fn run_once(
+    ctx: &mut llama_tiered::llama::Context,
+    prompt: &[i32],
+    tokens: u32,
+) -> anyhow::Result<(f64, f64)> {
+    ctx.clear_all();
+    let mut batch = Batch::new(prompt.len());
+    for (i, &t) in prompt.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == prompt.len())?;
+    }
+    let started = Instant::now();
+    ctx.decode(&batch)?;
+    let prompt_seconds = started.elapsed().as_secs_f64();
+    let mut next = argmax(ctx.logits(batch.len() as i32 - 1)?);
+    let started = Instant::now();
+    let mut one = Batch::new(1);
+    for step in 0..tokens {
+        one.clear();
+        one.push(next, (prompt.len() as u32 + step) as i32, 0, true)?;
+        ctx.decode(&one)?;
+        next = argmax(ctx.logits(0)?);
+    }
+    Ok((prompt_seconds, started.elapsed().as_secs_f64()))
 }
 
 fn argmax(logits: &[f32]) -> i32 {

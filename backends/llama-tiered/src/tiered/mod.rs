@@ -264,7 +264,7 @@ impl TieredModel {
         let cache_budget = params.plan.as_ref().map_or(0, |p| p.stream_cache_bytes);
         let streamer = Streamer::new(
             &gguf,
-            mode,
+            &placement,
             region,
             open_for_streaming(path).map_err(io)?,
             cache_budget,

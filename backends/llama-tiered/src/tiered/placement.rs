@@ -52,21 +52,48 @@ impl Placement {
 
     /// Anchored regexes matching exactly the STREAM tensors, for llama.cpp's
     /// `tensor_buft_overrides` (compiled per tensor × pattern: keep it to one).
+    /// Where some layers' experts are resident (hybrid placement), the one
+    /// pattern names the streamed layers.
     pub fn stream_patterns(&self) -> Vec<String> {
         match self.mode {
             Mode::FullResident => vec![],
             Mode::ExpertStreaming => {
-                vec![r"^blk\.[0-9]+\.ffn_(gate|up|down|gate_up)_exps\.weight$".into()]
+                let layers = self.stream_layers();
+                let all = self
+                    .tiers
+                    .keys()
+                    .filter(|n| is_streamed(self.mode, n))
+                    .all(|n| self.tier(n) == Some(Tier::Stream));
+                let layers = if all {
+                    "[0-9]+".to_string()
+                } else {
+                    format!("({})", super::gpu::layers_regex(&layers))
+                };
+                vec![format!(
+                    r"^blk\.{layers}\.ffn_(gate|up|down|gate_up)_exps\.weight$"
+                )]
             }
             Mode::DenseFfnStreaming => vec![r"^blk\.[0-9]+\.ffn_(gate|up|down)\.weight$".into()],
         }
+    }
+
+    /// The layers with a STREAM tensor, ascending.
+    pub fn stream_layers(&self) -> Vec<u32> {
+        let layers: std::collections::BTreeSet<u32> = self
+            .tiers
+            .iter()
+            .filter(|(_, &t)| t == Tier::Stream)
+            .filter_map(|(n, _)| hypura_scheduler::roles::layer_index(n))
+            .collect();
+        layers.into_iter().collect()
     }
 }
 
 impl Placement {
     /// The planner's placement, checked against what this engine can load:
-    /// every tensor has a tier, and STREAM is exactly the mode's streamed
-    /// role (the streamer builds its units per mode, not per tensor).
+    /// every tensor has a tier, and STREAM is the mode's streamed role (the
+    /// streamer builds its units per mode): all of it, or in expert-streaming
+    /// the experts of some layers, the others' staying resident.
     pub fn from_plan(file: &GgufFile, plan: &Plan) -> Result<Placement, String> {
         let mut tiers = BTreeMap::new();
         for t in file.tensors() {
@@ -76,7 +103,9 @@ impl Placement {
                     t.name
                 )
             })?;
-            if (tier == Tier::Stream) != is_streamed(plan.mode, &t.name) {
+            // Expert-streaming may keep some layers' experts resident (hybrid).
+            let may_stay = plan.mode == Mode::ExpertStreaming && tier != Tier::Stream;
+            if (tier == Tier::Stream) != is_streamed(plan.mode, &t.name) && !may_stay {
                 return Err(format!(
                     "the plan puts {} on {tier}, but {} streams exactly its {} tensors",
                     t.name,

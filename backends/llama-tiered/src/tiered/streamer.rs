@@ -27,7 +27,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::coact::Coactivation;
-use super::placement::Mode;
+use super::placement::{Mode, Placement, Tier};
 use crate::llama::{EvalHook, Node, StreamRegion, PAGE};
 use hypura_gguf::GgufFile;
 
@@ -57,6 +57,10 @@ pub struct StreamStats {
     pub cache_peak_bytes: u64,
     pub cache_budget_bytes: u64,
     pub evictions: u64,
+    /// Expert-streaming: layers whose experts were all resident when the
+    /// router ran, so no expert lookup was made (nor counted above) and no
+    /// sync was needed.
+    pub resident_layer_skips: u64,
     /// Weights resident per tier now (set by [`super::TieredModel::stats`]):
     /// GPU, and RAM including the stream cache.
     pub resident_gpu_bytes: u64,
@@ -99,6 +103,9 @@ impl StreamStats {
             cache_peak_bytes: self.cache_peak_bytes,
             cache_budget_bytes: self.cache_budget_bytes,
             evictions: self.evictions.saturating_sub(earlier.evictions),
+            resident_layer_skips: self
+                .resident_layer_skips
+                .saturating_sub(earlier.resident_layer_skips),
             resident_gpu_bytes: self.resident_gpu_bytes,
             resident_ram_bytes: self.resident_ram_bytes,
         }
@@ -164,18 +171,19 @@ pub struct Streamer {
 }
 
 impl Streamer {
-    /// Builds the unit table of `mode` from the file's tensors. Fails when
+    /// Builds the unit table of `placement`'s STREAM tensors. Fails when
     /// `budget_bytes` cannot hold what one layer may need at once.
     pub fn new(
         gguf: &GgufFile,
-        mode: Mode,
+        placement: &Placement,
         region: Arc<StreamRegion>,
         file: File,
         budget_bytes: u64,
     ) -> Result<Streamer, String> {
+        let mode = placement.mode;
         let mut units: HashMap<UnitKey, Unit> = HashMap::new();
         for t in gguf.tensors() {
-            if !super::placement::is_streamed(mode, &t.name) {
+            if placement.tier(&t.name) != Some(Tier::Stream) {
                 continue;
             }
             let layer = hypura_scheduler::roles::layer_index(&t.name)
@@ -218,9 +226,16 @@ impl Streamer {
         };
         let n_layers = units.keys().map(|k| k.0 + 1).max().unwrap_or(0);
         let n_experts = units.keys().map(|k| k.1 + 1).max().unwrap_or(0);
+        // Sized by the model, not the streamed layers, so statistics saved
+        // under one placement load under another.
+        let model_layers = gguf
+            .arch_u64("block_count")
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0)
+            .max(n_layers);
         let coact = Coactivation::new(
             if mode == Mode::ExpertStreaming {
-                n_layers
+                model_layers
             } else {
                 0
             },
@@ -535,6 +550,39 @@ impl Streamer {
         }
     }
 
+    /// Asked before `layer`'s router choice is computed: when every unit of
+    /// the layer is resident (or it streams nothing: its experts live on
+    /// another tier), pins them until this thread's next request or the end of
+    /// its decode, and returns true: the layer needs no read, so no sync to
+    /// learn its choice. The next request comes after a sync that follows
+    /// this layer's expert matmuls (graph order), so the pins outlive their use.
+    fn pin_if_resident(&self, layer: u32) -> bool {
+        let mut state = self.lock();
+        let keys: Vec<UnitKey> = (0..state.n_experts)
+            .map(|e| (layer, e))
+            .filter(|k| state.units.contains_key(k))
+            .collect();
+        if keys
+            .iter()
+            .any(|k| state.units[k].residency != Residency::Resident)
+        {
+            return false;
+        }
+        if keys.is_empty() {
+            return true;
+        }
+        for k in &keys {
+            state.units.get_mut(k).expect("filtered").pins += 1;
+        }
+        state
+            .pinned
+            .entry(std::thread::current().id())
+            .or_default()
+            .extend(keys);
+        state.stats.resident_layer_skips += 1;
+        true
+    }
+
     /// Units to read ahead after a request for `layer`.
     fn predict_next(&self, state: &mut State, layer: u32, experts: &[u32]) -> Vec<UnitKey> {
         if state.n_layers == 0 {
@@ -841,7 +889,11 @@ fn layer_of(name: &[u8], prefix: &[u8]) -> Option<u32> {
 impl EvalHook for Streamer {
     fn wants(&self, name: &[u8]) -> bool {
         match self.mode {
-            Mode::ExpertStreaming => name.starts_with(b"ffn_moe_topk-"),
+            // Only the router choices of layers that may need a read: a sync
+            // per layer costs more than the bookkeeping here.
+            Mode::ExpertStreaming => {
+                layer_of(name, b"ffn_moe_topk-").is_some_and(|layer| !self.pin_if_resident(layer))
+            }
             Mode::DenseFfnStreaming => name.starts_with(b"ffn_norm-"),
             Mode::FullResident => false,
         }
@@ -901,7 +953,8 @@ mod tests {
         let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
         let file = File::open(&path).unwrap();
         let budget = gguf.tensor_bytes(); // room for every layer: k is not bounded by slots
-        let streamer = Streamer::new(&gguf, Mode::DenseFfnStreaming, region, file, budget).unwrap();
+        let placement = Placement::for_mode(&gguf, Mode::DenseFfnStreaming).unwrap();
+        let streamer = Streamer::new(&gguf, &placement, region, file, budget).unwrap();
         let layers = |ks: Vec<UnitKey>| ks.into_iter().map(|(l, _)| l).collect::<Vec<_>>();
         let predict = |layer| layers(streamer.predict_next(&mut streamer.lock(), layer, &[0]));
 
