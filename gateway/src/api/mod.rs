@@ -4,10 +4,12 @@
 //!
 //! - [`ollama`]: `/`, `/api/*` (NDJSON streams).
 //! - [`openai`]: `/v1/*` (SSE streams).
+//! - [`logprobs`]: token log-probabilities in each dialect's shape.
 //! - [`pull`] serves `/api/pull`.
 //! - [`debug`]: test-only routes (with `HYPURA_RUNNER_TEST_HOOKS=1`).
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
 pub mod debug;
+pub mod logprobs;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;

@@ -180,6 +180,31 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_in_every_dialects_schemas() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let property = |schema: &str, name: &str| {
+            schemas[schema]["properties"].get(name).is_some()
+        };
+        for schema in ["GenerateRequest", "ChatRequest", "ChatCompletionRequest"] {
+            assert!(property(schema, "logprobs"), "{schema}");
+            assert!(property(schema, "top_logprobs"), "{schema}");
+        }
+        for schema in [
+            "CompletionRequest",
+            "GenerateChunk",
+            "ChatChunk",
+            "ChatChoice",
+            "ChunkChoice",
+            "CompletionChoice",
+        ] {
+            assert!(property(schema, "logprobs"), "{schema}");
+        }
+        assert!(property("TokenLogprob", "top_logprobs"));
+        assert!(property("CompletionLogprobs", "text_offset"));
+    }
+
+    #[test]
     fn document_lists_every_route() {
         let doc = serde_json::to_value(document()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
