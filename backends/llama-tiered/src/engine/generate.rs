@@ -259,7 +259,7 @@ impl Sequence {
         }
         self.n_bytes += bytes.len();
         let (emitted, stopped) = self.text.push(&bytes);
-        let released = self.release_logprobs();
+        let released = self.release_logprobs(false);
         if stopped {
             // What is still held belongs to the stop string.
             self.held_logprobs.clear();
@@ -280,10 +280,15 @@ impl Sequence {
     }
 
     /// The held log-probabilities of the tokens whose first byte the text
-    /// released so far holds. (Offsets count the tokens' bytes: exact unless
-    /// invalid UTF-8 was replaced, which moves a token to a neighbouring piece.)
-    fn release_logprobs(&mut self) -> Vec<TokenLogprobs> {
-        let released = self.text.released_bytes();
+    /// released so far holds, or (`all`, at the end) of every token held.
+    /// (Offsets count the tokens' bytes: exact unless invalid UTF-8 was
+    /// replaced, which moves a token to a neighbouring piece.)
+    fn release_logprobs(&mut self, all: bool) -> Vec<TokenLogprobs> {
+        let released = if all {
+            usize::MAX
+        } else {
+            self.text.released_bytes()
+        };
         let n = self
             .held_logprobs
             .iter()
@@ -320,12 +325,8 @@ impl Sequence {
     ) -> Completion {
         if finish != FinishReason::Cancelled {
             let rest = self.text.finish();
-            // Tokens that made no text (nothing follows them) go out too.
-            let mut released = self.release_logprobs();
-            let silent: Vec<TokenLogprobs> =
-                self.held_logprobs.drain(..).map(|(_, l)| l).collect();
-            self.logprobs.extend(silent.iter().cloned());
-            released.extend(silent);
+            // With tokens that made no text (nothing follows them).
+            let released = self.release_logprobs(true);
             if !(rest.is_empty() && released.is_empty()) {
                 on_piece(&rest, released);
             }
