@@ -382,7 +382,7 @@ fn params(options: Option<&OllamaOptions>) -> Result<GenerationParams> {
 }
 
 /// `logprobs` and `top_logprobs` (checked even without `logprobs`, as Ollama does).
-fn logprobs(wanted: Option<bool>, top: Option<i64>) -> Result<Option<u32>> {
+fn asked_logprobs(wanted: Option<bool>, top: Option<i64>) -> Result<Option<u32>> {
     Ok(validation::logprobs(
         wanted.unwrap_or(false),
         "top_logprobs",
@@ -429,7 +429,7 @@ pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
     }
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = grammar;
-    params.sampling.top_logprobs = logprobs(request.logprobs, request.top_logprobs)?;
+    params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
     let text = request.prompt.clone().unwrap_or_default();
     let context = request.context.clone().unwrap_or_default();
     let prompt = if text.is_empty() && context.is_empty() {
@@ -462,7 +462,7 @@ pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
     let keep_alive = keep_alive(request.keep_alive.as_ref())?;
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
-    params.sampling.top_logprobs = logprobs(request.logprobs, request.top_logprobs)?;
+    params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
     let messages = request.messages.as_deref().unwrap_or_default();
     let prompt = if messages.is_empty() {
         Prompt::Load
