@@ -38,7 +38,12 @@ fn entries(list: &Value) -> Vec<Token> {
                 .as_array()
                 .map(|t| {
                     t.iter()
-                        .map(|t| (t["token"].as_str().unwrap().into(), t["logprob"].as_f64().unwrap()))
+                        .map(|t| {
+                            (
+                                t["token"].as_str().unwrap().into(),
+                                t["logprob"].as_f64().unwrap(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -97,7 +102,11 @@ fn check_greedy(tokens: &[Token], text: &str, top: usize) {
             continue;
         }
         assert!(t.top.windows(2).all(|w| w[0].1 >= w[1].1), "sorted: {t:?}");
-        assert_eq!(t.top[0], (t.text.clone(), t.logprob), "greedy takes the top: {t:?}");
+        assert_eq!(
+            t.top[0],
+            (t.text.clone(), t.logprob),
+            "greedy takes the top: {t:?}"
+        );
         let mass: f64 = t.top.iter().map(|(_, l)| l.exp()).sum();
         assert!(mass <= 1.0 + 1e-5, "{mass}: {t:?}");
     }
@@ -148,9 +157,21 @@ fn ollama_routes(s: &Server) {
     assert_same(&streamed, &whole_tokens);
 
     // Without top_logprobs: no alternatives, and the field left out.
-    let v = s.post_json("/api/chat", ollama_chat(s, false, json!({"logprobs": true})), 200);
-    assert!(v["logprobs"].as_array().unwrap().iter().all(|e| e.get("top_logprobs").is_none()));
-    check_greedy(&entries(&v["logprobs"]), v["message"]["content"].as_str().unwrap(), 0);
+    let v = s.post_json(
+        "/api/chat",
+        ollama_chat(s, false, json!({"logprobs": true})),
+        200,
+    );
+    assert!(v["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e.get("top_logprobs").is_none()));
+    check_greedy(
+        &entries(&v["logprobs"]),
+        v["message"]["content"].as_str().unwrap(),
+        0,
+    );
     // Not asked: no field.
     let v = s.post_json("/api/chat", ollama_chat(s, false, json!({})), 200);
     assert!(v.get("logprobs").is_none(), "{v}");
@@ -172,12 +193,21 @@ fn ollama_routes(s: &Server) {
     assert_same(&streamed, &whole_tokens);
 
     for (route, body) in [
-        ("/api/chat", ollama_chat(s, false, json!({"logprobs": true, "top_logprobs": 21}))),
-        ("/api/generate", json!({"model": MODEL, "prompt": "x", "top_logprobs": -1})),
+        (
+            "/api/chat",
+            ollama_chat(s, false, json!({"logprobs": true, "top_logprobs": 21})),
+        ),
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "x", "top_logprobs": -1}),
+        ),
     ] {
         let v = s.post_json(route, body, 400);
         assert!(
-            v["error"].as_str().unwrap().starts_with("top_logprobs must be between 0 and 20"),
+            v["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("top_logprobs must be between 0 and 20"),
             "{v}"
         );
     }
@@ -204,10 +234,18 @@ fn sse_chunks(body: &str) -> Vec<Value> {
 
 fn openai_routes(s: &Server) {
     let asked = json!({"logprobs": true, "top_logprobs": TOP});
-    let whole = s.post_json("/v1/chat/completions", openai_chat(false, asked.clone()), 200);
+    let whole = s.post_json(
+        "/v1/chat/completions",
+        openai_chat(false, asked.clone()),
+        200,
+    );
     let choice = &whole["choices"][0];
     let whole_tokens = entries(&choice["logprobs"]["content"]);
-    check_greedy(&whole_tokens, choice["message"]["content"].as_str().unwrap(), TOP);
+    check_greedy(
+        &whole_tokens,
+        choice["message"]["content"].as_str().unwrap(),
+        TOP,
+    );
     let r = s.post("/v1/chat/completions", openai_chat(true, asked));
     let mut streamed = Vec::new();
     for c in sse_chunks(&r.text().unwrap()) {
@@ -242,7 +280,11 @@ fn openai_routes(s: &Server) {
             .extend(extra.as_object().unwrap().clone());
         body
     };
-    let whole = s.post_json("/v1/completions", completion(false, json!({"logprobs": TOP})), 200);
+    let whole = s.post_json(
+        "/v1/completions",
+        completion(false, json!({"logprobs": TOP})),
+        200,
+    );
     let choice = &whole["choices"][0];
     let text = choice["text"].as_str().unwrap();
     let (whole_tokens, offsets) = legacy(&choice["logprobs"]);
@@ -259,8 +301,14 @@ fn openai_routes(s: &Server) {
         200,
     );
     let prompt_chars = "The capital of Germany is".chars().count() as u64;
-    assert_eq!(echoed["choices"][0]["logprobs"]["text_offset"][0], prompt_chars);
-    let r = s.post("/v1/completions", completion(true, json!({"logprobs": TOP})));
+    assert_eq!(
+        echoed["choices"][0]["logprobs"]["text_offset"][0],
+        prompt_chars
+    );
+    let r = s.post(
+        "/v1/completions",
+        completion(true, json!({"logprobs": TOP})),
+    );
     let mut streamed = Vec::new();
     let mut streamed_offsets = Vec::new();
     for c in sse_chunks(&r.text().unwrap()) {
@@ -275,7 +323,11 @@ fn openai_routes(s: &Server) {
     assert_eq!(streamed_offsets, offsets);
     let v = s.post_json("/v1/completions", completion(false, json!({})), 200);
     assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
-    let v = s.post_json("/v1/completions", completion(false, json!({"logprobs": 21})), 400);
+    let v = s.post_json(
+        "/v1/completions",
+        completion(false, json!({"logprobs": 21})),
+        400,
+    );
     assert_eq!(
         v["error"]["message"],
         "logprobs must be between 0 and 20, got 21"

@@ -94,7 +94,9 @@ fn logits_before_each(model: &Arc<Model>, prompt: &[i32], tokens: &[i32]) -> Vec
     let mut batch = Batch::new(prompt.len());
     let mut row = 0;
     for (pos, &t) in prompt.iter().enumerate() {
-        row = batch.push(t, pos as i32, 0, pos + 1 == prompt.len()).unwrap();
+        row = batch
+            .push(t, pos as i32, 0, pos + 1 == prompt.len())
+            .unwrap();
     }
     ctx.decode(&batch).unwrap();
     let mut out = Vec::new();
@@ -161,7 +163,11 @@ fn check_against_logits(
         .copied()
         .filter(|&t| !model.is_eog(t))
         .collect();
-    assert_eq!(c.logprobs.len(), generated.len(), "one entry per text token");
+    assert_eq!(
+        c.logprobs.len(),
+        generated.len(),
+        "one entry per text token"
+    );
     assert_eq!(streamed.logprobs, c.logprobs, "the events carry them all");
     assert!(streamed.logprobs_lead, "Logprobs come before their Text");
     let logits = logits_before_each(model, prompt, &generated);

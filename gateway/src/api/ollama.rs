@@ -1346,15 +1346,24 @@ mod tests {
     fn logprobs_are_asked_and_answered_as_ollama_does() {
         let chat = |fields: Value| {
             let mut request = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
-            request.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+            request
+                .as_object_mut()
+                .unwrap()
+                .extend(fields.as_object().unwrap().clone());
             chat_request(&body(request)).map(|r| r.backend.params.sampling.top_logprobs)
         };
         assert_eq!(chat(json!({})).unwrap(), None);
         assert_eq!(chat(json!({"top_logprobs": 5})).unwrap(), None);
-        assert_eq!(chat(json!({"logprobs": true, "top_logprobs": 5})).unwrap(), Some(5));
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 5})).unwrap(),
+            Some(5)
+        );
         let e = chat(json!({"top_logprobs": 21})).err().unwrap();
         assert_eq!(e.0.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(e.0.to_string(), "top_logprobs must be between 0 and 20, got 21");
+        assert_eq!(
+            e.0.to_string(),
+            "top_logprobs must be between 0 and 20, got 21"
+        );
         let generate = json!({"model": "m", "prompt": "x", "logprobs": true});
         let infer = generate_request(&body(generate)).unwrap();
         assert_eq!(infer.backend.params.sampling.top_logprobs, Some(0));
@@ -1369,7 +1378,11 @@ mod tests {
             sampled,
             top: vec![],
         }];
-        let chunk = json_of(&route.text_chunk("Hi".into(), Vec::new()).with_logprobs(&tokens));
+        let chunk = json_of(
+            &route
+                .text_chunk("Hi".into(), Vec::new())
+                .with_logprobs(&tokens),
+        );
         assert_eq!(
             chunk["logprobs"],
             json!([{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}])
@@ -1377,6 +1390,8 @@ mod tests {
         let mut whole = outcome("Hi");
         whole.logprobs = tokens.to_vec();
         assert_eq!(json_of(&route.whole(&whole))["logprobs"][0]["token"], "Hi");
-        assert!(json_of(&route.whole(&outcome("Hi"))).get("logprobs").is_none());
+        assert!(json_of(&route.whole(&outcome("Hi")))
+            .get("logprobs")
+            .is_none());
     }
 }

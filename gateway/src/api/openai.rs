@@ -1153,15 +1153,27 @@ mod tests {
     fn logprobs_are_asked_as_openai_defines_them() {
         let chat = |fields: Value| {
             let mut request = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
-            request.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+            request
+                .as_object_mut()
+                .unwrap()
+                .extend(fields.as_object().unwrap().clone());
             chat_request(&body(request)).map(|r| r.backend.params.sampling.top_logprobs)
         };
         assert_eq!(chat(json!({})).unwrap(), None);
         assert_eq!(chat(json!({"logprobs": true})).unwrap(), Some(0));
-        assert_eq!(chat(json!({"logprobs": true, "top_logprobs": 3})).unwrap(), Some(3));
-        assert_eq!(chat(json!({"logprobs": false, "top_logprobs": 0})).unwrap(), None);
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 3})).unwrap(),
+            Some(3)
+        );
+        assert_eq!(
+            chat(json!({"logprobs": false, "top_logprobs": 0})).unwrap(),
+            None
+        );
         for (fields, message) in [
-            (json!({"top_logprobs": 2}), "top_logprobs needs logprobs: true"),
+            (
+                json!({"top_logprobs": 2}),
+                "top_logprobs needs logprobs: true",
+            ),
             (
                 json!({"logprobs": true, "top_logprobs": 21}),
                 "top_logprobs must be between 0 and 20, got 21",
@@ -1194,7 +1206,10 @@ mod tests {
         last.logprobs = vec![token("!", -2.0)];
         let tail = events(&ids.tail(&last));
         assert_eq!(tail[0]["choices"][0]["finish_reason"], "stop");
-        assert_eq!(tail[0]["choices"][0]["logprobs"]["content"][0]["token"], "!");
+        assert_eq!(
+            tail[0]["choices"][0]["logprobs"]["content"][0]["token"],
+            "!"
+        );
         let plain = events(&ids.chunk(None, Some("x".into()), None));
         assert!(plain[0]["choices"][0].get("logprobs").is_none());
 
@@ -1206,6 +1221,9 @@ mod tests {
             json!({"tokens": ["Hé"], "token_logprobs": [-0.5],
                 "top_logprobs": [{"Hé": -0.5}], "text_offset": [0]})
         );
-        assert_eq!(second[0]["choices"][0]["logprobs"]["text_offset"], json!([2]));
+        assert_eq!(
+            second[0]["choices"][0]["logprobs"]["text_offset"],
+            json!([2])
+        );
     }
 }

@@ -183,9 +183,7 @@ mod tests {
     fn logprobs_are_in_every_dialects_schemas() {
         let doc = serde_json::to_value(document()).unwrap();
         let schemas = &doc["components"]["schemas"];
-        let property = |schema: &str, name: &str| {
-            schemas[schema]["properties"].get(name).is_some()
-        };
+        let property = |schema: &str, name: &str| schemas[schema]["properties"].get(name).is_some();
         for schema in ["GenerateRequest", "ChatRequest", "ChatCompletionRequest"] {
             assert!(property(schema, "logprobs"), "{schema}");
             assert!(property(schema, "top_logprobs"), "{schema}");

@@ -858,7 +858,9 @@ mod tests {
             );
         }
         assert_eq!(
-            logprobs(true, "logprobs", Some(21)).unwrap_err().to_string(),
+            logprobs(true, "logprobs", Some(21))
+                .unwrap_err()
+                .to_string(),
             "logprobs must be between 0 and 20, got 21"
         );
     }

@@ -291,9 +291,11 @@ impl Worker {
             };
             let before = slot.sequence.n_generated();
             let sink = &mut slot.sink;
-            let next = slot.sequence.advance(&mut self.ctx, row, &mut |text, logprobs| {
-                send_piece(sink, text, logprobs)
-            });
+            let next = slot
+                .sequence
+                .advance(&mut self.ctx, row, &mut |text, logprobs| {
+                    send_piece(sink, text, logprobs)
+                });
             let sampled = slot.sequence.n_generated() - before;
             Counters::add(&counters.tokens_generated, sampled as u64);
             match next {
@@ -441,7 +443,9 @@ mod tests {
         let mut saw_error = false;
         while let Ok(event) = rx.recv_timeout(deadline) {
             match event {
-                GenerationEvent::Started | GenerationEvent::Text(_) | GenerationEvent::Logprobs(_) => {}
+                GenerationEvent::Started
+                | GenerationEvent::Text(_)
+                | GenerationEvent::Logprobs(_) => {}
                 GenerationEvent::Error(e) => {
                     assert!(matches!(e, EngineError::Cancelled), "{e}");
                     saw_error = true;
@@ -461,7 +465,9 @@ mod tests {
         let done = loop {
             match rx.recv_timeout(deadline).unwrap() {
                 GenerationEvent::Done(c) => break c,
-                GenerationEvent::Started | GenerationEvent::Text(_) | GenerationEvent::Logprobs(_) => {}
+                GenerationEvent::Started
+                | GenerationEvent::Text(_)
+                | GenerationEvent::Logprobs(_) => {}
                 GenerationEvent::Error(e) => panic!("{e}"),
             }
         };
@@ -521,7 +527,9 @@ mod tests {
                         assert_eq!(c.finish_reason, FinishReason::Stop, "{:?}", c.text);
                         break serde_json::from_str(&c.text).unwrap();
                     }
-                    GenerationEvent::Started | GenerationEvent::Text(_) | GenerationEvent::Logprobs(_) => {}
+                    GenerationEvent::Started
+                    | GenerationEvent::Text(_)
+                    | GenerationEvent::Logprobs(_) => {}
                     GenerationEvent::Error(e) => panic!("{e}"),
                 }
             })
