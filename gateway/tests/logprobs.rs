@@ -122,7 +122,7 @@ fn assert_same(streamed: &[Token], whole: &[Token]) {
     }
 }
 
-fn ollama_chat(s: &Server, stream: bool, extra: Value) -> Value {
+fn ollama_chat(stream: bool, extra: Value) -> Value {
     let mut body = json!({"model": MODEL, "stream": stream,
         "options": {"temperature": 0, "num_predict": 12},
         "messages": [{"role": "user", "content": QUESTION}]});
@@ -135,11 +135,11 @@ fn ollama_chat(s: &Server, stream: bool, extra: Value) -> Value {
 fn ollama_routes(s: &Server) {
     let asked = json!({"logprobs": true, "top_logprobs": TOP});
     // /api/chat, whole and streamed.
-    let whole = s.post_json("/api/chat", ollama_chat(s, false, asked.clone()), 200);
+    let whole = s.post_json("/api/chat", ollama_chat(false, asked.clone()), 200);
     let text = whole["message"]["content"].as_str().unwrap();
     let whole_tokens = entries(&whole["logprobs"]);
     check_greedy(&whole_tokens, text, TOP);
-    let r = s.post("/api/chat", ollama_chat(s, true, asked.clone()));
+    let r = s.post("/api/chat", ollama_chat(true, asked.clone()));
     let chunks = ndjson(&r.text().unwrap());
     let mut streamed = Vec::new();
     for c in &chunks {
@@ -159,7 +159,7 @@ fn ollama_routes(s: &Server) {
     // Without top_logprobs: no alternatives, and the field left out.
     let v = s.post_json(
         "/api/chat",
-        ollama_chat(s, false, json!({"logprobs": true})),
+        ollama_chat(false, json!({"logprobs": true})),
         200,
     );
     assert!(v["logprobs"]
@@ -173,7 +173,7 @@ fn ollama_routes(s: &Server) {
         0,
     );
     // Not asked: no field.
-    let v = s.post_json("/api/chat", ollama_chat(s, false, json!({})), 200);
+    let v = s.post_json("/api/chat", ollama_chat(false, json!({})), 200);
     assert!(v.get("logprobs").is_none(), "{v}");
 
     // /api/generate, whole and streamed.
@@ -195,7 +195,7 @@ fn ollama_routes(s: &Server) {
     for (route, body) in [
         (
             "/api/chat",
-            ollama_chat(s, false, json!({"logprobs": true, "top_logprobs": 21})),
+            ollama_chat(false, json!({"logprobs": true, "top_logprobs": 21})),
         ),
         (
             "/api/generate",

@@ -7,8 +7,9 @@
 //! repetition penalties, before the grammar, top-k/p, min-p and temperature
 //! ([`llama_tiered::llama::Sampler::log_probs`]); an end-of-generation token
 //! and the tokens of a stop string have none.
+use std::collections::BTreeMap;
+
 use serde::Serialize;
-use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::core::backend::{Logprob, TokenLogprobs};
@@ -57,7 +58,7 @@ pub struct CompletionLogprobs {
     pub token_logprobs: Vec<f32>,
     /// Per token, its alternatives: token text → log-probability.
     #[schema(value_type = Vec<Object>)]
-    pub top_logprobs: Vec<Map<String, Value>>,
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
     /// Per token, the offset of its first character in the choice's text.
     pub text_offset: Vec<usize>,
 }
@@ -110,13 +111,8 @@ pub fn openai_completion(logprobs: &[TokenLogprobs], chars: &mut usize) -> Compl
     for token in logprobs {
         out.tokens.push(text(&token.sampled));
         out.token_logprobs.push(token.sampled.logprob);
-        out.top_logprobs.push(
-            token
-                .top
-                .iter()
-                .map(|t| (text(t), Value::from(t.logprob)))
-                .collect(),
-        );
+        out.top_logprobs
+            .push(token.top.iter().map(|t| (text(t), t.logprob)).collect());
         out.text_offset.push(*chars);
         *chars += characters_begun(&token.sampled.bytes);
     }
