@@ -264,7 +264,8 @@ impl Sequence {
             // What is still held belongs to the stop string.
             self.held_logprobs.clear();
         }
-        if !(emitted.is_empty() && released.is_empty()) && !on_piece(&emitted, released) {
+        let quiet = emitted.is_empty() && released.is_empty();
+        if !quiet && !on_piece(&emitted, released) {
             return Next::Finish(FinishReason::Cancelled);
         }
         if stopped {
@@ -327,7 +328,8 @@ impl Sequence {
             let rest = self.text.finish();
             // With tokens that made no text (nothing follows them).
             let released = self.release_logprobs(true);
-            if !(rest.is_empty() && released.is_empty()) {
+            let quiet = rest.is_empty() && released.is_empty();
+            if !quiet {
                 on_piece(&rest, released);
             }
         }

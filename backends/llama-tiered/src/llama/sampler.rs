@@ -51,6 +51,9 @@ pub struct SamplingParams {
     pub top_logprobs: Option<u32>,
 }
 
+/// Token ids with their log-probabilities, most likely first.
+pub type TopLogProbs = Vec<(i32, f32)>;
+
 /// Most alternatives [`SamplingParams::top_logprobs`] may ask for (OpenAI's and Ollama's limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
@@ -252,7 +255,7 @@ impl Sampler {
         ctx: &mut Context,
         idx: i32,
         n_top: usize,
-    ) -> Result<(i32, f32, Vec<(i32, f32)>), EngineError> {
+    ) -> Result<(i32, f32, TopLogProbs), EngineError> {
         let top = most_likely(self.log_probs(ctx, idx)?, n_top);
         let token = self.sample(ctx, idx)?;
         let log_prob = self
@@ -397,8 +400,8 @@ fn constrain(
 
 /// The `n` largest of `log_probs` (token id, value), largest first; the
 /// lower id first among equals, as greedy sampling picks.
-fn most_likely(log_probs: &[f32], n: usize) -> Vec<(i32, f32)> {
-    let mut top: Vec<(i32, f32)> = Vec::with_capacity(n + 1);
+fn most_likely(log_probs: &[f32], n: usize) -> TopLogProbs {
+    let mut top: TopLogProbs = Vec::with_capacity(n + 1);
     if n == 0 {
         return top;
     }
