@@ -68,6 +68,7 @@ fn outcome(rx: &Receiver<GenerationEvent>) -> (String, Result<Completion, Engine
         match rx.recv_timeout(DEADLINE) {
             Ok(GenerationEvent::Started) => assert!(streamed.is_empty(), "Started after text"),
             Ok(GenerationEvent::Text(text)) => streamed.push_str(&text),
+            Ok(GenerationEvent::Logprobs(_)) => {}
             Ok(GenerationEvent::Done(completion)) => return (streamed, Ok(completion)),
             Ok(GenerationEvent::Error(e)) => return (streamed, Err(e)),
             Err(e) => panic!("no outcome: {e:?}"),

@@ -6,6 +6,7 @@
 //! - [`openai`]: `/v1/*` (SSE streams).
 //! - [`responses`]: OpenAI's Responses API, `/v1/responses` (SSE events).
 //! - [`anthropic`]: Anthropic's Messages API, `/v1/messages` (SSE events).
+//! - [`logprobs`]: token log-probabilities in each dialect's shape.
 //! - [`pull`] serves `/api/pull`.
 //! - [`create`] serves `/api/create` and `/api/push`, [`blobs`] `/api/blobs/:digest`;
 //!   [`modelfile`] reads and writes Ollama's Modelfile text.
@@ -17,6 +18,7 @@ pub mod blobs;
 pub mod create;
 pub mod debug;
 pub mod health;
+pub mod logprobs;
 pub mod modelfile;
 pub mod ollama;
 pub mod openai;

@@ -20,14 +20,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
-use crate::core::backend::{ModelFacts, TierBytes};
+use crate::api::logprobs::{self, TokenLogprob};
+use crate::core::backend::{ModelFacts, TierBytes, TokenLogprobs};
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError};
+use crate::core::validation::{
+    self, parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError,
+};
 use crate::pool::LoadedBackend;
 use crate::server::{body_bytes, AppState};
 
@@ -177,6 +180,10 @@ pub struct GenerateRequest {
     /// Ask thinking models to think (`true`/`false`, or `"low"|"medium"|"high"`).
     #[schema(value_type = Object)]
     pub think: Option<Value>,
+    /// Return each generated token's log-probability (chunks' `logprobs`).
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: also this many most likely tokens per position, 0-20.
+    pub top_logprobs: Option<i64>,
 }
 
 /// One chat message, Ollama style.
@@ -221,6 +228,10 @@ pub struct ChatRequest {
     /// true); false makes it a 400. The response's
     /// `x-hypura-truncated-messages` header counts the messages dropped.
     pub truncate: Option<bool>,
+    /// Return each generated token's log-probability (chunks' `logprobs`).
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: also this many most likely tokens per position, 0-20.
+    pub top_logprobs: Option<i64>,
 }
 
 /// Fields of the last chunk (`done: true`).
@@ -249,6 +260,9 @@ pub struct GenerateChunk {
     /// Prompt and reply tokens, to continue with (absent for `raw`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<Vec<i32>>,
+    /// With `logprobs: true`: this chunk's tokens (with `stream: false`, all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -270,6 +284,9 @@ pub struct ChatChunk {
     pub done: bool,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub stats: Option<FinalStats>,
+    /// With `logprobs: true`: this chunk's tokens (with `stream: false`, all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -368,6 +385,15 @@ fn params(options: Option<&OllamaOptions>) -> Result<GenerationParams> {
     Ok(options.cloned().unwrap_or_default().to_params()?)
 }
 
+/// `logprobs` and `top_logprobs` (checked even without `logprobs`, as Ollama does).
+fn asked_logprobs(wanted: Option<bool>, top: Option<i64>) -> Result<Option<u32>> {
+    Ok(validation::logprobs(
+        wanted.unwrap_or(false),
+        "top_logprobs",
+        top,
+    )?)
+}
+
 /// `think`: true or a level asks for thinking, false turns it off.
 fn think(value: Option<&Value>) -> Result<Option<bool>> {
     match value {
@@ -407,6 +433,7 @@ pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
     }
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = grammar;
+    params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
     let text = request.prompt.clone().unwrap_or_default();
     let context = request.context.clone().unwrap_or_default();
     let prompt = if text.is_empty() && context.is_empty() {
@@ -439,6 +466,7 @@ pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
     let keep_alive = keep_alive(request.keep_alive.as_ref())?;
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
+    params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
     let messages = request.messages.as_deref().unwrap_or_default();
     let prompt = if messages.is_empty() {
         Prompt::Load
@@ -514,6 +542,18 @@ pub enum Chunk {
     Chat(ChatChunk),
 }
 
+impl Chunk {
+    /// The chunk with the log-probabilities of its tokens (left out when there are none).
+    pub fn with_logprobs(mut self, tokens: &[TokenLogprobs]) -> Chunk {
+        let field = match &mut self {
+            Chunk::Generate(chunk) => &mut chunk.logprobs,
+            Chunk::Chat(chunk) => &mut chunk.logprobs,
+        };
+        *field = logprobs::ollama(tokens);
+        self
+    }
+}
+
 /// Which route's chunks a stream writes, for the model named as the client did.
 #[derive(Clone)]
 pub enum Route {
@@ -547,6 +587,7 @@ impl Route {
                 done,
                 stats,
                 context,
+                logprobs: None,
             }),
             Route::Chat { model } => Chunk::Chat(ChatChunk {
                 model: model.clone(),
@@ -554,6 +595,7 @@ impl Route {
                 message: Self::message(text, tool_calls),
                 done,
                 stats,
+                logprobs: None,
             }),
         }
     }
@@ -571,6 +613,7 @@ impl Route {
             _ => None,
         };
         self.chunk(text, tool_calls, Some(final_stats(outcome)), context)
+            .with_logprobs(&outcome.logprobs)
     }
 
     /// The one object answering a request without a prompt.
@@ -628,8 +671,10 @@ fn stream(generation: Generation, route: Route) -> Response {
         let (mut generation, route) = state?;
         match generation.next().await? {
             InferEvent::Text(text) => {
-                let chunk = ndjson_line(&route.text_chunk(text, Vec::new()));
-                Some((chunk, Some((generation, route))))
+                let chunk = route
+                    .text_chunk(text, Vec::new())
+                    .with_logprobs(&generation.take_logprobs());
+                Some((ndjson_line(&chunk), Some((generation, route))))
             }
             InferEvent::Done(outcome) => {
                 let lines: Vec<u8> = route
@@ -1362,5 +1407,58 @@ mod tests {
         assert!(!embed.batch.truncate);
         assert_eq!(embed.dimensions, Some(4));
         assert_eq!(embed.name.display, "m:latest");
+    }
+
+    #[test]
+    fn logprobs_are_asked_and_answered_as_ollama_does() {
+        let chat = |fields: Value| {
+            let mut request = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            request
+                .as_object_mut()
+                .unwrap()
+                .extend(fields.as_object().unwrap().clone());
+            chat_request(&body(request)).map(|r| r.backend.params.sampling.top_logprobs)
+        };
+        assert_eq!(chat(json!({})).unwrap(), None);
+        assert_eq!(chat(json!({"top_logprobs": 5})).unwrap(), None);
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 5})).unwrap(),
+            Some(5)
+        );
+        let e = chat(json!({"top_logprobs": 21})).err().unwrap();
+        assert_eq!(e.0.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.0.to_string(),
+            "top_logprobs must be between 0 and 20, got 21"
+        );
+        let generate = json!({"model": "m", "prompt": "x", "logprobs": true});
+        let infer = generate_request(&body(generate)).unwrap();
+        assert_eq!(infer.backend.params.sampling.top_logprobs, Some(0));
+
+        let route = Route::Chat { model: "m".into() };
+        let sampled = crate::core::backend::Logprob {
+            token: 1,
+            bytes: b"Hi".to_vec(),
+            logprob: -0.5,
+        };
+        let tokens = [TokenLogprobs {
+            sampled,
+            top: vec![],
+        }];
+        let chunk = json_of(
+            &route
+                .text_chunk("Hi".into(), Vec::new())
+                .with_logprobs(&tokens),
+        );
+        assert_eq!(
+            chunk["logprobs"],
+            json!([{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}])
+        );
+        let mut whole = outcome("Hi");
+        whole.logprobs = tokens.to_vec();
+        assert_eq!(json_of(&route.whole(&whole))["logprobs"][0]["token"], "Hi");
+        assert!(json_of(&route.whole(&outcome("Hi")))
+            .get("logprobs")
+            .is_none());
     }
 }

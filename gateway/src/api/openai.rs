@@ -6,6 +6,7 @@
 //! `stream_options.include_usage`) a chunk with `choices: []` and `usage`,
 //! then `data: [DONE]`. Errors are `{"error": {"message", "type", "param",
 //! "code"}}`, in a stream as one `data:` event.
+use std::cell::Cell;
 use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use crate::api::logprobs::{self, ChoiceLogprobs, CompletionLogprobs};
+use crate::core::backend::TokenLogprobs;
 use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::request::{
@@ -29,7 +32,7 @@ use crate::core::request::{
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{
-    parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError, MAX_CHOICES,
+    self, parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError, MAX_CHOICES,
 };
 use crate::pool::registry::NamedModel;
 use crate::server::{body_bytes, AppState};
@@ -136,6 +139,10 @@ pub struct ChatCompletionRequest {
     /// stay) when the conversation is too long for the context window
     /// (default true); false makes it a 400 `context_length_exceeded`.
     pub truncate: Option<bool>,
+    /// Return each reply token's log-probability (`choices[].logprobs.content`).
+    pub logprobs: Option<bool>,
+    /// With `logprobs: true`: also this many most likely tokens per position, 0-20.
+    pub top_logprobs: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -159,6 +166,10 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     /// Choices to generate, 1 (default) to 8.
     pub n: Option<u32>,
+    /// Return each generated token's log-probability and this many most
+    /// likely tokens per position, 0-20 (`choices[].logprobs`; the prompt's
+    /// tokens, even with `echo`, have none).
+    pub logprobs: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -185,6 +196,9 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// `stop`, `length` or `tool_calls`.
     pub finish_reason: String,
+    /// With `logprobs: true`: the reply's tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChoiceLogprobs>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -217,6 +231,9 @@ pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
     pub finish_reason: Option<String>,
+    /// With `logprobs: true`: the tokens of this chunk's content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChoiceLogprobs>,
 }
 
 /// One SSE event of a streamed chat completion.
@@ -237,7 +254,8 @@ pub struct ChatCompletionChunk {
 pub struct CompletionChoice {
     pub text: String,
     pub index: u32,
-    pub logprobs: Option<Value>,
+    /// With `logprobs`: the tokens of `text` (`null` otherwise).
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<String>,
 }
 
@@ -356,6 +374,15 @@ fn choice_count(n: Option<u32>) -> Result<u32> {
     }
 }
 
+/// Chat's `logprobs` and `top_logprobs`: alternatives only with `logprobs: true`.
+fn chat_logprobs(wanted: Option<bool>, top: Option<i64>) -> Result<Option<u32>> {
+    let wanted = wanted.unwrap_or(false);
+    if !wanted && top.is_some_and(|n| n > 0) {
+        return Err(ApiError::from(ValidationError::TopLogprobsWithoutLogprobs).into());
+    }
+    Ok(validation::logprobs(wanted, "top_logprobs", top)?)
+}
+
 /// `/v1/chat/completions` → an [`InferRequest`].
 pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     let name = model_name(&request.model)?;
@@ -374,6 +401,7 @@ pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     };
     let mut params = sampling.to_params()?;
     params.sampling.grammar = grammar;
+    params.sampling.top_logprobs = chat_logprobs(request.logprobs, request.top_logprobs)?;
     let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);
     infer.tools = Some(ToolRequest {
         definitions: request.tools.clone().unwrap_or_default(),
@@ -412,7 +440,9 @@ pub fn completion_request(request: &CompletionRequest) -> Result<InferRequest> {
         max_tokens: Some(request.max_tokens.unwrap_or(16)),
         stop: request.stop.clone(),
     };
-    let params = sampling.to_params()?;
+    let mut params = sampling.to_params()?;
+    params.sampling.top_logprobs =
+        validation::logprobs(request.logprobs.is_some(), "logprobs", request.logprobs)?;
     Ok(InferRequest::new(
         &request.model,
         name,
@@ -522,6 +552,7 @@ fn chat_choice(index: u32, outcome: &Outcome) -> ChatChoice {
             tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
         },
         finish_reason: finish_reason(outcome).into(),
+        logprobs: None,
     }
 }
 
@@ -605,6 +636,8 @@ pub struct StreamIds {
     chat: bool,
     /// The choice this stream's chunks are for.
     index: u32,
+    /// Characters of a text completion sent so far (its `text_offset`s).
+    chars_sent: Cell<usize>,
 }
 
 impl StreamIds {
@@ -616,6 +649,7 @@ impl StreamIds {
             include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
             chat,
             index: 0,
+            chars_sent: Cell::new(0),
         }
     }
 
@@ -639,14 +673,38 @@ impl StreamIds {
         content: Option<String>,
         finish: Option<&str>,
     ) -> Bytes {
+        self.event(role, content, finish, &[])
+    }
+
+    /// A piece of the reply, with the log-probabilities of its tokens (none
+    /// unless the request asked).
+    pub fn text_chunk(&self, text: String, tokens: &[TokenLogprobs]) -> Bytes {
+        self.event(None, Some(text), None, tokens)
+    }
+
+    /// A chunk; it has `logprobs` when `tokens` has some.
+    fn event(
+        &self,
+        role: Option<&str>,
+        content: Option<String>,
+        finish: Option<&str>,
+        tokens: &[TokenLogprobs],
+    ) -> Bytes {
         if self.chat {
             let delta = Delta {
                 role: role.map(str::to_string),
                 content,
                 tool_calls: None,
             };
-            self.chat_chunk(delta, finish)
+            let logprobs = (!tokens.is_empty()).then(|| logprobs::openai_chat(tokens));
+            self.chat_chunk(delta, finish, logprobs)
         } else {
+            let logprobs = (!tokens.is_empty()).then(|| {
+                let mut chars = self.chars_sent.get();
+                let logprobs = logprobs::openai_completion(tokens, &mut chars);
+                self.chars_sent.set(chars);
+                logprobs
+            });
             sse_event(&TextCompletion {
                 id: self.id.clone(),
                 object: "text_completion".into(),
@@ -656,7 +714,7 @@ impl StreamIds {
                 choices: vec![CompletionChoice {
                     text: content.unwrap_or_default(),
                     index: self.index,
-                    logprobs: None,
+                    logprobs,
                     finish_reason: finish.map(str::to_string),
                 }],
                 usage: None,
@@ -671,10 +729,15 @@ impl StreamIds {
             content: None,
             tool_calls: Some(tool_calls),
         };
-        self.chat_chunk(delta, None)
+        self.chat_chunk(delta, None, None)
     }
 
-    fn chat_chunk(&self, delta: Delta, finish: Option<&str>) -> Bytes {
+    fn chat_chunk(
+        &self,
+        delta: Delta,
+        finish: Option<&str>,
+        logprobs: Option<ChoiceLogprobs>,
+    ) -> Bytes {
         sse_event(&ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
@@ -685,6 +748,7 @@ impl StreamIds {
                 index: self.index,
                 delta,
                 finish_reason: finish.map(str::to_string),
+                logprobs,
             }],
             usage: None,
         })
@@ -703,7 +767,8 @@ impl StreamIds {
         sse_event(&value)
     }
 
-    /// The events after the last text of one choice, then the stream's end.
+    /// The events after the last text of one choice, then the stream's end;
+    /// the log-probabilities not sent yet go with the first of them.
     pub fn tail(&self, outcome: &Outcome) -> Bytes {
         [self.finish(outcome), self.end(usage(outcome))]
             .concat()
@@ -714,16 +779,19 @@ impl StreamIds {
     /// held back (text, then the calls whole), then its finish.
     fn finish(&self, outcome: &Outcome) -> Bytes {
         let mut out = Vec::new();
+        let mut tokens = outcome.logprobs.as_slice();
         if let Some(reply) = &outcome.reply {
             if !reply.content.is_empty() {
-                out.extend_from_slice(&self.chunk(None, Some(reply.content.clone()), None));
+                let content = reply.content.clone();
+                out.extend_from_slice(&self.text_chunk(content, std::mem::take(&mut tokens)));
             }
             if !reply.tool_calls.is_empty() {
                 let calls = structured::openai_tool_calls(&reply.tool_calls, true);
                 out.extend_from_slice(&self.tool_calls_chunk(calls));
             }
         }
-        out.extend_from_slice(&self.chunk(None, None, Some(finish_reason(outcome))));
+        let finish = Some(finish_reason(outcome));
+        out.extend_from_slice(&self.event(None, None, finish, tokens));
         Bytes::from(out)
     }
 
@@ -764,7 +832,7 @@ fn choice_events(
         let (mut generation, ids) = state?;
         match generation.next().await? {
             InferEvent::Text(text) => {
-                let event = ids.chunk(None, Some(text), None);
+                let event = ids.text_chunk(text, &generation.take_logprobs());
                 Some((Piece::Text(event), Some((generation, ids))))
             }
             InferEvent::Done(outcome) => {
@@ -939,7 +1007,13 @@ pub async fn chat_completions(
         return Ok(super::with_truncation(stream(generations, ids), truncated));
     }
     let outcomes = collect(generations).await?;
-    let response = Json(chat_completion(&request.model, &outcomes)).into_response();
+    let mut completion = chat_completion(&request.model, &outcomes);
+    if request.logprobs == Some(true) {
+        for (choice, outcome) in completion.choices.iter_mut().zip(&outcomes) {
+            choice.logprobs = Some(logprobs::openai_chat(&outcome.logprobs));
+        }
+    }
+    let response = Json(completion).into_response();
     Ok(super::with_truncation(response, truncated))
 }
 
@@ -970,7 +1044,14 @@ pub async fn completions(
         Some(StopSpec::Many(v)) if request.echo.unwrap_or(false) => v.first().map(String::as_str),
         _ => None,
     };
-    Ok(Json(text_completion(&request.model, &outcomes, echo)).into_response())
+    let mut completion = text_completion(&request.model, &outcomes, echo);
+    if request.logprobs.is_some() {
+        for (choice, outcome) in completion.choices.iter_mut().zip(&outcomes) {
+            let mut chars = echo.map_or(0, |e| e.chars().count());
+            choice.logprobs = Some(logprobs::openai_completion(&outcome.logprobs, &mut chars));
+        }
+    }
+    Ok(Json(completion).into_response())
 }
 
 /// Embeddings (L2-normalised), as floats or base64 little-endian f32.
@@ -1250,5 +1331,95 @@ mod tests {
         );
         let empty: EmbeddingRequest = body(json!({"model": "e", "input": []}));
         assert!(embedding_request(empty).is_err());
+    }
+
+    fn token(text: &str, logprob: f32) -> TokenLogprobs {
+        let sampled = crate::core::backend::Logprob {
+            token: 1,
+            bytes: text.as_bytes().to_vec(),
+            logprob,
+        };
+        TokenLogprobs {
+            top: vec![sampled.clone()],
+            sampled,
+        }
+    }
+
+    #[test]
+    fn logprobs_are_asked_as_openai_defines_them() {
+        let chat = |fields: Value| {
+            let mut request = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            request
+                .as_object_mut()
+                .unwrap()
+                .extend(fields.as_object().unwrap().clone());
+            chat_request(&body(request)).map(|r| r.backend.params.sampling.top_logprobs)
+        };
+        assert_eq!(chat(json!({})).unwrap(), None);
+        assert_eq!(chat(json!({"logprobs": true})).unwrap(), Some(0));
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 3})).unwrap(),
+            Some(3)
+        );
+        assert_eq!(
+            chat(json!({"logprobs": false, "top_logprobs": 0})).unwrap(),
+            None
+        );
+        for (fields, message) in [
+            (
+                json!({"top_logprobs": 2}),
+                "top_logprobs needs logprobs: true",
+            ),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                "top_logprobs must be between 0 and 20, got 21",
+            ),
+        ] {
+            let e = chat(fields).err().unwrap();
+            assert_eq!(e.0.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(e.0.to_string(), message);
+        }
+        let completion = |logprobs: Value| {
+            let request = json!({"model": "m", "prompt": "x", "logprobs": logprobs});
+            completion_request(&body(request)).map(|r| r.backend.params.sampling.top_logprobs)
+        };
+        assert_eq!(completion(Value::Null).unwrap(), None);
+        assert_eq!(completion(json!(2)).unwrap(), Some(2));
+        let e = completion(json!(-1)).err().unwrap();
+        assert_eq!(e.0.to_string(), "logprobs must be between 0 and 20, got -1");
+    }
+
+    #[test]
+    fn streamed_logprobs_go_with_their_text_and_the_rest_with_the_finish() {
+        let ids = StreamIds::new("chatcmpl", "m", None, true);
+        let text = events(&ids.text_chunk("Hi".into(), &[token("Hi", -0.5)]));
+        assert_eq!(
+            text[0]["choices"][0]["logprobs"],
+            json!({"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}]}]})
+        );
+        let mut last = outcome("Hi!");
+        last.logprobs = vec![token("!", -2.0)];
+        let tail = events(&ids.tail(&last));
+        assert_eq!(tail[0]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            tail[0]["choices"][0]["logprobs"]["content"][0]["token"],
+            "!"
+        );
+        let plain = events(&ids.chunk(None, Some("x".into()), None));
+        assert!(plain[0]["choices"][0].get("logprobs").is_none());
+
+        let ids = StreamIds::new("cmpl", "m", None, false);
+        let first = events(&ids.text_chunk("Hé".into(), &[token("Hé", -0.5)]));
+        let second = events(&ids.text_chunk(" x".into(), &[token(" x", -1.0)]));
+        assert_eq!(
+            first[0]["choices"][0]["logprobs"],
+            json!({"tokens": ["Hé"], "token_logprobs": [-0.5],
+                "top_logprobs": [{"Hé": -0.5}], "text_offset": [0]})
+        );
+        assert_eq!(
+            second[0]["choices"][0]["logprobs"]["text_offset"],
+            json!([2])
+        );
     }
 }

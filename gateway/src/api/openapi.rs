@@ -201,6 +201,35 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_in_every_dialects_schemas() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        // A schema with a flattened field is an `allOf` of parts.
+        let property = |schema: &str, name: &str| {
+            let s = &schemas[schema];
+            let parts = s["allOf"].as_array().cloned().unwrap_or_default();
+            std::iter::once(s)
+                .chain(&parts)
+                .any(|part| part["properties"].get(name).is_some())
+        };
+        for schema in ["GenerateRequest", "ChatRequest", "ChatCompletionRequest"] {
+            assert!(property(schema, "logprobs"), "{schema}");
+            assert!(property(schema, "top_logprobs"), "{schema}");
+        }
+        for schema in [
+            "CompletionRequest",
+            "GenerateChunk",
+            "ChatChunk",
+            "ChatChoice",
+            "CompletionChoice",
+        ] {
+            assert!(property(schema, "logprobs"), "{schema}");
+        }
+        assert!(property("TokenLogprob", "top_logprobs"));
+        assert!(property("CompletionLogprobs", "text_offset"));
+    }
+
+    #[test]
     fn document_lists_every_route() {
         let doc = serde_json::to_value(document()).unwrap();
         let paths = doc["paths"].as_object().unwrap();

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use hypura_scheduler::budget::Residency;
+/// Log-probabilities of generated tokens (plain data, as the engine reports them).
+pub use llama_tiered::engine::generate::{Logprob, TokenLogprobs};
 
 use super::request::{BackendRequest, EmbedBatch, Prompt};
 
@@ -74,7 +76,8 @@ pub enum BackendError {
 }
 
 /// What a generation yields, in this order: `Started`, then (when any token
-/// was generated) `FirstToken`, then `Text` pieces, then exactly one of
+/// was generated) `FirstToken`, then `Text` pieces (each after the
+/// `Logprobs` of its tokens, when they were asked), then exactly one of
 /// `Done` or `Error`, then nothing. An `Error` may come at any point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -87,6 +90,10 @@ pub enum BackendEvent {
     FirstToken,
     /// Text now final: whole UTF-8 characters, never a prefix of a stop string.
     Text(String),
+    /// The log-probabilities of the tokens the next `Text` begins (or, just
+    /// before `Done`, of tokens that made no text); only when the request's
+    /// sampling asked for them (`top_logprobs`).
+    Logprobs(Vec<TokenLogprobs>),
     Done(Finished),
     Error(BackendError),
 }

@@ -22,7 +22,7 @@ use hypura_chat::tools::{ParsedReply, ToolStream};
 use tracing::{Instrument as _, Span};
 
 use super::backend::{
-    BackendError, BackendEvent, EventStream, FinishReason, Finished, ModelBackend,
+    BackendError, BackendEvent, EventStream, FinishReason, Finished, ModelBackend, TokenLogprobs,
 };
 use super::error::ApiError;
 use super::request::{EmbedRequest, InferRequest, Prompt};
@@ -215,6 +215,9 @@ pub struct Outcome {
     pub reply: Option<ParsedReply>,
     /// The whole text of the reply (all `Text` pieces).
     pub text: String,
+    /// Log-probabilities of the reply's tokens, when asked: collected, all of
+    /// them; streaming, those not yet taken ([`Generation::take_logprobs`]).
+    pub logprobs: Vec<TokenLogprobs>,
     pub load_duration: Duration,
     /// From the request's arrival to its end.
     pub total_duration: Duration,
@@ -248,6 +251,8 @@ pub struct Generation {
     tools: Option<Tools>,
     filter: Option<ToolStream>,
     text: String,
+    /// Log-probabilities received and not yet taken.
+    logprobs: Vec<TokenLogprobs>,
     model: String,
     arrived: Instant,
     queued_for: Option<Duration>,
@@ -313,6 +318,7 @@ impl Generation {
             filter: tools.as_ref().map(Tools::stream),
             tools,
             text: String::new(),
+            logprobs: Vec::new(),
             model: request.requested.clone(),
             arrived,
             queued_for: None,
@@ -345,6 +351,14 @@ impl Generation {
                 error => error,
             });
         }
+    }
+
+    /// The log-probabilities of the tokens behind the text yielded so far
+    /// (and of text the tool filter holds back), not taken before; empty
+    /// unless the request asked for them. A streaming dialect takes them
+    /// with each `Text`; `Done` carries the rest.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprobs> {
+        std::mem::take(&mut self.logprobs)
     }
 
     /// Runs to the end: the whole reply (parsed when tools take part).
@@ -384,6 +398,10 @@ impl Generation {
                     self.text.push_str(&text);
                     InferEvent::Text(text)
                 }
+                Some(BackendEvent::Logprobs(logprobs)) => {
+                    self.logprobs.extend(logprobs);
+                    continue;
+                }
                 Some(BackendEvent::Done(finished)) => {
                     let outcome = self.outcome(finished);
                     self.record_usage(
@@ -406,11 +424,12 @@ impl Generation {
         }
     }
 
-    fn outcome(&self, finished: Finished) -> Outcome {
+    fn outcome(&mut self, finished: Finished) -> Outcome {
         Outcome {
             finished,
             reply: None,
             text: self.text.clone(),
+            logprobs: self.take_logprobs(),
             load_duration: self.lease.load_duration,
             total_duration: self.arrived.elapsed(),
             queued_for: self.queued_for,
@@ -582,6 +601,7 @@ pub(crate) mod testing {
             },
             reply: None,
             text: text.to_string(),
+            logprobs: Vec::new(),
             load_duration: Duration::from_millis(2),
             total_duration: Duration::from_millis(20),
             queued_for: Some(Duration::from_millis(1)),
@@ -854,6 +874,52 @@ mod tests {
             .unwrap();
         assert_eq!(outcome.text, "ab");
         assert_eq!(outcome.finished.generated_tokens, 2);
+    }
+
+    fn logprobs(token: i32) -> BackendEvent {
+        let logprob = crate::core::backend::Logprob {
+            token,
+            bytes: vec![b'a'],
+            logprob: -1.0,
+        };
+        BackendEvent::Logprobs(vec![TokenLogprobs {
+            sampled: logprob,
+            top: vec![],
+        }])
+    }
+
+    fn ids(logprobs: &[TokenLogprobs]) -> Vec<i32> {
+        logprobs.iter().map(|l| l.sampled.token).collect()
+    }
+
+    #[tokio::test]
+    async fn logprobs_go_with_the_text_they_precede_and_the_rest_with_done() {
+        let script = vec![
+            started(),
+            BackendEvent::FirstToken,
+            logprobs(1),
+            text("a"),
+            logprobs(2),
+            BackendEvent::Done(finished()),
+        ];
+        let backend = FakeBackend::new(Ok(script.clone()));
+        let mut generation = start(&backend, None).await.unwrap();
+        assert!(matches!(generation.next().await, Some(InferEvent::Text(t)) if t == "a"));
+        assert_eq!(ids(&generation.take_logprobs()), [1]);
+        assert!(generation.take_logprobs().is_empty(), "taken once");
+        match generation.next().await {
+            Some(InferEvent::Done(outcome)) => assert_eq!(ids(&outcome.logprobs), [2]),
+            other => panic!("{other:?}"),
+        }
+
+        let backend = FakeBackend::new(Ok(script));
+        let outcome = start(&backend, None)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(ids(&outcome.logprobs), [1, 2]);
     }
 
     fn hermes_tools() -> Tools {

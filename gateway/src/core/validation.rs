@@ -4,7 +4,7 @@
 //! which field was wrong and how.
 use std::time::Duration;
 
-use llama_tiered::llama::SamplingParams;
+use llama_tiered::llama::{SamplingParams, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -215,6 +215,13 @@ pub enum ValidationError {
     /// OpenAI's `n` outside 1..=[`MAX_CHOICES`].
     #[error("n must be between 1 and {MAX_CHOICES}, got {0}")]
     ChoiceCount(u32),
+    /// A count of alternative tokens to report (`top_logprobs`, or the
+    /// legacy completions' `logprobs`) outside `0..=20`.
+    #[error("{field} must be between 0 and {max}, got {value}", max = MAX_TOP_LOGPROBS)]
+    TopLogprobs { field: &'static str, value: i64 },
+    /// OpenAI's `top_logprobs` without `logprobs: true`.
+    #[error("top_logprobs needs logprobs: true")]
+    TopLogprobsWithoutLogprobs,
     /// A completion prompt given as a list of more than one string.
     #[error("prompt must be a string or a list of one string")]
     PromptList,
@@ -688,6 +695,21 @@ impl OpenAiSampling {
     }
 }
 
+/// The log-probabilities a request asks for, as
+/// [`SamplingParams::top_logprobs`]: none unless `wanted`, then `top`
+/// alternatives (a field named `field`, default 0), checked either way.
+pub fn logprobs(
+    wanted: bool,
+    field: &'static str,
+    top: Option<i64>,
+) -> Result<Option<u32>, ValidationError> {
+    let n = top.unwrap_or(0);
+    if !(0..=i64::from(MAX_TOP_LOGPROBS)).contains(&n) {
+        return Err(ValidationError::TopLogprobs { field, value: n });
+    }
+    Ok(wanted.then_some(n as u32))
+}
+
 /// A negative seed (Ollama's -1) asks for a random one; larger seeds are
 /// folded into 32 bits (llama.cpp's seed width).
 fn seed(seed: Option<i64>) -> Option<u32> {
@@ -844,6 +866,29 @@ mod tests {
 
     /// The rules' variants, one family at a time; messages checked byte for
     /// byte where clients see them.
+    #[test]
+    fn logprobs_are_asked_with_up_to_twenty_alternatives() {
+        assert_eq!(logprobs(false, "top_logprobs", Some(3)), Ok(None));
+        assert_eq!(logprobs(true, "top_logprobs", None), Ok(Some(0)));
+        assert_eq!(logprobs(true, "logprobs", Some(20)), Ok(Some(20)));
+        for value in [-1, 21] {
+            let e = logprobs(false, "top_logprobs", Some(value)).unwrap_err();
+            assert_eq!(
+                e,
+                ValidationError::TopLogprobs {
+                    field: "top_logprobs",
+                    value
+                }
+            );
+        }
+        assert_eq!(
+            logprobs(true, "logprobs", Some(21))
+                .unwrap_err()
+                .to_string(),
+            "logprobs must be between 0 and 20, got 21"
+        );
+    }
+
     #[test]
     fn body_rules_have_their_own_variants() {
         #[derive(Deserialize, Debug)]

@@ -353,8 +353,9 @@ impl Running {
     ///
     /// `Started` comes from the engine when the request takes a slot, before
     /// its prompt is evaluated: `queued_for` is the time from submission to
-    /// then, as the worker saw it. `FirstToken` comes with the first text (or
-    /// with `Done` when the only sampled tokens made no text).
+    /// then, as the worker saw it. `FirstToken` comes with the first text or
+    /// log-probabilities (or with `Done` when the only sampled tokens made
+    /// neither).
     async fn next_events(&mut self) -> (Vec<BackendEvent>, bool) {
         let mut out = Vec::new();
         let event = tokio::select! {
@@ -373,7 +374,7 @@ impl Running {
             });
         }
         let sampled = match &event {
-            Some(GenerationEvent::Text(_)) => true,
+            Some(GenerationEvent::Text(_) | GenerationEvent::Logprobs(_)) => true,
             Some(GenerationEvent::Done(c)) => !c.tokens.is_empty(),
             _ => false,
         };
@@ -385,6 +386,10 @@ impl Running {
             Some(GenerationEvent::Started) => return (out, false),
             Some(GenerationEvent::Text(text)) => {
                 out.push(BackendEvent::Text(text));
+                return (out, false);
+            }
+            Some(GenerationEvent::Logprobs(logprobs)) => {
+                out.push(BackendEvent::Logprobs(logprobs));
                 return (out, false);
             }
             Some(GenerationEvent::Done(completion)) => {

@@ -2,7 +2,7 @@
 //! stop strings, UTF-8 split across tokens, end-of-generation and cancellation.
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
 use crate::llama::{Batch, Context, Model, Sampler, SamplingParams};
@@ -65,6 +65,30 @@ pub struct Completion {
     pub tokens: Vec<i32>,
     pub finish_reason: FinishReason,
     pub timings: Timings,
+    /// With [`SamplingParams::top_logprobs`]: one entry per token whose text
+    /// was released, in order (an end-of-generation token, and the tokens of a
+    /// stop string, have none).
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+/// A token and its log-probability (natural log).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Logprob {
+    pub token: i32,
+    /// Its text: the sampled token's as it went into the reply; an
+    /// alternative's with special tokens written out.
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// A sampled token's log-probability and the most likely tokens at its
+/// position ([`Sampler::log_probs`](crate::llama::Sampler::log_probs) says
+/// which distribution).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    pub sampled: Logprob,
+    /// [`SamplingParams::top_logprobs`] tokens, most likely first.
+    pub top: Vec<Logprob>,
 }
 
 /// Decodes `prompt` into sequence `seq` of `ctx` (whose KV cache for `seq`
@@ -94,8 +118,9 @@ pub fn generate(
 
     let mut batch = Batch::new(1);
     let mut eval = Duration::ZERO;
+    let on_piece = &mut |text: &str, _: Vec<TokenLogprobs>| text.is_empty() || on_text(text);
     let finish = loop {
-        let token = match sequence.advance(ctx, last_row, on_text) {
+        let token = match sequence.advance(ctx, last_row, on_piece) {
             Next::Decode(token) => token,
             Next::Finish(reason) => break reason,
             Next::Fail(e) => return Err(e),
@@ -107,7 +132,7 @@ pub fn generate(
         eval += step.elapsed();
     };
     timings.eval_seconds = eval.as_secs_f64();
-    Ok(sequence.complete(finish, timings, on_text))
+    Ok(sequence.complete(finish, timings, on_piece))
 }
 
 /// Rejects prompts that cannot be generated from in `n_ctx` tokens.
@@ -146,7 +171,21 @@ pub(crate) struct Sequence {
     max_tokens: usize,
     /// Context tokens this sequence may occupy.
     n_ctx: u32,
+    /// [`SamplingParams::top_logprobs`].
+    top_logprobs: Option<usize>,
+    /// Bytes of text the sampled tokens made so far.
+    n_bytes: usize,
+    /// Log-probabilities of tokens whose text is not yet released, with the
+    /// offset of their first byte in the reply.
+    held_logprobs: Vec<(usize, TokenLogprobs)>,
+    /// Log-probabilities of the tokens whose text was released.
+    logprobs: Vec<TokenLogprobs>,
 }
+
+/// Receives the text now final, and the log-probabilities of the tokens
+/// whose first byte it releases (when they were asked); returns false to
+/// cancel. Either may be empty, not both.
+pub(crate) type OnPiece<'a> = dyn FnMut(&str, Vec<TokenLogprobs>) -> bool + 'a;
 
 impl Sequence {
     /// Builds the sampler (rejecting bad sampling options or a grammar that
@@ -169,22 +208,29 @@ impl Sequence {
             n_prompt: prompt.len(),
             max_tokens: params.max_tokens.map_or(usize::MAX, |m| m as usize),
             n_ctx,
+            top_logprobs: params.sampling.top_logprobs.map(|n| n as usize),
+            n_bytes: 0,
+            held_logprobs: Vec::new(),
+            logprobs: Vec::new(),
         })
     }
 
     /// Samples a token from batch row `row` of the last decode, passes the
-    /// text now final to `on_text`, and says whether to go on.
-    pub(crate) fn advance(
-        &mut self,
-        ctx: &mut Context,
-        row: i32,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Next {
+    /// text now final (and its tokens' log-probabilities) to `on_piece`, and
+    /// says whether to go on.
+    pub(crate) fn advance(&mut self, ctx: &mut Context, row: i32, on_piece: &mut OnPiece) -> Next {
         if self.tokens.len() >= self.max_tokens {
             return Next::Finish(FinishReason::Length);
         }
-        let token = match self.sampler.sample(ctx, row) {
-            Ok(token) => token,
+        let sampled = match self.top_logprobs {
+            None => self.sampler.sample(ctx, row).map(|t| (t, None)),
+            Some(n) => self
+                .sampler
+                .sample_with_log_probs(ctx, row, n)
+                .map(|(t, logprob, top)| (t, Some((logprob, top)))),
+        };
+        let (token, logprobs) = match sampled {
+            Ok(sampled) => sampled,
             Err(e) => return Next::Fail(e),
         };
         self.tokens.push(token);
@@ -193,8 +239,33 @@ impl Sequence {
             return Next::Finish(FinishReason::Stop);
         }
         let special = self.preserved.contains(&token);
-        let (emitted, stopped) = self.text.push(&model.token_to_bytes(token, special));
-        if !emitted.is_empty() && !on_text(&emitted) {
+        let bytes = model.token_to_bytes(token, special);
+        if let Some((logprob, top)) = logprobs {
+            let top = top
+                .into_iter()
+                .map(|(id, logprob)| Logprob {
+                    token: id,
+                    bytes: model.token_to_bytes(id, true),
+                    logprob,
+                })
+                .collect();
+            let sampled = Logprob {
+                token,
+                bytes: bytes.clone(),
+                logprob,
+            };
+            let entry = TokenLogprobs { sampled, top };
+            self.held_logprobs.push((self.n_bytes, entry));
+        }
+        self.n_bytes += bytes.len();
+        let (emitted, stopped) = self.text.push(&bytes);
+        let released = self.release_logprobs(false);
+        if stopped {
+            // What is still held belongs to the stop string.
+            self.held_logprobs.clear();
+        }
+        let quiet = emitted.is_empty() && released.is_empty();
+        if !quiet && !on_piece(&emitted, released) {
             return Next::Finish(FinishReason::Cancelled);
         }
         if stopped {
@@ -207,6 +278,26 @@ impl Sequence {
             return Next::Finish(FinishReason::Length);
         }
         Next::Decode(token)
+    }
+
+    /// The held log-probabilities of the tokens whose first byte the text
+    /// released so far holds, or (`all`, at the end) of every token held.
+    /// (Offsets count the tokens' bytes: exact unless invalid UTF-8 was
+    /// replaced, which moves a token to a neighbouring piece.)
+    fn release_logprobs(&mut self, all: bool) -> Vec<TokenLogprobs> {
+        let released = if all {
+            usize::MAX
+        } else {
+            self.text.released_bytes()
+        };
+        let n = self
+            .held_logprobs
+            .iter()
+            .take_while(|(start, _)| *start < released)
+            .count();
+        let out: Vec<TokenLogprobs> = self.held_logprobs.drain(..n).map(|(_, l)| l).collect();
+        self.logprobs.extend(out.iter().cloned());
+        out
     }
 
     /// Moves the sequence's sampler onto `model`, another load of the same
@@ -231,12 +322,15 @@ impl Sequence {
         mut self,
         finish: FinishReason,
         mut timings: Timings,
-        on_text: &mut dyn FnMut(&str) -> bool,
+        on_piece: &mut OnPiece,
     ) -> Completion {
         if finish != FinishReason::Cancelled {
             let rest = self.text.finish();
-            if !rest.is_empty() {
-                on_text(&rest);
+            // With tokens that made no text (nothing follows them).
+            let released = self.release_logprobs(true);
+            let quiet = rest.is_empty() && released.is_empty();
+            if !quiet {
+                on_piece(&rest, released);
             }
         }
         timings.prompt_tokens = self.n_prompt;
@@ -246,6 +340,7 @@ impl Sequence {
             tokens: self.tokens,
             finish_reason: finish,
             timings,
+            logprobs: self.logprobs,
         }
     }
 }
@@ -343,6 +438,11 @@ impl TextStream {
             self.pending_bytes.clear();
         }
         self.release(self.held.len())
+    }
+
+    /// Bytes of text released so far.
+    pub fn released_bytes(&self) -> usize {
+        self.emitted.len()
     }
 
     /// All text released so far.

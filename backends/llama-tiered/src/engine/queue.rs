@@ -9,7 +9,7 @@ use std::thread::{JoinHandle, ThreadId};
 use serde::{Deserialize, Serialize};
 
 use super::embed::{embed_context, Embedder};
-use super::generate::{check_prompt, Completion, GenerateParams, Sequence};
+use super::generate::{check_prompt, Completion, GenerateParams, Sequence, TokenLogprobs};
 use super::switch::Switch;
 use super::worker::Worker;
 use crate::error::EngineError;
@@ -101,8 +101,9 @@ impl BatchConfig {
 }
 
 /// What a request's [`EventSink`] receives, in order: `Started` once it has
-/// a slot, any number of `Text`, then one `Done` or one `Error` (an `Error`
-/// may also come without `Started`, when the request never got a slot).
+/// a slot, any number of `Text` (each after the `Logprobs` of its tokens,
+/// when they were asked), then one `Done` or one `Error` (an `Error` may also
+/// come without `Started`, when the request never got a slot).
 #[derive(Debug)]
 pub enum GenerationEvent {
     /// The request left the queue and took a sequence slot; its prompt is
@@ -110,6 +111,10 @@ pub enum GenerationEvent {
     Started,
     /// Text now final (whole UTF-8 chars, never a prefix of a possible stop string).
     Text(String),
+    /// With [`SamplingParams::top_logprobs`](crate::llama::SamplingParams::top_logprobs):
+    /// the log-probabilities of the tokens the next `Text` begins (or, just
+    /// before `Done`, of tokens that made no text).
+    Logprobs(Vec<TokenLogprobs>),
     /// Generation ended normally (EOG, stop string, max tokens, full context) or was cancelled.
     Done(Completion),
     /// Generation failed; no further events.

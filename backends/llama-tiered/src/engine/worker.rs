@@ -4,7 +4,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::generate::{FinishReason, Next, Sequence, Timings};
+use super::generate::{FinishReason, Next, Sequence, Timings, TokenLogprobs};
 use super::queue::{BatchConfig, Counters, EventSink, GenerationEvent, Queued, RequestId, Shared};
 use super::switch::Switch;
 use crate::error::EngineError;
@@ -291,9 +291,11 @@ impl Worker {
             };
             let before = slot.sequence.n_generated();
             let sink = &mut slot.sink;
-            let next = slot.sequence.advance(&mut self.ctx, row, &mut |text| {
-                send(sink, GenerationEvent::Text(text.to_string()))
-            });
+            let next = slot
+                .sequence
+                .advance(&mut self.ctx, row, &mut |text, logprobs| {
+                    send_piece(sink, text, logprobs)
+                });
             let sampled = slot.sequence.n_generated() - before;
             Counters::add(&counters.tokens_generated, sampled as u64);
             match next {
@@ -323,8 +325,8 @@ impl Worker {
         let Slot {
             mut sink, sequence, ..
         } = slot;
-        let completion = sequence.complete(reason, timings, &mut |text| {
-            send(&mut sink, GenerationEvent::Text(text.to_string()))
+        let completion = sequence.complete(reason, timings, &mut |text, logprobs| {
+            send_piece(&mut sink, text, logprobs)
         });
         send(&mut sink, GenerationEvent::Done(completion));
     }
@@ -367,6 +369,12 @@ pub(super) fn send(sink: &mut EventSink, event: GenerationEvent) -> bool {
         tracing::error!("an event sink panicked: its request is cancelled");
         false
     })
+}
+
+/// Sends a piece of text, after its tokens' log-probabilities (either may be empty).
+fn send_piece(sink: &mut EventSink, text: &str, logprobs: Vec<TokenLogprobs>) -> bool {
+    (logprobs.is_empty() || send(sink, GenerationEvent::Logprobs(logprobs)))
+        && (text.is_empty() || send(sink, GenerationEvent::Text(text.to_string())))
 }
 
 /// The same error for another sequence of a failed batch (`EngineError` is not `Clone`).
@@ -435,7 +443,9 @@ mod tests {
         let mut saw_error = false;
         while let Ok(event) = rx.recv_timeout(deadline) {
             match event {
-                GenerationEvent::Started | GenerationEvent::Text(_) => {}
+                GenerationEvent::Started
+                | GenerationEvent::Text(_)
+                | GenerationEvent::Logprobs(_) => {}
                 GenerationEvent::Error(e) => {
                     assert!(matches!(e, EngineError::Cancelled), "{e}");
                     saw_error = true;
@@ -455,7 +465,9 @@ mod tests {
         let done = loop {
             match rx.recv_timeout(deadline).unwrap() {
                 GenerationEvent::Done(c) => break c,
-                GenerationEvent::Started | GenerationEvent::Text(_) => {}
+                GenerationEvent::Started
+                | GenerationEvent::Text(_)
+                | GenerationEvent::Logprobs(_) => {}
                 GenerationEvent::Error(e) => panic!("{e}"),
             }
         };
@@ -515,7 +527,9 @@ mod tests {
                         assert_eq!(c.finish_reason, FinishReason::Stop, "{:?}", c.text);
                         break serde_json::from_str(&c.text).unwrap();
                     }
-                    GenerationEvent::Started | GenerationEvent::Text(_) => {}
+                    GenerationEvent::Started
+                    | GenerationEvent::Text(_)
+                    | GenerationEvent::Logprobs(_) => {}
                     GenerationEvent::Error(e) => panic!("{e}"),
                 }
             })

@@ -42,7 +42,20 @@ pub struct SamplingParams {
     /// nothing. A text that is not one token of the vocabulary is ignored.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub preserved_tokens: Vec<String>,
+    /// Report each sampled token's log-probability and this many of the most
+    /// likely tokens at its position (`0..=`[`MAX_TOP_LOGPROBS`]); `None`: no
+    /// log-probabilities, and none of their cost (a softmax over the whole
+    /// vocabulary per token). See [`Sampler::log_probs`] for which
+    /// distribution they come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
 }
+
+/// Token ids with their log-probabilities, most likely first.
+pub type TopLogProbs = Vec<(i32, f32)>;
+
+/// Most alternatives [`SamplingParams::top_logprobs`] may ask for (OpenAI's and Ollama's limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -58,6 +71,7 @@ impl Default for SamplingParams {
             seed: None,
             grammar: None,
             preserved_tokens: Vec::new(),
+            top_logprobs: None,
         }
     }
 }
@@ -106,6 +120,12 @@ impl SamplingParams {
                 self.repeat_penalty
             )));
         }
+        if self.top_logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::InvalidArgument(format!(
+                "top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {}",
+                self.top_logprobs.unwrap_or_default()
+            )));
+        }
         if self.repeat_last_n < -1 {
             return Err(EngineError::InvalidArgument(format!(
                 "repeat_last_n must be -1, 0 or positive, got {}",
@@ -123,8 +143,12 @@ impl SamplingParams {
 pub struct Sampler {
     raw: NonNull<sys::llama_sampler>,
     grammar: Option<GrammarSampler>,
-    /// Candidate buffer for grammar sampling, `n_vocab` long.
+    /// Candidate buffer for grammar sampling and log-probabilities, `n_vocab` long.
     candidates: Vec<sys::llama_token_data>,
+    /// Whether the chain's first sampler is the repetition penalties.
+    penalties: bool,
+    /// [`Sampler::log_probs`]' answer, `n_vocab` long once asked.
+    log_probs: Vec<f32>,
 }
 
 // SAFETY: the chain owns its state; used by one thread at a time (`&mut self`).
@@ -146,11 +170,6 @@ impl Sampler {
         };
         let raw = NonNull::new(chain)
             .ok_or_else(|| EngineError::Context("could not create a sampler".into()))?;
-        let sampler = Sampler {
-            raw,
-            grammar,
-            candidates: Vec::new(),
-        };
         let penalties_on = params.repeat_penalty != 1.0
             || params.presence_penalty != 0.0
             || params.frequency_penalty != 0.0;
@@ -159,10 +178,17 @@ impl Sampler {
         } else {
             params.repeat_last_n
         };
+        let sampler = Sampler {
+            raw,
+            grammar,
+            candidates: Vec::new(),
+            penalties: penalties_on && last_n != 0,
+            log_probs: Vec::new(),
+        };
         // SAFETY (whole block): each init returns a new sampler whose ownership
         // passes to the chain, freed with it.
         unsafe {
-            if penalties_on && last_n != 0 {
+            if sampler.penalties {
                 sampler.add(sys::llama_sampler_init_penalties(
                     n_vocab as i32,
                     last_n,
@@ -221,6 +247,73 @@ impl Sampler {
         Ok(token)
     }
 
+    /// [`Sampler::sample`], and the log-probabilities of the sampled token
+    /// and of the `n_top` most likely tokens (ids, most likely first) in the
+    /// distribution [`Sampler::log_probs`] describes.
+    pub fn sample_with_log_probs(
+        &mut self,
+        ctx: &mut Context,
+        idx: i32,
+        n_top: usize,
+    ) -> Result<(i32, f32, TopLogProbs), EngineError> {
+        let top = most_likely(self.log_probs(ctx, idx)?, n_top);
+        let token = self.sample(ctx, idx)?;
+        let log_prob = self
+            .log_probs
+            .get(token as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY);
+        Ok((token, log_prob, top))
+    }
+
+    /// The distribution log-probabilities are reported from, at batch row
+    /// `idx`: the log-softmax of the model's logits after the repetition
+    /// penalties, before the grammar, top-k, top-p, min-p and temperature cut
+    /// and reshape them; indexed by token id. Without penalties this is what
+    /// llama.cpp's server reports by default (`n_probs` without
+    /// `post_sampling_probs`: a softmax of the raw logits); with them it is the
+    /// distribution greedy decoding picks the most likely token of. Call it
+    /// before [`Sampler::sample`], which adds the sampled token to the
+    /// penalties' history.
+    pub fn log_probs(&mut self, ctx: &Context, idx: i32) -> Result<&[f32], EngineError> {
+        let logits = ctx.logits(idx)?;
+        fill_candidates(&mut self.candidates, logits);
+        if self.penalties {
+            let mut array = sys::llama_token_data_array {
+                data: self.candidates.as_mut_ptr(),
+                size: self.candidates.len(),
+                selected: -1,
+                sorted: false,
+            };
+            // SAFETY: the chain is alive and holds the penalties first
+            // (`self.penalties`); they change logits in place, in order,
+            // without resizing `array`, which points at `candidates`.
+            unsafe {
+                let penalties = sys::llama_sampler_chain_get(self.raw.as_ptr(), 0);
+                sys::llama_sampler_apply(penalties, &mut array);
+            }
+        }
+        let max = self
+            .candidates
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = self
+            .candidates
+            .iter()
+            .map(|c| f64::from(c.logit - max).exp())
+            .sum();
+        let log_sum = max + sum.ln() as f32;
+        self.log_probs.clear();
+        self.log_probs.resize(logits.len(), f32::NEG_INFINITY);
+        for c in &self.candidates {
+            if let Some(slot) = self.log_probs.get_mut(c.id as usize) {
+                *slot = c.logit - log_sum;
+            }
+        }
+        Ok(&self.log_probs)
+    }
+
     /// Runs the chain (after the grammar when `constrained`) over row `idx`'s
     /// logits and returns the token it selects, without accepting it.
     fn sample_from(
@@ -230,18 +323,7 @@ impl Sampler {
         constrained: bool,
     ) -> Result<i32, EngineError> {
         let logits = ctx.logits(idx)?;
-        self.candidates.clear();
-        self.candidates
-            .extend(
-                logits
-                    .iter()
-                    .enumerate()
-                    .map(|(id, &logit)| sys::llama_token_data {
-                        id: id as i32,
-                        logit,
-                        p: 0.0,
-                    }),
-            );
+        fill_candidates(&mut self.candidates, logits);
         if constrained {
             if let Some(grammar) = self.grammar.as_mut() {
                 constrain(grammar, &mut self.candidates, logits);
@@ -311,23 +393,63 @@ fn constrain(
     grammar.apply(candidates);
     candidates.retain(|c| c.logit != f32::NEG_INFINITY);
     if candidates.is_empty() {
-        candidates.extend(
-            logits
-                .iter()
-                .enumerate()
-                .map(|(id, &logit)| sys::llama_token_data {
-                    id: id as i32,
-                    logit,
-                    p: 0.0,
-                }),
-        );
+        fill_candidates(candidates, logits);
         grammar.apply(candidates);
     }
+}
+
+/// The `n` largest of `log_probs` (token id, value), largest first; the
+/// lower id first among equals, as greedy sampling picks.
+fn most_likely(log_probs: &[f32], n: usize) -> TopLogProbs {
+    let mut top: TopLogProbs = Vec::with_capacity(n + 1);
+    if n == 0 {
+        return top;
+    }
+    for (id, &log_prob) in log_probs.iter().enumerate() {
+        if top.len() == n && log_prob <= top[n - 1].1 {
+            continue;
+        }
+        let at = top.partition_point(|&(_, p)| p >= log_prob);
+        top.insert(at, (id as i32, log_prob));
+        top.truncate(n);
+    }
+    top
+}
+
+/// One candidate per token of the vocabulary, with its logit.
+fn fill_candidates(candidates: &mut Vec<sys::llama_token_data>, logits: &[f32]) {
+    candidates.clear();
+    candidates.extend(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(id, &logit)| sys::llama_token_data {
+                id: id as i32,
+                logit,
+                p: 0.0,
+            }),
+    );
 }
 
 impl Drop for Sampler {
     fn drop(&mut self) {
         // SAFETY: frees the chain and the samplers it owns, once.
         unsafe { sys::llama_sampler_free(self.raw.as_ptr()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::most_likely;
+
+    #[test]
+    fn most_likely_keeps_the_largest_in_order_and_the_lower_id_among_equals() {
+        let log_probs = [-3.0, -0.5, -2.0, -0.5, -9.0, -1.0];
+        assert_eq!(
+            most_likely(&log_probs, 3),
+            [(1, -0.5), (3, -0.5), (5, -1.0)]
+        );
+        assert_eq!(most_likely(&log_probs, 0), []);
+        assert_eq!(most_likely(&log_probs, 10).len(), log_probs.len());
     }
 }

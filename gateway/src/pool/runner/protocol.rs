@@ -37,7 +37,8 @@ use crate::core::backend::{
 use crate::core::request::{BackendRequest, EmbedBatch};
 
 /// The protocol version this build speaks; a runner and a gateway of
-/// different builds refuse each other at `hello`.
+/// different builds refuse each other at `hello`. 3: `prompt_tokens`;
+/// generation events carry `logprobs`, and sampling `top_logprobs`.
 pub const VERSION: u32 = 3;
 
 /// The environment variable that enables [`Op::Abort`] in a runner.
@@ -212,6 +213,30 @@ mod tests {
             serde_json::to_string(&reply).unwrap(),
             r#"{"id":7,"msg":{"event":{"text":"hi"}}}"#
         );
+    }
+
+    #[test]
+    fn logprobs_cross_as_one_event_before_their_text() {
+        use crate::core::backend::{Logprob, TokenLogprobs};
+        let hi = |logprob| Logprob {
+            token: 42,
+            bytes: b"hi".to_vec(),
+            logprob,
+        };
+        let event = BackendEvent::Logprobs(vec![TokenLogprobs {
+            sampled: hi(-0.5),
+            top: vec![hi(-0.5)],
+        }]);
+        let line = serde_json::to_string(&Msg::Event(event.clone())).unwrap();
+        assert_eq!(
+            line,
+            r#"{"event":{"logprobs":[{"sampled":{"token":42,"bytes":[104,105],"logprob":-0.5},"top":[{"token":42,"bytes":[104,105],"logprob":-0.5}]}]}}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<Msg>(&line).unwrap(),
+            Msg::Event(event)
+        );
+        assert!(!Msg::Event(BackendEvent::Logprobs(Vec::new())).is_last());
     }
 
     #[test]
