@@ -339,7 +339,10 @@ fn embedding_tokens_are_capped_per_request() {
         assert!(took < Duration::from_secs(20), "{route}: {took:?}");
     }
     // Under the cap, the same texts embed.
-    let r = s.post("/api/embed", json!({"model": MODEL, "input": vec![text; 3]}));
+    let r = s.post(
+        "/api/embed",
+        json!({"model": MODEL, "input": vec![text; 3]}),
+    );
     assert_eq!(r.status(), 200);
 }
 

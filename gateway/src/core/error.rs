@@ -75,9 +75,7 @@ impl ApiError {
             ApiError::Validation(_)
             | ApiError::BadRequest(_)
             | ApiError::PayloadTooLarge(_)
-            | ApiError::RequestTimeout(_) => {
-                "invalid_request_error"
-            }
+            | ApiError::RequestTimeout(_) => "invalid_request_error",
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "not_found_error",
             ApiError::Unauthorized(_) => "authentication_error",
             ApiError::Forbidden(_) => "permission_error",
