@@ -10,6 +10,8 @@
 # the first line carrying text. Prints the median and p90 of each and the
 # median of the pairwise difference (front − direct): the front's overhead.
 # HYPURA_BIN: the binary (default: built here, target/release/hypura).
+# ROUTE=generate: a raw /api/generate instead (for a model without a chat
+# template, e.g. a synthetic one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -46,27 +48,38 @@ start front --upstream "$peer"
 front=$base
 name=$(basename "$model" .gguf):latest
 
-python3 - "$peer" "$front" "$name" "$requests" <<'PY'
+python3 - "$peer" "$front" "$name" "$requests" "${ROUTE:-chat}" <<'PY'
 import json, statistics, sys, time, urllib.request
 
 peer, front, name, requests = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-body = json.dumps({
-    "model": name,
-    "messages": [{"role": "user", "content": "Name three rivers of Europe."}],
-    "options": {"temperature": 0, "num_predict": 4},
-}).encode()
+chat = sys.argv[5] != "generate"
+options = {"temperature": 0, "num_predict": 4}
+if chat:
+    route = "/api/chat"
+    body = {"model": name, "options": options,
+            "messages": [{"role": "user", "content": "Name three rivers of Europe."}]}
+else:
+    route = "/api/generate"
+    body = {"model": name, "options": options, "raw": True,
+            "prompt": "Name three rivers of Europe."}
+body = json.dumps(body).encode()
+
+def text_of(chunk):
+    return chunk.get("message", {}).get("content") if chat else chunk.get("response")
 
 def first_token_ms(base):
-    request = urllib.request.Request(base + "/api/chat", data=body,
+    """Milliseconds to the first line carrying text (else to the last line)."""
+    request = urllib.request.Request(base + route, data=body,
                                      headers={"content-type": "application/json"})
     sent = time.perf_counter()
-    first = None
+    first = last = None
     with urllib.request.urlopen(request) as reply:
         for line in reply:
             chunk = json.loads(line)
-            if first is None and chunk.get("message", {}).get("content"):
-                first = (time.perf_counter() - sent) * 1e3
-    return first
+            last = (time.perf_counter() - sent) * 1e3
+            if first is None and text_of(chunk):
+                first = last
+    return first if first is not None else last
 
 for base in (peer, front):  # load the model and warm its prompt cache
     first_token_ms(base)

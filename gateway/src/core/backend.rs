@@ -118,6 +118,12 @@ pub trait ModelBackend: Send + Sync {
     /// How many tokens `text` is, as the model tokenizes a raw prompt.
     fn count_tokens(&self, text: &str) -> Result<usize, BackendError>;
 
+    /// Whether this server tokenizes the model's prompts (false for a model
+    /// another server runs: that server checks and fits its own context).
+    fn counts_tokens(&self) -> bool {
+        true
+    }
+
     /// How many tokens `request` would submit: its `context`, then its
     /// prompt rendered with the chat template and tokenized. Backends that
     /// render templates count exactly; this default estimates from

@@ -286,12 +286,17 @@ impl Generation {
         let window = request.backend.params.num_ctx.map_or(slot, |n| n.min(slot));
         validation::check_prompt_bytes(prompt_bytes(&request.backend.prompt), window)?;
         let mut backend_request = request.backend.clone();
-        let truncated_messages = truncate::fit(
-            lease.backend.as_ref(),
-            &mut backend_request,
-            window,
-            request.truncate,
-        )?;
+        // A model another server runs is fitted to its context over there.
+        let truncated_messages = if lease.backend.counts_tokens() {
+            truncate::fit(
+                lease.backend.as_ref(),
+                &mut backend_request,
+                window,
+                request.truncate,
+            )?
+        } else {
+            0
+        };
         if truncated_messages > 0 {
             tracing::info!(
                 truncated_messages,

@@ -240,6 +240,10 @@ impl ModelBackend for RemoteBackend {
         .boxed()
     }
 
+    fn counts_tokens(&self) -> bool {
+        false
+    }
+
     fn count_tokens(&self, _text: &str) -> Result<usize, BackendError> {
         Err(BackendError::Invalid(format!(
             "model '{}' is served by another server: its tokens are not counted here",
