@@ -330,10 +330,15 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
         String::from_utf8_lossy(&checked.stdout),
         String::from_utf8_lossy(&checked.stderr)
     );
-    assert!(
-        checked.status.success() && said.trim().is_empty(),
-        "promtool: {said}"
-    );
+    // The Gateway API Inference Extension reads vLLM's own names
+    // (`vllm:num_requests_waiting`, ...): their `:` is the one lint allowed
+    // (promtool then exits 1 with only those lines).
+    let vllm_alias = |l: &str| l.starts_with("vllm:") && l.ends_with("should not contain ':'");
+    let said: Vec<&str> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !vllm_alias(l))
+        .collect();
+    assert!(said.is_empty(), "promtool: {}", said.join("\n"));
 
     // Every metric the dashboards name is exported, and the check would see one that is not.
     let families = scrape.families();
