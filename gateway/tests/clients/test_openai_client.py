@@ -1,4 +1,6 @@
 """The official `openai` Python SDK against /v1."""
+import json
+
 import openai
 import pytest
 
