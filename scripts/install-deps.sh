@@ -84,8 +84,8 @@ for tool in cargo python3; do
   }
 done
 
-if [ "$test_clients" = 1 ] && ! python3 -c "import ollama, openai, anthropic, pytest" 2>/dev/null; then
-  # The gateway's client tests drive it with the real `ollama`, `openai` and `anthropic` packages.
+if [ "$test_clients" = 1 ] && ! python3 -c "import ollama, openai, anthropic, pytest, langchain_ollama, langchain_openai" 2>/dev/null; then
+  # The client tests drive the gateway with the real `ollama`, `openai`, `anthropic` and LangChain packages.
   python3 -m pip install --quiet -r gateway/tests/clients/requirements.txt 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages -r gateway/tests/clients/requirements.txt
 fi
