@@ -110,7 +110,10 @@ fn mixtral_streams_experts_in_less() {
     // experts (most of its 8 GiB); the other experts stream.
     assert!(tier(&p, "gpu") > 7 * GIB, "{p}");
     assert!(tier(&p, "stream") > 16 * GIB, "{p}");
-    assert!(tier(&p, "gpu") + tier(&p, "ram") + tier(&p, "stream") > 24 * GIB, "{p}");
+    assert!(
+        tier(&p, "gpu") + tier(&p, "ram") + tier(&p, "stream") > 24 * GIB,
+        "{p}"
+    );
     let cache = p["stream_cache_bytes"].as_u64().unwrap();
     assert!(cache > 0 && cache <= 12 * GIB, "{p}");
     assert_eq!(p["bottleneck"], "nvme");
