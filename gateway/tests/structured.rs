@@ -6,15 +6,12 @@
 //! directory (SmolLM2's own template: `tools_generic.rs`).
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
+use common::templates::{copy_with_template, QWEN_2_5, QWEN_MODEL};
 use common::{ndjson, sse, Server, MODEL};
-use llama_tiered::llama::gguf_write::{GgufBuilder, GgufReader};
 use serde_json::{json, Value};
-
-/// Qwen/Qwen2.5-*-Instruct's template.
-const QWEN_2_5: &str = include_str!("../../chat/fixtures/qwen2.5-instruct.jinja");
 
 /// Llama 3.1's tool conventions (system header, bare `{"name", "parameters"}`
 /// calls, `ipython` tool results), in ChatML turns SmolLM2 can follow.
@@ -40,28 +37,7 @@ const LLAMA_3_STYLE: &str = r#"{%- if tools is defined and tools %}
 {%- endif %}
 "#;
 
-const QWEN_MODEL: &str = "smollm2-qwen-tools:latest";
 const LLAMA_MODEL: &str = "smollm2-llama-tools:latest";
-
-/// Copies the GGUF `src` to `dst` with `tokenizer.chat_template` replaced;
-/// every other key-value and every tensor byte is kept.
-fn copy_with_template(src: &Path, dst: &Path, template: &str) {
-    let reader = GgufReader::open(src).expect("open the source GGUF");
-    let mut builder = GgufBuilder::new();
-    builder.copy_kvs_from(&reader).unwrap();
-    builder
-        .set_str("tokenizer.chat_template", template)
-        .unwrap();
-    let tensors = reader.tensors();
-    for t in &tensors {
-        builder.add_tensor(&t.name, t.ty, &t.dims).unwrap();
-    }
-    let mut writer = builder.create(dst).expect("create the copy");
-    for t in &tensors {
-        writer.write_data(&reader.read_tensor(t).unwrap()).unwrap();
-    }
-    writer.finish().unwrap();
-}
 
 /// The two tool-template copies of SmolLM2 in a directory of the system's
 /// temporary folder, shared by the tests running at once: written by the

@@ -661,33 +661,12 @@ pub async fn messages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::infer::testing::{outcome, tool_outcome};
+    use crate::core::infer::testing::{
+        named_sse_events as events, outcome, prompt_messages as messages, tool_outcome,
+    };
 
     fn request(value: Value) -> MessagesRequest {
         parse_json(value.to_string().as_bytes()).unwrap()
-    }
-
-    fn messages(infer: &InferRequest) -> &[ChatMessage] {
-        match &infer.backend.prompt {
-            Prompt::Messages { messages, .. } => messages,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// Each SSE event as (its `event:` name, its data).
-    fn events(bytes: &[u8]) -> Vec<(String, Value)> {
-        let text = std::str::from_utf8(bytes).unwrap();
-        assert!(text.ends_with("\n\n"), "{text:?}");
-        text.split_terminator("\n\n")
-            .map(|event| {
-                let (name, data) = event.split_once('\n').unwrap();
-                let name = name.strip_prefix("event: ").unwrap().to_string();
-                let data: Value =
-                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-                assert_eq!(data["type"], name.as_str());
-                (name, data)
-            })
-            .collect()
     }
 
     #[test]

@@ -587,10 +587,37 @@ pub(crate) mod testing {
     use std::time::Duration;
 
     use hypura_chat::tools::{ParsedReply, ToolCall};
-    use serde_json::json;
+    use hypura_chat::ChatMessage;
+    use serde_json::{json, Value};
 
     use super::Outcome;
     use crate::core::backend::{FinishReason, Finished};
+    use crate::core::request::{InferRequest, Prompt};
+
+    /// The conversation a request renders (panics for other prompts).
+    pub fn prompt_messages(infer: &InferRequest) -> &[ChatMessage] {
+        match &infer.backend.prompt {
+            Prompt::Messages { messages, .. } => messages,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Each SSE event of a stream with named events, as (its `event:` name,
+    /// its data), the data's `type` checked against the name.
+    pub fn named_sse_events(bytes: &[u8]) -> Vec<(String, Value)> {
+        let text = std::str::from_utf8(bytes).unwrap();
+        assert!(text.ends_with("\n\n"), "{text:?}");
+        text.split_terminator("\n\n")
+            .map(|event| {
+                let (name, data) = event.split_once('\n').unwrap();
+                let name = name.strip_prefix("event: ").unwrap().to_string();
+                let data: Value =
+                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                assert_eq!(data["type"], name.as_str());
+                (name, data)
+            })
+            .collect()
+    }
 
     /// A finished reply of `text` (3 prompt tokens, 2 generated, EOG 9 in the context).
     pub fn outcome(text: &str) -> Outcome {
