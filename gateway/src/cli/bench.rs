@@ -54,6 +54,12 @@ pub struct BenchArgs {
     /// repetitions.
     #[arg(long)]
     no_warmup: bool,
+    /// Take each token's argmax on the host from the copied logits, as
+    /// llama.cpp's default sampling does, instead of inside the decode graph
+    /// on the output's device (the default, as `hypura serve` does for
+    /// greedy requests).
+    #[arg(long)]
+    host_argmax: bool,
     /// Predict with this saved profile (default: this machine's cached one).
     #[arg(long)]
     profile: Option<PathBuf>,
@@ -74,6 +80,8 @@ struct Measured {
     decode_seconds: Vec<f64>,
     /// Streaming over the timed decode phases only.
     stream: StreamStats,
+    /// Whether llama.cpp took the argmax inside the decode graph.
+    device_argmax: bool,
 }
 
 impl Measured {
@@ -166,6 +174,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "load_seconds": load_seconds,
         "repetitions": args.repetitions,
         "warmup": !args.no_warmup,
+        "argmax": if m.device_argmax { "device" } else { "host" },
         "prompt_tokens": m.prompt_tokens,
         "prompt_tokens_per_second": prompt_rate,
         "prompt_tokens_per_second_sd": prompt_sd,
@@ -257,6 +266,7 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         n_threads: args.threads.unwrap_or(0),
         ..Default::default()
     })?;
+    let device_argmax = !args.host_argmax && ctx.set_device_greedy(0, true);
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's
         // first reads) stay out of the figures, as in llama-bench.
@@ -276,6 +286,7 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         decode_tokens: args.tokens,
         decode_seconds,
         stream,
+        device_argmax,
     })
 }
 
@@ -294,16 +305,24 @@ fn run_once(
     let started = Instant::now();
     ctx.decode(&batch)?;
     let prompt_seconds = started.elapsed().as_secs_f64();
-    let mut next = argmax(ctx.logits(batch.len() as i32 - 1)?);
+    let mut next = greedy_token(ctx, batch.len() as i32 - 1)?;
     let started = Instant::now();
     let mut one = Batch::new(1);
     for step in 0..tokens {
         one.clear();
         one.push(next, (prompt.len() as u32 + step) as i32, 0, true)?;
         ctx.decode(&one)?;
-        next = argmax(ctx.logits(0)?);
+        next = greedy_token(ctx, 0)?;
     }
     Ok((prompt_seconds, started.elapsed().as_secs_f64()))
+}
+
+/// The token llama.cpp chose inside the decode, else the host's argmax of row `row`.
+fn greedy_token(ctx: &llama_tiered::llama::Context, row: i32) -> anyhow::Result<i32> {
+    match ctx.sampled_token(row) {
+        Some(token) => Ok(token),
+        None => Ok(argmax(ctx.logits(row)?)),
+    }
 }
 
 fn argmax(logits: &[f32]) -> i32 {
