@@ -74,8 +74,10 @@ build() {
 # .devcarry/ they let a later call on a fresh machine skip the 5-minute build.
 pack() {
   local t0=$SECONDS
-  tar -C "$B" -cf - --owner=0 --group=0 $(cd "$B" && ls *.so* llama-bench llama-server 2>/dev/null) \
-    | xz -T"$(nproc)" -6 | split -b 15m -d - "$OUT/cuda-build.tar.xz."
+  local d=$W/pack
+  rm -rf "$d" && mkdir -p "$d" && (cd "$B" && cp -a *.so* llama-bench llama-server "$d"/ 2>/dev/null)
+  find "$d" -type f -exec strip --strip-debug {} +
+  tar -C "$d" -cf - --owner=0 --group=0 . | xz -T"$(nproc)" -6 | split -b 15m -d - "$OUT/cuda-build.tar.xz."
   log "pack: $(cat "$OUT"/cuda-build.tar.xz.* | wc -c) bytes in $((SECONDS - t0)) s"
 }
 
