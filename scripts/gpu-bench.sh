@@ -2,8 +2,8 @@
 # hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
-#                                     beside llama.cpp's own tools: tools vsdense nsysdense vsserver cached exact
-#                                     bigmodel vsmixtral table; pack)
+#                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
+#                                     exact bigmodel vsmixtral table; pack)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -33,6 +33,8 @@ PROMPT="The history of the city of Paris begins"
 SRC=$W/llama.cpp
 B=$W/build/bin
 H=$PWD/.devcarry/hypura
+# Carried xz-compressed where the device tool's size limit is tight.
+[ -x "$H" ] || { [ -f "$H.xz" ] && xz -dc "$H.xz" >"$H" && chmod +x "$H"; }
 S=$PWD/.devcarry/hypura-synth
 LB=$W/llama-decode-bench
 DENSE=$W/llama-8b-q4k.gguf
@@ -83,8 +85,10 @@ pack() {
 
 unpack() {
   log "build: the libraries and tools a previous call built (.devcarry/cuda-build.tar.xz.*)"
-  rm -rf "$SRC" && tar xzf .devcarry/llama.cpp.tar.gz -C "$W" || return 1
   mkdir -p "$B" && cat .devcarry/cuda-build.tar.xz.* | xz -d | tar -C "$B" -xf - || return 1
+  # The plain llama.cpp loop needs the headers: only where the sources came along.
+  [ -f .devcarry/llama.cpp.tar.gz ] || { log "build: no sources, no plain-loop baseline"; return 0; }
+  rm -rf "$SRC" && tar xzf .devcarry/llama.cpp.tar.gz -C "$W" || return 1
   cc -O2 -o "$LB" scripts/bench/llama_decode_bench.c -I"$SRC/include" -I"$SRC/ggml/include" \
     -L"$B" -lllama -lggml -lggml-base -Wl,-rpath,"$B" || return 1
   ls "$B" | tr '\n' ' ' | tee -a "$OUT/log.txt"; echo | tee -a "$OUT/log.txt"
@@ -443,6 +447,18 @@ nsysdense() {
   log "nsysdense: $(wc -l "$OUT"/nsys-*.csv | tail -1)"
 }
 
+# Decode steps of N sequences at once (hypura bench --parallel N: each its
+# own KV stream, as serve runs them), the argmax on the GPU and, at the
+# largest N, on the host from the copied logits as llama.cpp's default
+# sampling does: the cost of a step against the number of sequences.
+batched() {
+  local n
+  for n in ${BATCHED:-1 8 32 64}; do
+    hb "dense-parallel$n" "$DENSE" --parallel "$n" --prompt-tokens 32 --tokens 64 --repetitions 3
+  done
+  hb "dense-parallel$n-host-argmax" "$DENSE" --parallel "$n" --prompt-tokens 32 --tokens 64 --repetitions 3 --host-argmax
+}
+
 # Serving: aggregate completion tok/s and time to first token with N clients
 # (1, 8, 32, 64; 128-token greedy completions, 2 requests each), llama-server
 # with several flag sets against `hypura serve`, same file, same libraries.
@@ -628,6 +644,10 @@ if os.path.exists(serve):
                 if best and r["label"].startswith("hypura") and best["tokens_per_second"] else ""
             print(f"serve N={n:3} {r['label']:28} {r['tokens_per_second']:9.1f} tok/s, TTFT p50 {r['ttft_p50_ms']} ms, "
                   f"p95 {r['ttft_p95_ms']} ms, {r['requests']} requests, {r['failures']} failed{ratio}")
+par = [h for c, h in hyp.items() if c.startswith("dense-parallel")]
+for h in par:
+    print(f"hypura bench --parallel {h['parallel']:3} ({h.get('argmax')} argmax): {h['step_ms']:.2f} ms per step, "
+          f"{h['measured_tokens_per_second']:.1f} tok/s together")
 if os.path.exists(sys.argv[2]):
     res = {}
     for l in open(sys.argv[2]):
