@@ -287,7 +287,10 @@ mod tests {
                 expert_layers(&loaded, Tier::Gpu),
                 ((32 - layers)..32).collect::<Vec<_>>()
             );
-            assert_eq!(expert_layers(&loaded, Tier::Stream).len() as u32, 32 - layers);
+            assert_eq!(
+                expert_layers(&loaded, Tier::Stream).len() as u32,
+                32 - layers
+            );
             // What `/api/ps` reports with a cache of that size.
             let cached = model.cache_bytes(level);
             assert_eq!(
@@ -334,7 +337,10 @@ mod tests {
         let roomy = plan(&path, &profile, settings, &f, gpu, on_the_gpu_machine)
             .unwrap()
             .unwrap();
-        assert!(share.stream_bytes > roomy.stream_bytes, "fewer experts on the GPU");
+        assert!(
+            share.stream_bytes > roomy.stream_bytes,
+            "fewer experts on the GPU"
+        );
         assert!(share.weights.gpu_bytes > 0);
 
         // No GPU bytes: no share, the placement streams on the CPU alone.
@@ -346,10 +352,7 @@ mod tests {
         // Added one after the other, each takes what the streaming
         // placements before it left: both stream at once, on both tiers
         // within the budget, each with experts on the GPU.
-        let small = sparse(
-            "mixtral-8l.gguf",
-            SynthSpec::mixtral_8x7b().with_layers(8),
-        );
+        let small = sparse("mixtral-8l.gguf", SynthSpec::mixtral_8x7b().with_layers(8));
         let big = mixtral();
         let limit = Footprint::new(16 * GIB, 24 * GIB);
         let budget = GlobalBudget::new(limit.gpu_bytes, limit.ram_bytes, PolicyConfig::default());
@@ -419,7 +422,10 @@ mod tests {
     fn without_gpu_budget_nothing_is_left_for_the_gpu() {
         let budget = GlobalBudget::new(0, 12 * GIB, PolicyConfig::default());
         assert_eq!(budget.streaming_gpu_left(), 0);
-        assert_eq!(room(0, Footprint::ZERO, None, Footprint::new(0, 12 * GIB)), 0);
+        assert_eq!(
+            room(0, Footprint::ZERO, None, Footprint::new(0, 12 * GIB)),
+            0
+        );
         // A full placement that fits the budget alone keeps its GPU free of
         // the streaming placement; one that cannot fit leaves it.
         let limit = Footprint::new(8 * GIB, 12 * GIB);

@@ -177,10 +177,16 @@ impl BudgetedModel {
                 (full.weights.gpu_bytes, full.weights.ram_bytes, 0)
             }
             _ => {
-                let (gpu, ram) = self.streaming_gpu.map_or((0, self.footprint.resident_bytes), |g| {
-                    (g.weights.gpu_bytes, g.weights.ram_bytes)
-                });
-                (gpu, ram + cached, self.stream_bytes().saturating_sub(cached))
+                let (gpu, ram) = self
+                    .streaming_gpu
+                    .map_or((0, self.footprint.resident_bytes), |g| {
+                        (g.weights.gpu_bytes, g.weights.ram_bytes)
+                    });
+                (
+                    gpu,
+                    ram + cached,
+                    self.stream_bytes().saturating_sub(cached),
+                )
             }
         }
     }
