@@ -253,21 +253,25 @@ EOF
 # last layers' experts on the GPU, the rest streamed). A warm-up request (it
 # loads the model), then one 24-token greedy /api/generate; its decode tok/s
 # (eval_count / eval_duration), the placement log lines and /api/ps go to
-# results.jsonl. Under 150 s.
+# results.jsonl. Under 150 s. SERVEMIX_FLAGS adds serve flags (the defaults
+# are 4 slots of 4,096 tokens, whose KV cache takes GPU room from experts:
+# e.g. SERVEMIX_FLAGS="--parallel 1 --context 2048").
 servemix() {
   late servemix && return 0
   [ -f "$MOEFULL" ] || { log "servemix: no $MOEFULL (step bigmodel writes it)"; return 1; }
   local port=11512 pid name rc
   name=$(basename "$MOEFULL" .gguf):latest
-  log "servemix: hypura serve $MOEFULL --gpu-budget 8GiB --ram-budget 12GiB ${PROFILE:+--profile $PROFILE}"
+  local flags="--gpu-budget 8GiB --ram-budget 12GiB ${SERVEMIX_FLAGS:-}"
+  log "servemix: hypura serve $MOEFULL $flags ${PROFILE:+--profile $PROFILE}"
   drop_caches
-  "$H" serve "$MOEFULL" --host 127.0.0.1 --port $port --threads "$T" --gpu-budget 8GiB --ram-budget 12GiB \
+  # shellcheck disable=SC2086
+  "$H" serve "$MOEFULL" --host 127.0.0.1 --port $port --threads "$T" $flags \
     --shutdown-grace 2 ${PROFILE:+--profile "$PROFILE"} >"$W/serve-mix.log" 2>&1 &
   pid=$!
   for _ in $(seq 60); do grep -q "listening on" "$W/serve-mix.log" && break; sleep 0.5; done
-  timeout 120 python3 - "$port" "$name" "$PROMPT" "$W/serve-mix.log" >>"$OUT/results.jsonl" <<'EOF2'
+  timeout 120 python3 - "$port" "$name" "$PROMPT" "$W/serve-mix.log" "$flags" >>"$OUT/results.jsonl" <<'EOF2'
 import json, sys, time, urllib.request
-port, name, prompt, log_path = sys.argv[1:5]
+port, name, prompt, log_path, flags = sys.argv[1:6]
 url = f"http://127.0.0.1:{port}"
 def generate(n):
     body = {"model": name, "prompt": prompt, "raw": True, "stream": False,
@@ -286,7 +290,7 @@ for l in lines:
     head, _, plan = l.partition(" | plan ")
     placements.append({"line": head[head.index("placement of"):], "plan": json.loads(plan) if plan else None})
 print(json.dumps({"case": "servemix", "engine": "hypura-serve", "tokens": None,
-                  "flags": "--gpu-budget 8GiB --ram-budget 12GiB",
+                  "flags": flags.strip(),
                   "eval_count": r["eval_count"], "eval_duration_s": r["eval_duration"] / 1e9,
                   "tokens_per_second": r["eval_count"] / r["eval_duration"] * 1e9,
                   "prompt_tokens_per_second": r.get("prompt_eval_count", 0) / max(r.get("prompt_eval_duration", 0), 1) * 1e9,
