@@ -3,7 +3,8 @@
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
-#                                     exact bigmodel vsmixtral table; pack)
+#                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
+#                                     `hypura serve`'s budget: servemix)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -251,6 +252,65 @@ EOF
   wait "$pid"
   log "gpudefault: serve exited with $? after SIGTERM"
   tail -3 "$W/serve-default.log" | tee -a "$OUT/log.txt"
+}
+
+# The full-size Mixtral shape served under 8 GiB of GPU and 12 GiB of RAM: the
+# budget's streaming placement with its GPU share (the planner's hybrid: the
+# last layers' experts on the GPU, the rest streamed). A warm-up request (it
+# loads the model), then one 24-token greedy /api/generate; its decode tok/s
+# (eval_count / eval_duration), the placement log lines and /api/ps go to
+# results.jsonl. Under 150 s. SERVEMIX_FLAGS adds serve flags (the defaults
+# are 4 slots of 4,096 tokens, whose KV cache takes GPU room from experts:
+# e.g. SERVEMIX_FLAGS="--parallel 1 --context 2048").
+servemix() {
+  late servemix && return 0
+  [ -f "$MOEFULL" ] || { log "servemix: no $MOEFULL (step bigmodel writes it)"; return 1; }
+  local port=11512 pid name rc
+  name=$(basename "$MOEFULL" .gguf):latest
+  local flags="--gpu-budget 8GiB --ram-budget 12GiB ${SERVEMIX_FLAGS:-}"
+  log "servemix: hypura serve $MOEFULL $flags ${PROFILE:+--profile $PROFILE}"
+  drop_caches
+  # shellcheck disable=SC2086
+  "$H" serve "$MOEFULL" --host 127.0.0.1 --port $port --threads "$T" $flags \
+    --shutdown-grace 2 ${PROFILE:+--profile "$PROFILE"} >"$W/serve-mix.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 60); do grep -q "listening on" "$W/serve-mix.log" && break; sleep 0.5; done
+  timeout 120 python3 - "$port" "$name" "$PROMPT" "$W/serve-mix.log" "$flags" >>"$OUT/results.jsonl" <<'EOF2'
+import json, sys, time, urllib.request
+port, name, prompt, log_path, flags = sys.argv[1:6]
+url = f"http://127.0.0.1:{port}"
+def generate(n):
+    body = {"model": name, "prompt": prompt, "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": n}}
+    req = urllib.request.Request(f"{url}/api/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))
+t0 = time.time()
+generate(2)  # loads the model
+warm = time.time() - t0
+r = generate(24)
+ps = json.load(urllib.request.urlopen(f"{url}/api/ps", timeout=10))
+lines = [l.strip() for l in open(log_path, errors="replace") if "hypura: placement of" in l]
+placements = []
+for l in lines:
+    head, _, plan = l.partition(" | plan ")
+    placements.append({"line": head[head.index("placement of"):], "plan": json.loads(plan) if plan else None})
+print(json.dumps({"case": "servemix", "engine": "hypura-serve", "tokens": None,
+                  "flags": flags.strip(),
+                  "eval_count": r["eval_count"], "eval_duration_s": r["eval_duration"] / 1e9,
+                  "tokens_per_second": r["eval_count"] / r["eval_duration"] * 1e9,
+                  "prompt_tokens_per_second": r.get("prompt_eval_count", 0) / max(r.get("prompt_eval_duration", 0), 1) * 1e9,
+                  "warmup_seconds": warm, "response": r["response"], "placements": placements,
+                  "ps": ps.get("models", [])}))
+EOF2
+  rc=$?
+  [ "$rc" = 0 ] || log "FAILED: servemix client (exit $rc)"
+  grep -E "hypura: (placement|planning)|error|Error" "$W/serve-mix.log" | cut -c1-400 | tee -a "$OUT/log.txt"
+  [ "$rc" = 0 ] && python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("servemix: %d tokens, %.3f tok/s decode, warm-up %.1f s; ps: %s" % (r["eval_count"], r["tokens_per_second"], r["warmup_seconds"], json.dumps(r["ps"])[:600]))' \
+    "$(tail -1 "$OUT/results.jsonl")" | tee -a "$OUT/log.txt"
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid"
+  log "servemix: serve exited with $? after SIGTERM"
 }
 
 profile() {
