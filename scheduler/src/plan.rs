@@ -1219,7 +1219,10 @@ mod tests {
         assert_eq!(without.ram_charged_bytes(), 2 * GIB);
         req.settings.ram_other_bytes = 300 << 20;
         let with = plan(&req).unwrap();
-        assert_eq!(with.stream_cache_bytes, without.stream_cache_bytes - (300 << 20));
+        assert_eq!(
+            with.stream_cache_bytes,
+            without.stream_cache_bytes - (300 << 20)
+        );
         assert_eq!(with.ram_other_bytes, 300 << 20);
         // Everything charged still adds up to the budget.
         assert_eq!(with.ram_charged_bytes(), 2 * GIB);

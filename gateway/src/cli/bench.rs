@@ -8,7 +8,9 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::size::format_bytes;
+use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
+use llama_tiered::tiered::host::{plan_charged, CacheFit};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 
@@ -30,7 +32,9 @@ pub struct BenchArgs {
     /// [default: each GPU's free memory less 1 GiB].
     #[arg(long, value_parser = parse_size)]
     gpu_budget: Option<u64>,
-    /// Most RAM for weights, KV cache and stream cache, e.g. 512MiB.
+    /// Most RAM for weights, KV cache, stream cache, llama.cpp's buffers
+    /// and the model's metadata, e.g. 512MiB: the process peaks at most at
+    /// this plus the host overhead `hypura profile` reports.
     #[arg(long, value_parser = parse_size)]
     ram_budget: Option<u64>,
     /// Tokens to generate (greedy; end-of-generation tokens are not honoured).
@@ -74,6 +78,8 @@ struct Measured {
     decode_seconds: Vec<f64>,
     /// Streaming over the timed decode phases only.
     stream: StreamStats,
+    /// The stream cache checked against the process after the warm-up.
+    fit: Option<CacheFit>,
 }
 
 impl Measured {
@@ -125,8 +131,18 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         parallel: 1,
         mode: args.mode,
     };
-    let plan = inspect::make_plan(&file, &loaded.profile, &options)
-        .with_context(|| format!("planning {}", args.model.display()))?;
+    let n_ctx = inspect::effective_context(&file, args.context);
+    // Everything the run holds in host RAM is charged: the context's
+    // buffers and the model's metadata too (measured), not only weights,
+    // KV cache and stream cache.
+    let (plan, _) = plan_charged(
+        &file,
+        &loaded.profile,
+        inspect::plan_settings(&file, &options),
+        &[context_params(&args, n_ctx)],
+        true,
+    )
+    .with_context(|| format!("planning {}", args.model.display()))?;
     let params = TieredParams {
         no_repack: true,
         prefetch: true,
@@ -137,11 +153,25 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let tiered = TieredModel::load(&args.model, &params)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let load_seconds = load_started.elapsed().as_secs_f64();
-    let m = measure(
-        &tiered,
-        &args,
-        inspect::effective_context(&file, args.context),
-    )?;
+    drop(file);
+    let overhead = loaded.profile.host_overhead();
+    let limit = plan.ram_budget_bytes + overhead.bytes();
+    let m = measure(&tiered, &args, n_ctx, limit)?;
+    let host = json!({
+        "peak_rss_bytes": hwprobe::host::peak_rss_bytes(),
+        "rss_bytes": hwprobe::host::rss_bytes(),
+        "ram_budget_bytes": plan.ram_budget_bytes,
+        "ram_charged_bytes": plan.ram_charged_bytes(),
+        "ram_other_bytes": plan.ram_other_bytes,
+        "overhead_bytes": overhead.bytes(),
+        "overhead_measured": loaded.profile.host_overhead.is_some(),
+        "stream_cache_fit": m.fit.map(|f| json!({
+            "rss_bytes": f.rss_bytes,
+            "region_bytes": f.region_bytes,
+            "before_bytes": f.before_bytes,
+            "after_bytes": f.after_bytes,
+        })),
+    });
 
     let predicted = plan.prediction.tokens_per_second;
     // Mean seconds per repetition: `measured = tokens / decode_seconds`.
@@ -185,6 +215,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
             "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
         },
+        "host_memory": host,
     });
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -209,6 +240,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         plan.prediction.bottleneck.describe(),
         relative_error * 100.0
     );
+    println!(
+        "host memory         peak {} resident, RAM budget {} ({} charged, {} of it buffers and metadata) + overhead {}",
+        format_bytes(hwprobe::host::peak_rss_bytes().unwrap_or(0)),
+        format_bytes(plan.ram_budget_bytes),
+        format_bytes(plan.ram_charged_bytes()),
+        format_bytes(plan.ram_other_bytes),
+        format_bytes(overhead.bytes())
+    );
     if plan.mode != Mode::FullResident {
         println!(
             "stream              {}/token read (predicted {}), hit rate {:.0}% (predicted {:.0}%), {:.2} GB/s, I/O stall {:.1} ms/token",
@@ -232,9 +271,26 @@ pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
+/// The one context the benchmark decodes in.
+fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
+    ContextParams {
+        n_ctx,
+        n_batch: args.prompt_tokens.max(1),
+        n_threads: args.threads.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
 /// Greedy decoding of a fixed prompt: an untimed warm-up, then the timed
-/// repetitions, each timing its prompt and its decode steps.
-fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result<Measured> {
+/// repetitions, each timing its prompt and its decode steps. After the
+/// warm-up the stream cache is fitted to `limit_bytes` of process memory
+/// ([`TieredModel::fit_stream_cache`]).
+fn measure(
+    tiered: &TieredModel,
+    args: &BenchArgs,
+    n_ctx: u32,
+    limit_bytes: u64,
+) -> anyhow::Result<Measured> {
     let model = Arc::clone(&tiered.model);
     let mut prompt: Vec<i32> = Vec::new();
     while prompt.len() < args.prompt_tokens as usize {
@@ -251,17 +307,16 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
             "--prompt-tokens + --tokens ({needed}) exceed the context of {n_ctx} tokens; lower them or raise --context"
         );
     }
-    let mut ctx = tiered.new_context(&ContextParams {
-        n_ctx,
-        n_batch: args.prompt_tokens.max(1),
-        n_threads: args.threads.unwrap_or(0),
-        ..Default::default()
-    })?;
+    let mut ctx = tiered.new_context(&context_params(args, n_ctx))?;
+    // Everything but the cache and what a first decode adds is resident
+    // now: hold the process to its limit (and again after the warm-up).
+    tiered.fit_stream_cache(limit_bytes);
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's
         // first reads) stay out of the figures, as in llama-bench.
         run_once(&mut ctx, &prompt, args.tokens.min(8))?;
     }
+    let fit = tiered.fit_stream_cache(limit_bytes);
     let before = tiered.stats();
     let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
     for _ in 0..args.repetitions {
@@ -276,6 +331,7 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         decode_tokens: args.tokens,
         decode_seconds,
         stream,
+        fit,
     })
 }
 
