@@ -109,13 +109,15 @@ fn a_streaming_run_peaks_within_its_ram_budget_plus_the_stated_overhead() {
         fit["region_bytes"].as_u64().unwrap() > fit["after_bytes"].as_u64().unwrap() * 9 / 10,
         "{report}"
     );
-    // Sampled from outside, and as the process saw it at its end.
+    // Sampled from outside until the process ended, and as the process
+    // saw it when it wrote its report.
     let reported = host["peak_rss_bytes"].as_u64().unwrap();
-    assert!(peak > budget / 2 && reported >= peak, "{peak} {report}");
+    assert!(peak > budget / 2 && reported > budget / 2, "{peak} {report}");
+    let peak = peak.max(reported);
     assert!(
-        reported <= budget + overhead,
+        peak <= budget + overhead,
         "peak {:.1} MiB over the budget {:.1} MiB + overhead {:.1} MiB: {report}",
-        reported as f64 / MIB as f64,
+        peak as f64 / MIB as f64,
         budget as f64 / MIB as f64,
         overhead as f64 / MIB as f64
     );
