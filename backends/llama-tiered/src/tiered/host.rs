@@ -102,7 +102,14 @@ impl TieredModel {
         let room = limit_bytes
             .saturating_sub(others)
             .saturating_sub(streamer.boundary_bytes());
-        let after_bytes = room.min(before_bytes).max(streamer.minimum_budget_bytes());
+        let minimum = streamer.minimum_budget_bytes();
+        if room < minimum {
+            tracing::warn!(
+                "the memory limit of {limit_bytes} bytes cannot be kept: {others} bytes are resident \
+                 besides the stream cache, which needs at least {minimum} bytes (raise --ram-budget)"
+            );
+        }
+        let after_bytes = room.min(before_bytes).max(minimum);
         if after_bytes < before_bytes {
             // Above the minimum by construction.
             streamer.set_cache_budget(after_bytes).ok()?;
