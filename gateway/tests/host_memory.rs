@@ -112,7 +112,10 @@ fn a_streaming_run_peaks_within_its_ram_budget_plus_the_stated_overhead() {
     // Sampled from outside until the process ended, and as the process
     // saw it when it wrote its report.
     let reported = host["peak_rss_bytes"].as_u64().unwrap();
-    assert!(peak > budget / 2 && reported > budget / 2, "{peak} {report}");
+    assert!(
+        peak > budget / 2 && reported > budget / 2,
+        "{peak} {report}"
+    );
     let peak = peak.max(reported);
     assert!(
         peak <= budget + overhead,
