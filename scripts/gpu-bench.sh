@@ -2,8 +2,9 @@
 # hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
-#                                     beside llama.cpp's own tools: tools vsdense cached exact bigmodel vsmixtral table;
-#                                     host memory inside the RAM budget: hostmem)
+#                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
+#                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
+#                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -33,6 +34,8 @@ PROMPT="The history of the city of Paris begins"
 SRC=$W/llama.cpp
 B=$W/build/bin
 H=$PWD/.devcarry/hypura
+# Carried xz-compressed where the device tool's size limit is tight.
+[ -x "$H" ] || { [ -f "$H.xz" ] && xz -dc "$H.xz" >"$H" && chmod +x "$H"; }
 S=$PWD/.devcarry/hypura-synth
 LB=$W/llama-decode-bench
 DENSE=$W/llama-8b-q4k.gguf
@@ -46,6 +49,7 @@ late() { [ "$SECONDS" -ge "$DEADLINE" ] && { log "skipped (deadline): $*"; retur
 
 build() {
   if [ -f "$B/libllama.so" ] && [ -x "$LB" ]; then log "build: already there"; return; fi
+  if ls .devcarry/cuda-build.tar.xz.* >/dev/null 2>&1; then unpack && return; fi
   log "build: llama.cpp (vendored by llama-cpp-sys-2 0.1.161) with CUDA, shared"
   rm -rf "$SRC" && tar xzf .devcarry/llama.cpp.tar.gz -C "$W" || return 1
   # The options llama-cpp-sys-2's build.rs passes for our release build
@@ -66,6 +70,29 @@ build() {
   cc -O2 -o "$LB" scripts/bench/llama_decode_bench.c -I"$SRC/include" -I"$SRC/ggml/include" \
     -L"$B" -lllama -lggml -lggml-base -Wl,-rpath,"$B" || return 1
   ls -la "$B" | tee -a "$OUT/log.txt"
+}
+
+# `pack` brings the CUDA libraries and tools a call built back under $OUT
+# (xz, in parts under the device tool's 16 MiB per file); copied into
+# .devcarry/ they let a later call on a fresh machine skip the 5-minute build.
+pack() {
+  local t0=$SECONDS
+  local d=$W/pack
+  rm -rf "$d" && mkdir -p "$d" && (cd "$B" && cp -a *.so* llama-bench llama-server "$d"/ 2>/dev/null)
+  find "$d" -type f -exec strip --strip-debug {} +
+  tar -C "$d" -cf - --owner=0 --group=0 . | xz -T"$(nproc)" -6 | split -b 15m -d - "$OUT/cuda-build.tar.xz."
+  log "pack: $(cat "$OUT"/cuda-build.tar.xz.* | wc -c) bytes in $((SECONDS - t0)) s"
+}
+
+unpack() {
+  log "build: the libraries and tools a previous call built (.devcarry/cuda-build.tar.xz.*)"
+  mkdir -p "$B" && cat .devcarry/cuda-build.tar.xz.* | xz -d | tar -C "$B" -xf - || return 1
+  # The plain llama.cpp loop needs the headers: only where the sources came along.
+  [ -f .devcarry/llama.cpp.tar.gz ] || { log "build: no sources, no plain-loop baseline"; return 0; }
+  rm -rf "$SRC" && tar xzf .devcarry/llama.cpp.tar.gz -C "$W" || return 1
+  cc -O2 -o "$LB" scripts/bench/llama_decode_bench.c -I"$SRC/include" -I"$SRC/ggml/include" \
+    -L"$B" -lllama -lggml -lggml-base -Wl,-rpath,"$B" || return 1
+  ls "$B" | tr '\n' ' ' | tee -a "$OUT/log.txt"; echo | tee -a "$OUT/log.txt"
 }
 
 # llama.cpp's own llama-bench and llama-server, built in the same CMake tree
@@ -225,6 +252,65 @@ EOF
   wait "$pid"
   log "gpudefault: serve exited with $? after SIGTERM"
   tail -3 "$W/serve-default.log" | tee -a "$OUT/log.txt"
+}
+
+# The full-size Mixtral shape served under 8 GiB of GPU and 12 GiB of RAM: the
+# budget's streaming placement with its GPU share (the planner's hybrid: the
+# last layers' experts on the GPU, the rest streamed). A warm-up request (it
+# loads the model), then one 24-token greedy /api/generate; its decode tok/s
+# (eval_count / eval_duration), the placement log lines and /api/ps go to
+# results.jsonl. Under 150 s. SERVEMIX_FLAGS adds serve flags (the defaults
+# are 4 slots of 4,096 tokens, whose KV cache takes GPU room from experts:
+# e.g. SERVEMIX_FLAGS="--parallel 1 --context 2048").
+servemix() {
+  late servemix && return 0
+  [ -f "$MOEFULL" ] || { log "servemix: no $MOEFULL (step bigmodel writes it)"; return 1; }
+  local port=11512 pid name rc
+  name=$(basename "$MOEFULL" .gguf):latest
+  local flags="--gpu-budget 8GiB --ram-budget 12GiB ${SERVEMIX_FLAGS:-}"
+  log "servemix: hypura serve $MOEFULL $flags ${PROFILE:+--profile $PROFILE}"
+  drop_caches
+  # shellcheck disable=SC2086
+  "$H" serve "$MOEFULL" --host 127.0.0.1 --port $port --threads "$T" $flags \
+    --shutdown-grace 2 ${PROFILE:+--profile "$PROFILE"} >"$W/serve-mix.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 60); do grep -q "listening on" "$W/serve-mix.log" && break; sleep 0.5; done
+  timeout 120 python3 - "$port" "$name" "$PROMPT" "$W/serve-mix.log" "$flags" >>"$OUT/results.jsonl" <<'EOF2'
+import json, sys, time, urllib.request
+port, name, prompt, log_path, flags = sys.argv[1:6]
+url = f"http://127.0.0.1:{port}"
+def generate(n):
+    body = {"model": name, "prompt": prompt, "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": n}}
+    req = urllib.request.Request(f"{url}/api/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))
+t0 = time.time()
+generate(2)  # loads the model
+warm = time.time() - t0
+r = generate(24)
+ps = json.load(urllib.request.urlopen(f"{url}/api/ps", timeout=10))
+lines = [l.strip() for l in open(log_path, errors="replace") if "hypura: placement of" in l]
+placements = []
+for l in lines:
+    head, _, plan = l.partition(" | plan ")
+    placements.append({"line": head[head.index("placement of"):], "plan": json.loads(plan) if plan else None})
+print(json.dumps({"case": "servemix", "engine": "hypura-serve", "tokens": None,
+                  "flags": flags.strip(),
+                  "eval_count": r["eval_count"], "eval_duration_s": r["eval_duration"] / 1e9,
+                  "tokens_per_second": r["eval_count"] / r["eval_duration"] * 1e9,
+                  "prompt_tokens_per_second": r.get("prompt_eval_count", 0) / max(r.get("prompt_eval_duration", 0), 1) * 1e9,
+                  "warmup_seconds": warm, "response": r["response"], "placements": placements,
+                  "ps": ps.get("models", [])}))
+EOF2
+  rc=$?
+  [ "$rc" = 0 ] || log "FAILED: servemix client (exit $rc)"
+  grep -E "hypura: (placement|planning)|error|Error" "$W/serve-mix.log" | cut -c1-400 | tee -a "$OUT/log.txt"
+  [ "$rc" = 0 ] && python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("servemix: %d tokens, %.3f tok/s decode, warm-up %.1f s; ps: %s" % (r["eval_count"], r["tokens_per_second"], r["warmup_seconds"], json.dumps(r["ps"])[:600]))' \
+    "$(tail -1 "$OUT/results.jsonl")" | tee -a "$OUT/log.txt"
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid"
+  log "servemix: serve exited with $? after SIGTERM"
 }
 
 profile() {
@@ -389,10 +475,112 @@ cgroup_at() {
 
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || log "drop_caches not writable"; }
 
-# Llama-8B shape, everything on the GPU: pp512 and tg128, 5 repetitions.
+# Llama-8B shape, everything on the GPU, 5 repetitions each. llama-bench's
+# tg128 decodes from an empty KV cache: hypura's `--prompt-tokens 1` run is
+# the one beside it (its argmax on the GPU, and on the host from the copied
+# logits as llama.cpp's default sampling takes it). pp512 beside pp512; and
+# tg128 after a 512-token prompt beside llama-bench's `-d 512`.
 vsdense() {
   lb dense-all-gpu - "$DENSE" -ngl 99 -p 512 -n 128 -r 5
-  hb dense-all-gpu "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
+  lb dense-d512 - "$DENSE" -ngl 99 -p 0 -n 128 -d 512 -r 5
+  hb dense-tg128 "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
+  hb dense-tg128-host-argmax "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5 --host-argmax
+  hb dense-pp512-tg128 "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
+}
+
+# Where the time of one decode step goes, hypura against llama-bench (tg64,
+# Llama-8B shape on the GPU), from nsys's kernel and CUDA API summaries.
+nsysdense() {
+  late nsysdense && return 0
+  local nsys f
+  nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  [ -n "$nsys" ] || { log "nsysdense: no nsys here"; return 0; }
+  log "nsysdense: $nsys"
+  "$nsys" profile -o "$W/nsys-hypura" -f true -t cuda,osrt --stats=false \
+    "$H" bench "$DENSE" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} --prompt-tokens 1 --tokens 64 --repetitions 2 >/dev/null 2>&1
+  "$nsys" profile -o "$W/nsys-llama" -f true -t cuda,osrt --stats=false \
+    "$B/llama-bench" -m "$DENSE" -ngl 99 -p 0 -n 64 -r 2 -t "$T" >/dev/null 2>&1
+  for f in hypura llama; do
+    "$nsys" stats -q -r cuda_gpu_kern_sum,cuda_api_sum -f csv "$W/nsys-$f.nsys-rep" 2>/dev/null \
+      | head -60 >"$OUT/nsys-$f.csv"
+  done
+  log "nsysdense: $(wc -l "$OUT"/nsys-*.csv | tail -1)"
+}
+
+# Decode steps of N sequences at once (hypura bench --parallel N: each its
+# own KV stream, as serve runs them), the argmax on the GPU and, at the
+# largest N, on the host from the copied logits as llama.cpp's default
+# sampling does: the cost of a step against the number of sequences.
+batched() {
+  local n
+  for n in ${BATCHED:-1 8 32 64}; do
+    hb "dense-parallel$n" "$DENSE" --parallel "$n" --prompt-tokens 32 --tokens 64 --repetitions 3
+  done
+  hb "dense-parallel$n-host-argmax" "$DENSE" --parallel "$n" --prompt-tokens 32 --tokens 64 --repetitions 3 --host-argmax
+}
+
+# Serving: aggregate completion tok/s and time to first token with N clients
+# (1, 8, 32, 64; 128-token greedy completions, 2 requests each), llama-server
+# with several flag sets against `hypura serve`, same file, same libraries.
+srv_wait() { # PORT LOG PID
+  local i
+  for i in $(seq 600); do
+    python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+      "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    kill -0 "$3" 2>/dev/null || { tail -5 "$2" | tee -a "$OUT/log.txt"; return 1; }
+    sleep 0.5
+  done
+  return 1
+}
+
+srv_load() { # LABEL PORT MODEL
+  local n
+  # warm-up: loads (hypura loads on first use), first kernels
+  python3 scripts/bench/serve_load.py "http://127.0.0.1:$2" "$3" --clients 2 --requests 1 --max-tokens 16 >/dev/null
+  for n in ${SRV_CLIENTS:-1 8 32 64}; do
+    late "serve $1 N=$n" && return 0
+    python3 scripts/bench/serve_load.py "http://127.0.0.1:$2" "$3" --clients "$n" --requests "${SRV_REQUESTS:-2}" \
+      --label "$1" >>"$OUT/serve.jsonl" || log "serve $1 N=$n failed"
+    tail -1 "$OUT/serve.jsonl" | tee -a "$OUT/log.txt"
+  done
+}
+
+# SRV_LLAMA: llama-server flag sets, one "name|flags" per line;
+# SRV_HYPURA: hypura serve --parallel values.
+vsserver() {
+  local port=11620 pid name flags
+  if [ -x "$B/llama-server" ]; then
+    while IFS='|' read -r name flags; do
+      [ -n "$name" ] || continue
+      late "llama-server $name" && break
+      log "llama-server $name: $flags"
+      # shellcheck disable=SC2086
+      "$B/llama-server" -m "$DENSE" --host 127.0.0.1 --port $port -ngl 99 -t "$T" --no-webui $flags \
+        >"$W/llama-server-$name.log" 2>&1 </dev/null &
+      pid=$!
+      srv_wait $port "$W/llama-server-$name.log" $pid && srv_load "llama-server $name" $port dense
+      kill $pid; wait $pid 2>/dev/null
+      port=$((port + 1))
+    done <<EOF
+${SRV_LLAMA:-np8|-np 8 -c 16384
+np64-kvu|-np 64 -c 65536 -kvu
+np64-kvu-bs|-np 64 -c 65536 -kvu -bs}
+EOF
+  else
+    log "no llama-server: its runs skipped"
+  fi
+  for flags in ${SRV_HYPURA:-64}; do
+    late "hypura serve --parallel $flags" && return 0
+    log "hypura serve --parallel $flags --context 1024"
+    "$H" serve "$DENSE" --port $port --parallel "$flags" --context 1024 --threads "$T" \
+      ${PROFILE:+--profile "$PROFILE"} >"$W/hypura-serve.log" 2>&1 </dev/null &
+    pid=$!
+    srv_wait $port "$W/hypura-serve.log" $pid \
+      && srv_load "hypura parallel $flags" $port "$(basename "$DENSE" .gguf):latest"
+    grep "hypura: placement" "$W/hypura-serve.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+    kill -TERM $pid; wait $pid 2>/dev/null
+    port=$((port + 1))
+  done
 }
 
 # Streaming with every expert cached against the experts in RAM, the same
@@ -470,14 +658,18 @@ for r in rows:
 # Which llama-bench case each hypura case stands beside.
 best_ncmoe = max((v["decode"]["avg_ts"], k) for k, v in lb.items() if k.startswith("mixtral-ncmoe") and "decode" in v)[1] \
     if any(k.startswith("mixtral-ncmoe") for k in lb) else None
-beside = {"dense-all-gpu": "dense-all-gpu", "mixtral-8g-12g": best_ncmoe, "mixtral-8g-12g-cgroup": best_ncmoe}
+# (hypura case, phase) -> the llama-bench case beside it.
+beside = {("dense-tg128", "decode"): "dense-all-gpu", ("dense-tg128-host-argmax", "decode"): "dense-all-gpu",
+          ("dense-pp512-tg128", "prompt"): "dense-all-gpu", ("dense-pp512-tg128", "decode"): "dense-d512",
+          ("dense-all-gpu", "prompt"): "dense-all-gpu", ("dense-all-gpu", "decode"): "dense-all-gpu"}
+for case in ("mixtral-8g-12g", "mixtral-8g-12g-cgroup"):
+    beside[(case, "decode")] = best_ncmoe
 fmt = lambda m, s: f"{m:9.2f} ± {s:6.2f}"
 print(f"{'case':22} {'phase':7} {'hypura tok/s':>18} {'llama-bench tok/s':>18} {'ratio':>6}")
 for case, h in hyp.items():
-    base = lb.get(beside.get(case), {})
     for kind, key in (("prompt", "prompt_tokens_per_second"), ("decode", "measured_tokens_per_second")):
         hv, hs = h[key], h.get(key + "_sd", 0.0)
-        b = base.get(kind)
+        b = lb.get(beside.get((case, kind)), {}).get(kind)
         lv = fmt(b["avg_ts"], b["stddev_ts"]) if b else " " * 18
         ratio = f"{hv / b['avg_ts']:6.3f}" if b else "      "
         print(f"{case:22} {kind:7} {fmt(hv, hs)} {lv} {ratio}")
@@ -499,6 +691,23 @@ def pair(a, b, what):
         print(f"{what}: {x:.2f} vs {y:.2f} tok/s = {x / y:.3f}")
 pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
 pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
+serve = os.path.join(os.path.dirname(sys.argv[2]), "serve.jsonl")
+if os.path.exists(serve):
+    runs = [json.loads(l) for l in open(serve)]
+    by_n = {}
+    for r in runs:
+        by_n.setdefault(r["clients"], []).append(r)
+    for n, rs in sorted(by_n.items()):
+        best = max((r for r in rs if r["label"].startswith("llama-server")), key=lambda r: r["tokens_per_second"], default=None)
+        for r in rs:
+            ratio = f" = {r['tokens_per_second'] / best['tokens_per_second']:.2f}x the best llama-server" \
+                if best and r["label"].startswith("hypura") and best["tokens_per_second"] else ""
+            print(f"serve N={n:3} {r['label']:28} {r['tokens_per_second']:9.1f} tok/s, TTFT p50 {r['ttft_p50_ms']} ms, "
+                  f"p95 {r['ttft_p95_ms']} ms, {r['requests']} requests, {r['failures']} failed{ratio}")
+par = [h for c, h in hyp.items() if c.startswith("dense-parallel")]
+for h in par:
+    print(f"hypura bench --parallel {h['parallel']:3} ({h.get('argmax')} argmax): {h['step_ms']:.2f} ms per step, "
+          f"{h['measured_tokens_per_second']:.1f} tok/s together")
 if os.path.exists(sys.argv[2]):
     res = {}
     for l in open(sys.argv[2]):

@@ -34,6 +34,16 @@ pub enum GpuShare {
     /// the last layer) while they fit in this many bytes.
     /// Leave room beside it for the KV cache and compute buffers.
     BudgetBytes(u64),
+    /// The planner's own value-per-byte order ([`crate::plan`]: norms and
+    /// routers, attention with its layer's KV cache and the output layer,
+    /// dense FFN, then each layer's experts as one unit, streamed or not,
+    /// each class from the last layer): its longest prefix whose bytes, KV
+    /// cache included, fit in this many. A share the planner chose itself
+    /// ([`crate::plan::Plan::gpu_prefix_bytes`]) fixed again under another
+    /// stream cache: the server's streaming placement keeps its GPU tensors
+    /// while its cache is resized. [`assign`], which knows neither the KV
+    /// cache nor streamed experts, takes it as `BudgetBytes`.
+    Prefix(u64),
 }
 
 /// Moves RAM tensors of `tiers` to the GPU as `share` says; STREAM tensors
@@ -59,7 +69,7 @@ pub fn assign(
                 }
             }
         }
-        GpuShare::BudgetBytes(budget) => {
+        GpuShare::BudgetBytes(budget) | GpuShare::Prefix(budget) => {
             let mut used = 0u64;
             for unit in budget_order(tensors, n_layer) {
                 let bytes: u64 = unit

@@ -347,6 +347,13 @@ impl Plan {
             + self.stream_cache_bytes
             + self.ram_other_bytes
     }
+
+    /// What fixes this plan's GPU tensors again ([`GpuShare::Prefix`]): its
+    /// GPU weights and the KV cache there. For a plan whose GPU share the
+    /// planner chose (every such share is a prefix of its order).
+    pub fn gpu_prefix_bytes(&self) -> u64 {
+        self.tier_bytes.gpu + self.kv_cache_gpu_bytes
+    }
 }
 
 /// The headline of a plan (everything but the per-tensor tiers and the
@@ -726,9 +733,20 @@ struct Candidate {
     slots: u64,
 }
 
-/// The items a fixed GPU share puts on the GPU ([`crate::gpu::assign`]
-/// moves a layer's non-FFN tensors together, so an item never splits).
+/// The items a fixed GPU share puts on the GPU: a prefix of `items`, or
+/// what [`crate::gpu::assign`] moves (a layer's non-FFN tensors together,
+/// so an item never splits).
 fn fixed_gpu_items(req: &PlanRequest, mode: Mode, items: &[Item], share: GpuShare) -> Vec<bool> {
+    if let GpuShare::Prefix(bytes) = share {
+        let mut used = 0u64;
+        return items
+            .iter()
+            .map(|item| {
+                used = used.saturating_add(item.bytes());
+                used <= bytes
+            })
+            .collect();
+    }
     let mut tiers: BTreeMap<String, Tier> = req
         .tensors
         .iter()
@@ -1396,6 +1414,42 @@ mod tests {
             assert_eq!(h == Tier::Gpu, r == Tier::Gpu, "{}", t.name);
         }
         assert_eq!(hybrid.gpu_layers, full.gpu_layers);
+    }
+
+    #[test]
+    fn a_chosen_gpu_share_fixed_as_a_prefix_keeps_its_tensors_under_another_cache() {
+        // The server's streaming placement: the share chosen at the smallest
+        // cache, then the cache resized (Streaming ↔ Partial) without reload.
+        let (tensors, f, p, gpu) = hybrid_case();
+        let mut req = request(&tensors, f, &p, gpu, 12 * GIB);
+        req.settings.mode = Some(Mode::ExpertStreaming);
+        req.settings.stream_cache_bytes = Some(GIB);
+        let chosen = plan(&req).unwrap();
+        assert!(chosen.tier_bytes.gpu > 0);
+        assert_eq!(
+            chosen.gpu_prefix_bytes(),
+            chosen.tier_bytes.gpu + chosen.kv_cache_gpu_bytes
+        );
+        for cache in [GIB, 5 * GIB, 40 * GIB] {
+            req.settings.gpu = Some(GpuShare::Prefix(chosen.gpu_prefix_bytes()));
+            req.settings.stream_cache_bytes = Some(cache);
+            // Priced, not checked: a GPU budget of nothing changes nothing.
+            req.settings.budgets.gpu_bytes = Some(0);
+            let fixed = plan(&req).unwrap();
+            assert_eq!(fixed.tiers, chosen.tiers, "cache {cache}");
+            assert_eq!(fixed.tier_bytes, chosen.tier_bytes);
+            assert_eq!(fixed.kv_cache_gpu_bytes, chosen.kv_cache_gpu_bytes);
+            assert_eq!(fixed.gpu_layers, chosen.gpu_layers);
+            assert_eq!(fixed.stream_cache_bytes, cache);
+        }
+        // One byte less drops the last item of the prefix: a layer's experts.
+        req.settings.gpu = Some(GpuShare::Prefix(chosen.gpu_prefix_bytes() - 1));
+        let less = plan(&req).unwrap();
+        assert!(less.tier_bytes.gpu < chosen.tier_bytes.gpu);
+        assert_eq!(
+            less.tier_bytes.stream - chosen.tier_bytes.stream,
+            chosen.tier_bytes.gpu - less.tier_bytes.gpu
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use hypura_chat::ChatMessage;
 use hypura_llama_sys as sys;
 use llama_tiered::engine::generate::{generate, FinishReason, GenerateParams};
 use llama_tiered::engine::prompt;
-use llama_tiered::llama::{Context, ContextParams, Model, SamplingParams};
+use llama_tiered::llama::{Batch, Context, ContextParams, Model, SamplingParams};
 use llama_tiered::{test_models, EngineError};
 
 fn smollm2() -> Arc<Model> {
@@ -106,6 +106,63 @@ fn greedy_raw_completion_equals_plain_llama_cpp_decode_loop() {
         let expected = reference_greedy(text, 32);
         assert_eq!(completion.tokens, expected, "prompt {text:?}");
     }
+}
+
+/// llama.cpp's sampler inside the decode graph (`set_device_greedy`)
+/// chooses the argmax of the logits the host would have read, step by step;
+/// `generate` uses it for plain greedy and not for sampling.
+#[test]
+fn device_greedy_chooses_the_host_argmax_and_only_for_plain_greedy() {
+    let model = smollm2();
+    let tokens = prompt::tokenize_raw(&model, "Once upon a time, in a land far away,").unwrap();
+    let mut host = context(&model, 1);
+    let mut device = context(&model, 1);
+    assert!(device.set_device_greedy(0, true));
+    assert!(device.device_greedy(0));
+    let mut batch = Batch::new(tokens.len());
+    for (i, &t) in tokens.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();
+    }
+    host.decode(&batch).unwrap();
+    device.decode(&batch).unwrap();
+    let mut row = tokens.len() as i32 - 1;
+    for step in 0..24 {
+        let logits = host.logits(row).unwrap();
+        let argmax = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        assert_eq!(
+            host.sampled_token(row),
+            None,
+            "the host context samples nothing"
+        );
+        assert_eq!(
+            device.sampled_token(row),
+            Some(argmax as i32),
+            "step {step}"
+        );
+        let mut one = Batch::new(1);
+        one.push(argmax as i32, tokens.len() as i32 + step, 0, true)
+            .unwrap();
+        host.decode(&one).unwrap();
+        device.decode(&one).unwrap();
+        row = 0;
+    }
+    assert!(!device.set_device_greedy(0, false));
+    let mut one = Batch::new(1);
+    one.push(tokens[0], tokens.len() as i32 + 24, 0, true)
+        .unwrap();
+    device.decode(&one).unwrap();
+    assert_eq!(device.sampled_token(0), None);
+    assert!(device.logits(0).is_ok());
+
+    let mut ctx = context(&model, 1);
+    generate(&mut ctx, 0, &tokens, &greedy(4), &mut |_| true).unwrap();
+    assert!(ctx.device_greedy(0));
+    let mut sampled = greedy(4);
+    sampled.sampling.temperature = 0.8;
+    sampled.sampling.seed = Some(7);
+    ctx.clear_all();
+    generate(&mut ctx, 0, &tokens, &sampled, &mut |_| true).unwrap();
+    assert!(!ctx.device_greedy(0));
 }
 
 #[test]

@@ -8,6 +8,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::size::format_bytes;
+use llama_tiered::engine::MAX_PARALLEL;
 use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::host::{plan_charged, CacheFit};
@@ -58,6 +59,17 @@ pub struct BenchArgs {
     /// repetitions.
     #[arg(long)]
     no_warmup: bool,
+    /// Sequences decoded together, each with its own copy of the prompt and
+    /// its own KV stream, as `hypura serve --parallel N` runs them: the
+    /// decode figure is then their aggregate tok/s (N tokens per step).
+    #[arg(long, default_value_t = 1)]
+    parallel: u32,
+    /// Take each token's argmax on the host from the copied logits, as
+    /// llama.cpp's default sampling does, instead of inside the decode graph
+    /// on the output's device (the default, as `hypura serve` does for
+    /// greedy requests).
+    #[arg(long)]
+    host_argmax: bool,
     /// Predict with this saved profile (default: this machine's cached one).
     #[arg(long)]
     profile: Option<PathBuf>,
@@ -80,6 +92,8 @@ struct Measured {
     stream: StreamStats,
     /// The stream cache checked against the process after the warm-up.
     fit: Option<CacheFit>,
+    /// Whether llama.cpp took the argmax inside the decode graph.
+    device_argmax: bool,
 }
 
 impl Measured {
@@ -112,6 +126,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if args.tokens == 0 || args.prompt_tokens == 0 || args.repetitions == 0 {
         bail!("--tokens, --prompt-tokens and --repetitions must be at least 1");
     }
+    if args.parallel == 0 || args.parallel > MAX_PARALLEL {
+        bail!("--parallel must be in 1..={MAX_PARALLEL}");
+    }
     let loaded = inspect::require_profile(args.profile.as_deref())?;
     let file = GgufFile::open(&args.model)?;
     file.validate()?;
@@ -128,7 +145,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         gpu_budget,
         ram_budget: args.ram_budget,
         context: args.context,
-        parallel: 1,
+        parallel: args.parallel,
         mode: args.mode,
     };
     let n_ctx = inspect::effective_context(&file, args.context);
@@ -176,9 +193,11 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let predicted = plan.prediction.tokens_per_second;
     // Mean seconds per repetition: `measured = tokens / decode_seconds`.
     let decode_seconds = mean(&m.decode_seconds);
-    let measured = f64::from(m.decode_tokens) / decode_seconds.max(1e-12);
-    let (_, decode_sd) = rate(m.decode_tokens, &m.decode_seconds);
-    let (prompt_rate, prompt_sd) = rate(m.prompt_tokens, &m.prompt_seconds);
+    // Every sequence's tokens: the aggregate rate with --parallel.
+    let step_tokens = m.decode_tokens * args.parallel;
+    let measured = f64::from(step_tokens) / decode_seconds.max(1e-12);
+    let (_, decode_sd) = rate(step_tokens, &m.decode_seconds);
+    let (prompt_rate, prompt_sd) = rate(m.prompt_tokens * args.parallel, &m.prompt_seconds);
     let relative_error = relative_error(predicted, measured);
     let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens_total());
     let lookups = m.stream.expert_hits + m.stream.expert_misses;
@@ -195,7 +214,10 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "stream_cache_bytes": plan.stream_cache_bytes,
         "load_seconds": load_seconds,
         "repetitions": args.repetitions,
+        "parallel": args.parallel,
+        "step_ms": decode_seconds * 1e3 / f64::from(m.decode_tokens),
         "warmup": !args.no_warmup,
+        "argmax": if m.device_argmax { "device" } else { "host" },
         "prompt_tokens": m.prompt_tokens,
         "prompt_tokens_per_second": prompt_rate,
         "prompt_tokens_per_second_sd": prompt_sd,
@@ -248,6 +270,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         format_bytes(plan.ram_other_bytes),
         format_bytes(overhead.bytes())
     );
+    if args.parallel > 1 {
+        println!(
+            "parallel            {} sequences: {:.2} ms per step of {} tokens (the rates above are their sum)",
+            args.parallel,
+            decode_seconds * 1e3 / f64::from(m.decode_tokens),
+            args.parallel
+        );
+    }
     if plan.mode != Mode::FullResident {
         println!(
             "stream              {}/token read (predicted {}), hit rate {:.0}% (predicted {:.0}%), {:.2} GB/s, I/O stall {:.1} ms/token",
@@ -271,11 +301,14 @@ pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
-/// The one context the benchmark decodes in.
+/// The one context the benchmark decodes in, as the batch engine makes
+/// its context: a KV stream of `n_ctx` per sequence.
 fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
+    let n = args.parallel;
     ContextParams {
-        n_ctx,
-        n_batch: args.prompt_tokens.max(1),
+        n_ctx: n_ctx * n,
+        n_batch: (args.prompt_tokens * n).max(n),
+        n_seq_max: n,
         n_threads: args.threads.unwrap_or(0),
         ..Default::default()
     }
@@ -307,20 +340,30 @@ fn measure(
             "--prompt-tokens + --tokens ({needed}) exceed the context of {n_ctx} tokens; lower them or raise --context"
         );
     }
+    let n = args.parallel;
     let mut ctx = tiered.new_context(&context_params(args, n_ctx))?;
+    let mut device_argmax = !args.host_argmax;
+    for seq in 0..n as i32 {
+        device_argmax &= ctx.set_device_greedy(seq, device_argmax);
+    }
+    if !device_argmax {
+        for seq in 0..n as i32 {
+            ctx.set_device_greedy(seq, false);
+        }
+    }
     // Everything but the cache and what a first decode adds is resident
     // now: hold the process to its limit (and again after the warm-up).
     tiered.fit_stream_cache(limit_bytes);
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's
         // first reads) stay out of the figures, as in llama-bench.
-        run_once(&mut ctx, &prompt, args.tokens.min(8))?;
+        run_once(&mut ctx, &prompt, args.tokens.min(8), n)?;
     }
     let fit = tiered.fit_stream_cache(limit_bytes);
     let before = tiered.stats();
     let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
     for _ in 0..args.repetitions {
-        let (p, d) = run_once(&mut ctx, &prompt, args.tokens)?;
+        let (p, d) = run_once(&mut ctx, &prompt, args.tokens, n)?;
         prompt_seconds.push(p);
         decode_seconds.push(d);
     }
@@ -332,34 +375,56 @@ fn measure(
         decode_seconds,
         stream,
         fit,
+        device_argmax,
     })
 }
 
-/// From an empty KV cache: the prompt in one batch, then `tokens` greedy
-/// steps of one token. Returns (prompt seconds, decode seconds).
+/// From an empty KV cache: the prompt of each of `n` sequences in one
+/// batch, then `tokens` greedy steps of one token per sequence. Returns
+/// (prompt seconds, decode seconds).
 fn run_once(
     ctx: &mut llama_tiered::llama::Context,
     prompt: &[i32],
     tokens: u32,
+    n: u32,
 ) -> anyhow::Result<(f64, f64)> {
     ctx.clear_all();
-    let mut batch = Batch::new(prompt.len());
-    for (i, &t) in prompt.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == prompt.len())?;
+    let mut batch = Batch::new(prompt.len() * n as usize);
+    for seq in 0..n as i32 {
+        for (i, &t) in prompt.iter().enumerate() {
+            batch.push(t, i as i32, seq, i + 1 == prompt.len())?;
+        }
     }
     let started = Instant::now();
     ctx.decode(&batch)?;
     let prompt_seconds = started.elapsed().as_secs_f64();
-    let mut next = argmax(ctx.logits(batch.len() as i32 - 1)?);
+    // Each sequence's last prompt token: its index in the batch.
+    let mut next = Vec::with_capacity(n as usize);
+    for seq in 0..n as usize {
+        next.push(greedy_token(ctx, ((seq + 1) * prompt.len() - 1) as i32)?);
+    }
     let started = Instant::now();
-    let mut one = Batch::new(1);
-    for step in 0..tokens {
-        one.clear();
-        one.push(next, (prompt.len() as u32 + step) as i32, 0, true)?;
-        ctx.decode(&one)?;
-        next = argmax(ctx.logits(0)?);
+    let mut step = Batch::new(n as usize);
+    for k in 0..tokens {
+        step.clear();
+        for (seq, &token) in next.iter().enumerate() {
+            step.push(token, (prompt.len() as u32 + k) as i32, seq as i32, true)?;
+        }
+        ctx.decode(&step)?;
+        for (seq, token) in next.iter_mut().enumerate() {
+            *token = greedy_token(ctx, seq as i32)?;
+        }
     }
     Ok((prompt_seconds, started.elapsed().as_secs_f64()))
+}
+
+/// The token llama.cpp chose inside the decode for batch index `row`, else
+/// the host's argmax of its logits.
+fn greedy_token(ctx: &llama_tiered::llama::Context, row: i32) -> anyhow::Result<i32> {
+    match ctx.sampled_token(row) {
+        Some(token) => Ok(token),
+        None => Ok(argmax(ctx.logits(row)?)),
+    }
 }
 
 fn argmax(logits: &[f32]) -> i32 {

@@ -3,9 +3,11 @@
 //!
 //! - [`registry`]: `name:tag` → model source and facts; loaded models with keep-alive; leases.
 //! - [`residency`]: the global budget (promotions, demotions, placements).
+//! - [`hybrid`]: the GPU share of a model's streaming placement under the budget.
 //! - [`local`]: the in-process llama-tiered engine behind [`crate::core::backend::ModelBackend`].
 //! - [`runner`]: a model in a child process of its own behind the same trait.
 //! - [`manifest`]: models made by `/api/create` (a file's weights with their own defaults).
+pub mod hybrid;
 pub mod local;
 pub mod manifest;
 pub mod planner;

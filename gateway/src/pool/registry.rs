@@ -37,6 +37,7 @@ use super::runner::{self, RunnerProcess, Runners};
 use super::PoolError;
 use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts, StreamCounters};
 use crate::core::validation::{KeepAlive, ModelName};
+use crate::pool::hybrid;
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
     full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, Terms,
@@ -684,7 +685,6 @@ impl Registry {
         let Some(budget) = &self.budget else {
             return Ok(());
         };
-        let model = budgeted_model(named, &self.settings)?;
         let keep_alive = match named
             .policy
             .keep_alive
@@ -705,7 +705,10 @@ impl Registry {
             priority: named.policy.priority,
             keep_alive,
         };
-        budget.add(named.source.local_path(), model, terms)
+        let limit = budget.policy().budget();
+        budget.add_planned(named.source.local_path(), terms, |gpu_left| {
+            budgeted_model(named, &self.settings, limit, gpu_left)
+        })
     }
 
     /// `/api/pull`: serves `path` as `name` with fresh `info`, replacing an
@@ -1226,11 +1229,18 @@ fn plan_settings(named: &NamedModel, settings: &EngineSettings) -> PlanSettings 
     }
 }
 
-/// What the budget needs to know of a model: its streaming placement, and
-/// the full placement (as many layers on the GPU as the GPU budget holds
-/// beside their KV cache and compute buffers), both the planner's, each with
-/// what its contexts hold, measured by llama.cpp without loading any weight.
-fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<BudgetedModel, String> {
+/// What the budget needs to know of a model: its streaming placement (with
+/// a GPU share of at most what `gpu_left` leaves it: see
+/// [`crate::pool::hybrid`]), and the full placement (as many layers on the
+/// GPU as the GPU budget holds beside their KV cache and compute buffers),
+/// both the planner's, each with what its contexts hold, measured by
+/// llama.cpp without loading any weight. `limit`: the whole budget.
+fn budgeted_model(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    limit: Footprint,
+    gpu_left: u64,
+) -> Result<BudgetedModel, String> {
     let file = HeaderFile::open(named.source.local_path().as_path()).map_err(|e| e.to_string())?;
     let footprint = StreamFootprint::of(&file);
     let contexts = batch_config(named, settings).contexts(n_ctx_train(named));
@@ -1243,12 +1253,6 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
             .map_err(|e| format!("{}: {e}", named.name))
     };
     log_plan_alone(named, &profile, base);
-    let (_, params) = plan(streaming_settings(
-        base,
-        &footprint,
-        footprint.minimum_cache_bytes,
-    ))?;
-    let streaming = measure(params)?;
     let gpu_budget = settings.gpu_budget_bytes.unwrap_or(0);
     let has_gpu = gpu_budget > 0 && !llama_tiered::llama::gpu_devices().is_empty();
     let full = if footprint.mode == Mode::FullResident {
@@ -1276,14 +1280,39 @@ fn budgeted_model(named: &NamedModel, settings: &EngineSettings) -> Result<Budge
             contexts: Footprint::new(contexts.gpu_bytes, contexts.ram_bytes),
         })
     };
+    let overhead = settings.runners.as_ref().map_or(Footprint::ZERO, |r| {
+        Footprint::new(r.overhead_gpu_bytes, r.overhead_ram_bytes)
+    });
+    let full_holds = full.map(|full| {
+        Footprint::new(
+            full.weights.gpu_bytes + full.contexts.gpu_bytes + overhead.gpu_bytes,
+            full.weights.ram_bytes + full.contexts.ram_bytes + overhead.ram_bytes,
+        )
+    });
+    let streaming_gpu = if has_gpu {
+        let room = hybrid::room(gpu_left, overhead, full_holds, limit);
+        let contexts = |params| measure(params).map(|m| Footprint::new(m.gpu_bytes, m.ram_bytes));
+        let path = named.source.local_path();
+        hybrid::plan(path, &profile, base, &footprint, room, contexts).map_err(named_error)?
+    } else {
+        None
+    };
+    let streaming_contexts = match streaming_gpu {
+        Some(gpu) => gpu.contexts.gpu_bytes + gpu.contexts.ram_bytes,
+        None => {
+            let cache = footprint.minimum_cache_bytes;
+            let (_, params) = plan(streaming_settings(base, &footprint, cache))?;
+            let streaming = measure(params)?;
+            streaming.ram_bytes + streaming.gpu_bytes
+        }
+    };
     Ok(BudgetedModel {
         id: 0,
         footprint,
-        streaming_contexts: streaming.ram_bytes + streaming.gpu_bytes,
+        streaming_contexts,
+        streaming_gpu,
         full,
-        overhead: settings.runners.as_ref().map_or(Footprint::ZERO, |r| {
-            Footprint::new(r.overhead_gpu_bytes, r.overhead_ram_bytes)
-        }),
+        overhead,
         settings: base,
         profile: Arc::clone(&settings.profile),
     })

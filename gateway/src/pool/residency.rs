@@ -3,10 +3,10 @@
 //!
 //! Each model has two placements under a budget:
 //! - the **streaming placement** (experts or dense FFN on the STREAM tier,
-//!   the rest in RAM), whose stream cache is the residency: `streaming`
-//!   holds one layer's worth, `partial` half of the streamed weights. Moving
-//!   between those needs no reload: the cache is resized between decode
-//!   steps and filled in the background;
+//!   the rest in RAM, or on the GPU: see below), whose stream cache is the
+//!   residency: `streaming` holds one layer's worth, `partial` half of the
+//!   streamed weights. Moving between those needs no reload: the cache is
+//!   resized between decode steps and filled in the background;
 //! - the **full placement** for `full`: nothing streamed, as many layers on
 //!   the GPU as the GPU budget holds (the planner's order: output, then
 //!   attention, then FFN, last layers first), the rest in RAM. No per-layer
@@ -21,8 +21,31 @@
 //! llama.cpp's compute buffers, measured with a metadata-only load
 //! ([`llama_tiered::tiered::context_memory`])) + the stream cache.
 //!
+//! **The streaming placement's GPU share** ([`super::hybrid`]). With a GPU
+//! budget (and a GPU), the streaming placement is the planner's hybrid: the
+//! non-streamed tensors and as many last layers' experts as fit on the GPU,
+//! the rest streamed through the RAM cache. Its GPU share is fixed when the
+//! model is added to the budget, from what the GPU budget leaves: the budget
+//! less the streaming placements of the models added before (their GPU
+//! charge at `streaming`), less the model's runner's own GPU memory, less
+//! its full placement's GPU when that placement fits the budget on its own
+//! (a switch into it holds both). So the streaming placements of all models
+//! fit the GPU budget together, as they fit its RAM (the policy refuses a
+//! model that could not stream beside the pinned ones): every model can
+//! always be loaded at `streaming`, and a request never waits for GPU memory
+//! another model's streaming placement holds. The share is the same at
+//! `streaming` and `partial` (only the cache differs), charged in the GPU
+//! column at each; the full placement is sized to the whole GPU budget as
+//! before, and the policy charges it when it is loaded. First come, first
+//! served: a model added early may take the whole GPU budget for its
+//! streaming placement; one added later then streams on the CPU (or with
+//! what is left) until the server restarts. Without a GPU budget, or on a
+//! machine without a GPU, the streaming placement holds nothing on the GPU,
+//! exactly as before.
+//!
 //! Lock order: the policy's mutex is never held across an await, a load or
-//! an engine call.
+//! an engine call. Adding a model holds a mutex of its own while it plans
+//! (no other lock held meanwhile), then the models' mutex, then the policy's.
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,6 +59,7 @@ use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{GpuShare, Mode, TieredParams};
 use tokio::sync::Notify;
 
+use super::hybrid::{self, StreamingGpu};
 use super::planner::{plan_model, ServerProfile};
 
 /// The full placement of a model that streams otherwise.
@@ -55,8 +79,13 @@ pub struct BudgetedModel {
     pub id: ModelId,
     /// The streaming placement.
     pub footprint: StreamFootprint,
-    /// What the streaming placement's contexts hold, in RAM.
+    /// What the streaming placement's contexts hold, both tiers together
+    /// (charged in RAM when it has no GPU share; with one, see
+    /// [`StreamingGpu::contexts`]).
     pub streaming_contexts: u64,
+    /// The streaming placement's GPU share, fixed when the model was added
+    /// to the budget (module docs); `None`: it streams on the CPU alone.
+    pub streaming_gpu: Option<StreamingGpu>,
     /// `None` for a model that cannot stream: `full` is then its streaming
     /// placement with a full cache.
     pub full: Option<FullPlacement>,
@@ -76,15 +105,22 @@ impl BudgetedModel {
         level == Residency::Full && self.full.is_some()
     }
 
+    /// Weights the streaming placement streams: the streamed role less the
+    /// layers its GPU share holds.
+    pub fn stream_bytes(&self) -> u64 {
+        self.streaming_gpu
+            .map_or(self.footprint.stream_bytes, |g| g.stream_bytes)
+    }
+
     /// Stream cache bytes at `level` (in the streaming placement).
     pub fn cache_bytes(&self, level: Residency) -> u64 {
-        let f = &self.footprint;
+        let minimum = self.footprint.minimum_cache_bytes;
         match level {
             Residency::Unloaded => 0,
             _ if self.is_full_placement(level) => 0,
-            Residency::Streaming => f.minimum_cache_bytes,
-            Residency::Partial => (f.stream_bytes / 2).max(f.minimum_cache_bytes),
-            Residency::Full => f.stream_bytes.max(f.minimum_cache_bytes),
+            Residency::Streaming => minimum,
+            Residency::Partial => (self.stream_bytes() / 2).max(minimum),
+            Residency::Full => self.stream_bytes().max(minimum),
         }
     }
 
@@ -96,10 +132,15 @@ impl BudgetedModel {
                 full.weights.gpu_bytes + full.contexts.gpu_bytes,
                 full.weights.ram_bytes + full.contexts.ram_bytes,
             ),
-            _ => Footprint::new(
-                0,
-                self.footprint.resident_bytes + self.streaming_contexts + self.cache_bytes(level),
-            ),
+            _ => match self.streaming_gpu {
+                Some(gpu) => gpu.footprint(self.cache_bytes(level)),
+                None => Footprint::new(
+                    0,
+                    self.footprint.resident_bytes
+                        + self.streaming_contexts
+                        + self.cache_bytes(level),
+                ),
+            },
         };
         Footprint::new(
             placement.gpu_bytes + self.overhead.gpu_bytes,
@@ -110,9 +151,11 @@ impl BudgetedModel {
     /// What the planner is asked for the placement of `level`: its mode,
     /// GPU share and stream cache fixed (the budget policy charges them).
     pub fn plan_settings(&self, level: Residency) -> PlanSettings {
-        match self.full {
-            Some(full) if level == Residency::Full => full_settings(self.settings, full.gpu),
-            _ => streaming_settings(self.settings, &self.footprint, self.cache_bytes(level)),
+        let cache = self.cache_bytes(level);
+        match (self.full, self.streaming_gpu) {
+            (Some(full), _) if level == Residency::Full => full_settings(self.settings, full.gpu),
+            (_, Some(gpu)) => hybrid::settings(self.settings, &self.footprint, gpu.share, cache),
+            (_, None) => streaming_settings(self.settings, &self.footprint, cache),
         }
     }
 
@@ -134,11 +177,15 @@ impl BudgetedModel {
                 (full.weights.gpu_bytes, full.weights.ram_bytes, 0)
             }
             _ => {
-                let f = &self.footprint;
+                let (gpu, ram) = self
+                    .streaming_gpu
+                    .map_or((0, self.footprint.resident_bytes), |g| {
+                        (g.weights.gpu_bytes, g.weights.ram_bytes)
+                    });
                 (
-                    0,
-                    f.resident_bytes + cached,
-                    f.stream_bytes.saturating_sub(cached),
+                    gpu,
+                    ram + cached,
+                    self.stream_bytes().saturating_sub(cached),
                 )
             }
         }
@@ -186,6 +233,8 @@ pub struct Terms {
 pub struct GlobalBudget {
     policy: Mutex<BudgetPolicy>,
     models: Mutex<HashMap<Arc<PathBuf>, BudgetedModel>>,
+    /// Held while a model is planned and added ([`GlobalBudget::add_planned`]).
+    adding: Mutex<()>,
     origin: Instant,
     /// Woken after every move done and request finished: waiting requests
     /// ask again.
@@ -200,6 +249,7 @@ impl GlobalBudget {
                 config,
             )),
             models: Mutex::new(HashMap::new()),
+            adding: Mutex::new(()),
             origin: Instant::now(),
             changed: Notify::new(),
         }
@@ -243,6 +293,34 @@ impl GlobalBudget {
         model.id = self.policy().add_model(spec)?;
         models.insert(Arc::clone(path), model);
         Ok(())
+    }
+
+    /// Adds the model file at `path` (once) as `plan` makes it, given the
+    /// GPU bytes the streaming placements of the models added before leave
+    /// (module docs). One model at a time: what is left cannot change
+    /// between the planning and the adding.
+    pub fn add_planned(
+        &self,
+        path: &Arc<PathBuf>,
+        terms: Terms,
+        plan: impl FnOnce(u64) -> Result<BudgetedModel, String>,
+    ) -> Result<(), String> {
+        let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.models().contains_key(path) {
+            return Ok(());
+        }
+        let model = plan(self.streaming_gpu_left())?;
+        self.add(path, model, terms)
+    }
+
+    /// GPU bytes the streaming placements of the models added so far leave.
+    pub fn streaming_gpu_left(&self) -> u64 {
+        let held: u64 = self
+            .models()
+            .values()
+            .map(|m| m.footprint_at(Residency::Streaming).gpu_bytes)
+            .sum();
+        self.policy().budget().gpu_bytes.saturating_sub(held)
     }
 
     pub fn model(&self, path: &PathBuf) -> Option<BudgetedModel> {
@@ -317,6 +395,7 @@ mod tests {
                 minimum_cache_bytes: 10,
             },
             streaming_contexts: 50,
+            streaming_gpu: None,
             full,
             settings: PlanSettings {
                 context_tokens: 512,

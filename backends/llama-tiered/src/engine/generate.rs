@@ -107,6 +107,7 @@ pub fn generate(
     check_prompt(prompt, n_ctx)?;
     let model = std::sync::Arc::clone(ctx.model());
     let mut sequence = Sequence::new(params, prompt, &model, n_ctx)?;
+    ctx.set_device_greedy(seq, sequence.wants_device_greedy());
 
     let mut timings = Timings {
         prompt_tokens: prompt.len(),
@@ -298,6 +299,13 @@ impl Sequence {
         let out: Vec<TokenLogprobs> = self.held_logprobs.drain(..n).map(|(_, l)| l).collect();
         self.logprobs.extend(out.iter().cloned());
         out
+    }
+
+    /// Whether llama.cpp can choose this sequence's tokens inside the decode
+    /// graph ([`Context::set_device_greedy`]): plain greedy, and no
+    /// log-probabilities asked (they need the logits on the host).
+    pub(crate) fn wants_device_greedy(&self) -> bool {
+        self.sampler.is_plain_greedy() && self.top_logprobs.is_none()
     }
 
     /// Moves the sequence's sampler onto `model`, another load of the same

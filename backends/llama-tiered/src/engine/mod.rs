@@ -48,4 +48,5 @@ mod worker;
 pub use embed::EMBED_N_CTX;
 pub use queue::{
     BatchConfig, BatchEngine, BatchStatus, EventSink, GenerateRequest, GenerationEvent, RequestId,
+    MAX_PARALLEL,
 };

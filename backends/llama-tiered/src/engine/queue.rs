@@ -16,7 +16,7 @@ use crate::error::EngineError;
 use crate::llama::{Context, ContextParams, EvalHook, Model};
 
 /// Most sequences one llama.cpp context holds (`LLAMA_MAX_SEQ`).
-const MAX_PARALLEL: u32 = 256;
+pub const MAX_PARALLEL: u32 = 256;
 
 /// How a [`BatchEngine`] shares its context between requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -131,7 +131,12 @@ impl Worker {
         drop(failed);
         for seq in 0..self.slots.len() {
             let rebound = match self.slots[seq].as_mut() {
-                Some(slot) => slot.sequence.rebind(self.ctx.model()),
+                Some(slot) => {
+                    // The new context samples on the device as the old one did.
+                    let device = slot.sequence.wants_device_greedy();
+                    self.ctx.set_device_greedy(seq as i32, device);
+                    slot.sequence.rebind(self.ctx.model())
+                }
                 None => continue,
             };
             if let Err(e) = rebound {

@@ -191,6 +191,10 @@ impl Worker {
                 sink,
                 ..
             } = q;
+            // Kept as it is while consecutive requests in a slot agree:
+            // each change costs llama.cpp a graph reservation.
+            self.ctx
+                .set_device_greedy(seq as i32, sequence.wants_device_greedy());
             let slot = self.slots[seq].insert(Slot::new(id, prompt, sequence, sink));
             if !send(&mut slot.sink, GenerationEvent::Started) {
                 self.finish(seq, FinishReason::Cancelled);

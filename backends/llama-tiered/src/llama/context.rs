@@ -11,6 +11,9 @@ use super::model::Model;
 use super::stream::{eval_trampoline, EvalHook};
 use crate::error::EngineError;
 
+/// `LLAMA_TOKEN_NULL` of llama.h (a macro bindgen does not export).
+const LLAMA_TOKEN_NULL: i32 = -1;
+
 /// Options for [`Context::new`].
 #[derive(Debug, Clone)]
 pub struct ContextParams {
@@ -62,6 +65,10 @@ pub struct Context {
     _hook: Option<Box<Arc<dyn EvalHook>>>,
     n_vocab: usize,
     model: Arc<Model>,
+    /// Greedy samplers llama.cpp runs inside the decode graph, by sequence
+    /// id ([`Context::set_device_greedy`]); owned here, freed after the
+    /// context that points at them.
+    device_greedy: BTreeMap<i32, NonNull<sys::llama_sampler>>,
 }
 
 // SAFETY: a context is used by one thread at a time (`&mut self` for every
@@ -150,6 +157,7 @@ impl Context {
             _hook: hook,
             n_vocab,
             model,
+            device_greedy: BTreeMap::new(),
         })
     }
 
@@ -243,6 +251,69 @@ impl Context {
         Ok(unsafe { std::slice::from_raw_parts(p, self.n_vocab) })
     }
 
+    /// Has llama.cpp take the argmax of sequence `seq`'s logits inside the
+    /// decode graph, on the device that computes the output (its backend
+    /// sampling), or stops it. With it on, a decode copies no logits of
+    /// that sequence to the host: [`Context::sampled_token`] gives the
+    /// token, and [`Context::logits`] has nothing for its rows. Every
+    /// change makes llama.cpp reserve its compute graphs again on the next
+    /// decode, so callers keep it on across requests that want it. Returns
+    /// whether it is on now (llama.cpp may decline, e.g. with a model split
+    /// by tensor over several GPUs).
+    pub fn set_device_greedy(&mut self, seq: i32, on: bool) -> bool {
+        if on == self.device_greedy.contains_key(&seq) {
+            return on;
+        }
+        if !on {
+            if let Some(chain) = self.device_greedy.remove(&seq) {
+                // SAFETY: detaches the sampler (llama.cpp stops using it at
+                // once), then frees the chain and the greedy sampler it owns.
+                unsafe {
+                    sys::llama_set_sampler(self.raw.as_ptr(), seq, std::ptr::null_mut());
+                    sys::llama_sampler_free(chain.as_ptr());
+                }
+            }
+            return false;
+        }
+        // SAFETY: a new chain owning a new greedy sampler; the context
+        // keeps a pointer to it, so it lives in `device_greedy` until
+        // detached or until the context is freed.
+        let chain = unsafe {
+            let mut params = sys::llama_sampler_chain_default_params();
+            params.no_perf = true;
+            let chain = sys::llama_sampler_chain_init(params);
+            if !chain.is_null() {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_greedy());
+            }
+            chain
+        };
+        let Some(chain) = NonNull::new(chain) else {
+            return false;
+        };
+        // SAFETY: both alive; see above for the chain's lifetime.
+        if unsafe { sys::llama_set_sampler(self.raw.as_ptr(), seq, chain.as_ptr()) } {
+            self.device_greedy.insert(seq, chain);
+            true
+        } else {
+            // SAFETY: llama.cpp declined it and keeps no pointer to it.
+            unsafe { sys::llama_sampler_free(chain.as_ptr()) };
+            false
+        }
+    }
+
+    /// Whether sequence `seq` is sampled greedily inside the decode graph.
+    pub fn device_greedy(&self, seq: i32) -> bool {
+        self.device_greedy.contains_key(&seq)
+    }
+
+    /// The token llama.cpp's own sampler chose for output row `i` of the
+    /// last decode ([`Context::set_device_greedy`]), if it chose one.
+    pub fn sampled_token(&self, i: i32) -> Option<i32> {
+        // SAFETY: the context is alive; LLAMA_TOKEN_NULL when nothing was sampled.
+        let token = unsafe { sys::llama_get_sampled_token_ith(self.raw.as_ptr(), i) };
+        (token != LLAMA_TOKEN_NULL).then_some(token)
+    }
+
     /// The pooled embedding of a sequence (contexts made with `embeddings`).
     pub fn embeddings_seq(&self, seq: i32) -> Option<&[f32]> {
         // SAFETY: the context is alive; NULL when there is no such embedding.
@@ -293,8 +364,14 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: the context is alive and dropped once; the model outlives it.
-        unsafe { sys::llama_free(self.raw.as_ptr()) }
+        // SAFETY: the context is alive and dropped once; the model outlives
+        // it. The device samplers it pointed at are freed after it.
+        unsafe {
+            sys::llama_free(self.raw.as_ptr());
+            for chain in self.device_greedy.values() {
+                sys::llama_sampler_free(chain.as_ptr());
+            }
+        }
     }
 }
 

@@ -149,6 +149,8 @@ pub struct Sampler {
     penalties: bool,
     /// [`Sampler::log_probs`]' answer, `n_vocab` long once asked.
     log_probs: Vec<f32>,
+    /// Plain greedy: no penalties, no grammar, temperature `<= 0`.
+    greedy: bool,
 }
 
 // SAFETY: the chain owns its state; used by one thread at a time (`&mut self`).
@@ -178,11 +180,13 @@ impl Sampler {
         } else {
             params.repeat_last_n
         };
+        let penalties = penalties_on && last_n != 0;
         let sampler = Sampler {
             raw,
+            greedy: params.temperature <= 0.0 && !penalties && grammar.is_none(),
             grammar,
             candidates: Vec::new(),
-            penalties: penalties_on && last_n != 0,
+            penalties,
             log_probs: Vec::new(),
         };
         // SAFETY (whole block): each init returns a new sampler whose ownership
@@ -217,6 +221,14 @@ impl Sampler {
         Ok(sampler)
     }
 
+    /// Whether this sampler only takes the argmax of the logits, which
+    /// llama.cpp can do inside the decode graph instead
+    /// ([`Context::set_device_greedy`]); [`Sampler::sample`] then returns
+    /// the token it chose.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.greedy
+    }
+
     /// # Safety
     /// `s` must be a fresh sampler not owned by anything else.
     unsafe fn add(&self, s: *mut sys::llama_sampler) {
@@ -229,7 +241,9 @@ impl Sampler {
     /// no token at all.
     pub fn sample(&mut self, ctx: &mut Context, idx: i32) -> Result<i32, EngineError> {
         if self.grammar.is_none() {
-            // SAFETY: both are alive; llama_sampler_sample also accepts the token.
+            // SAFETY: both are alive; llama_sampler_sample also accepts the
+            // token. It returns the token llama.cpp's own sampler chose
+            // inside the decode (`Context::set_device_greedy`) when there is one.
             return Ok(unsafe { sys::llama_sampler_sample(self.raw.as_ptr(), ctx.as_ptr(), idx) });
         }
         // llama.cpp's common sampler: sample unconstrained, and only when the

@@ -62,6 +62,7 @@ pub fn load_spec(
         budgeted: budgeted.map(|(model, level)| BudgetedSpec {
             level,
             streaming_contexts: model.streaming_contexts,
+            streaming_gpu: model.streaming_gpu,
             full: model.full.map(|full| FullSpec {
                 gpu: full.gpu,
                 weights: full.weights,
@@ -122,6 +123,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
                 id: 0,
                 footprint: StreamFootprint::of(&file),
                 streaming_contexts: b.streaming_contexts,
+                streaming_gpu: b.streaming_gpu,
                 full: b.full.map(|full| FullPlacement {
                     gpu: full.gpu,
                     weights: full.weights,

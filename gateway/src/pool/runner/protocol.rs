@@ -173,6 +173,8 @@ pub struct EngineSpec {
 pub struct BudgetedSpec {
     pub level: Residency,
     pub streaming_contexts: u64,
+    #[serde(default)]
+    pub streaming_gpu: Option<crate::pool::hybrid::StreamingGpu>,
     pub full: Option<FullSpec>,
     pub settings: PlanSettings,
 }
