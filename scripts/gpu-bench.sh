@@ -4,7 +4,7 @@
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
 #                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
-#                                     `hypura serve`'s budget: servemix)
+#                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -719,6 +719,60 @@ if os.path.exists(sys.argv[2]):
         print("GPU exactness, hybrid (experts streamed) vs the same GPU tensors with experts in RAM: "
               + (f"identical ({len(a)} tokens)" if n is None else f"differ from token {n}"))
 EOF
+}
+
+# Host memory inside the RAM budget (issue 14, Deliver 2): hypura bench on the
+# full Mixtral shape with --gpu-budget 8GiB --ram-budget 12GiB inside a cgroup
+# v2 of memory.max = the RAM budget + the host overhead `hypura profile`
+# measures here (a quick profile in its own cache dir; planning uses $PROFILE
+# with that overhead added, else the quick profile). One line in results.jsonl:
+# memory.peak (page cache included), oom kills, the process's VmHWM, tok/s.
+hostmem() {
+  late hostmem && return 0
+  local budget=${HOSTMEM_RAM_BYTES:-12884901888} cache=$W/hostmem-cache prof=$W/hostmem-profile.json
+  local cg=/sys/fs/cgroup/hypura-hostmem overhead
+  mkdir -p "$cache"
+  log "hostmem: measuring the host overhead (hypura profile --quick)"
+  HYPURA_CACHE_DIR=$cache "$H" profile --json --refresh --quick --path "$W" >"$W/hostmem-quick.json" 2>>"$W/stderr.txt" \
+    || { log "hostmem: profile failed"; return 1; }
+  python3 - "${PROFILE:-$W/hostmem-quick.json}" "$W/hostmem-quick.json" "$prof" <<'EOF' | tee -a "$OUT/log.txt"
+import json, sys
+base, quick = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+base["host_overhead"] = quick["host_overhead"]
+json.dump(base, open(sys.argv[3], "w"))
+print("host overhead:", json.dumps(quick["host_overhead"]))
+EOF
+  overhead=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["host_overhead"]["after_devices_bytes"])' "$prof") || return 1
+  rmdir "$cg" 2>/dev/null
+  cgroup_at "$cg" $((budget + overhead)) || { log "hostmem skipped"; return 1; }
+  drop_caches
+  log "hostmem: hypura bench $MOEFULL --gpu-budget 8GiB --ram-budget $budget in $cg"
+  python3 - "$cg" "$budget" "$overhead" sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh \
+    "$H" bench "$MOEFULL" --json --threads "$T" --profile "$prof" --gpu-budget 8GiB --ram-budget "$budget" \
+    --prompt-tokens 16 --tokens "${MIX_TOKENS:-32}" --repetitions 1 >>"$OUT/results.jsonl" 2>"$W/err.txt" <<'EOF'
+import json, resource, subprocess, sys
+cg, budget, overhead, cmd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+r = subprocess.run(cmd, capture_output=True, text=True)
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+read = lambda f: open(f"{cg}/{f}").read()
+events = dict(l.split() for l in read("memory.events").splitlines())
+line = {"case": "hostmem-mixtral-8g-12g", "engine": "hypura", "returncode": r.returncode,
+        "ram_budget_bytes": budget, "overhead_bytes": overhead, "memory_max_bytes": budget + overhead,
+        "cgroup_memory_peak_bytes": int(read("memory.peak")), "oom_kills": int(events.get("oom_kill", 0)),
+        "peak_rss_bytes_rusage": rss}
+if r.returncode == 0:
+    j = json.loads(r.stdout)
+    h = j["host_memory"]
+    line.update(peak_rss_bytes=h["peak_rss_bytes"], tokens_per_second=j["measured_tokens_per_second"],
+                stream_cache_bytes=j["stream_cache_bytes"], tier_bytes=j["tier_bytes"], host_memory=h,
+                within=max(h["peak_rss_bytes"], rss) <= budget + overhead)
+else:
+    sys.stderr.write(r.stderr[-2000:])
+print(json.dumps(line))
+EOF
+  tail -1 "$OUT/results.jsonl" | cut -c1-900 | tee -a "$OUT/log.txt"
+  rmdir "$cg" 2>/dev/null
+  return 0
 }
 
 for step in "$@"; do

@@ -256,6 +256,13 @@ pub struct PlanSettings {
     pub gpu: Option<GpuShare>,
     /// The stream cache (`None`: what the RAM budget leaves).
     pub stream_cache_bytes: Option<u64>,
+    /// Host RAM the load holds beside weights, KV cache and stream cache:
+    /// llama.cpp's compute and output buffers in host memory, the model's
+    /// metadata (vocabulary, tensor descriptions). Charged against the RAM
+    /// budget, so the stream cache is what is left after it (measured by
+    /// the engine: `llama_tiered::tiered::host::plan_charged`).
+    #[serde(default)]
+    pub ram_other_bytes: u64,
 }
 
 impl PlanSettings {
@@ -307,6 +314,8 @@ pub struct Plan {
     pub kv_cache_gpu_bytes: u64,
     /// RAM for streamed weights (the expert cache, or the dense FFN pool).
     pub stream_cache_bytes: u64,
+    /// [`PlanSettings::ram_other_bytes`]: charged in RAM beside the above.
+    pub ram_other_bytes: u64,
     /// Units the cache holds: expert slices (expert-streaming) or layers (dense).
     pub pool_slots: u64,
     /// Layers read ahead (dense), or 1 (experts: the next layer's likely experts).
@@ -326,6 +335,17 @@ impl Plan {
 
     pub fn bottleneck(&self) -> Bottleneck {
         self.prediction.bottleneck
+    }
+
+    /// Host RAM this plan charges against the RAM budget: weights in RAM,
+    /// the KV cache not on the GPU, the stream cache and
+    /// [`Plan::ram_other_bytes`]. A process holding it peaks at most this
+    /// plus the fixed host overhead (`HardwareProfile::host_overhead`).
+    pub fn ram_charged_bytes(&self) -> u64 {
+        self.tier_bytes.ram
+            + (self.kv_cache_bytes - self.kv_cache_gpu_bytes)
+            + self.stream_cache_bytes
+            + self.ram_other_bytes
     }
 
     /// What fixes this plan's GPU tensors again ([`GpuShare::Prefix`]): its
@@ -795,7 +815,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         if mode != Mode::FullResident && s.bytes == 0 {
             return Some(None); // nothing left to stream: full-resident's plan
         }
-        let ram_resident = ram_bytes + embedding_bytes + kv_unplaced;
+        let ram_resident = ram_bytes + embedding_bytes + kv_unplaced + settings.ram_other_bytes;
         let cache = match settings.stream_cache_bytes {
             _ if mode == Mode::FullResident => 0,
             Some(fixed) => fixed,
@@ -902,6 +922,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         kv_cache_bytes: kv_total,
         kv_cache_gpu_bytes,
         stream_cache_bytes: best.cache,
+        ram_other_bytes: settings.ram_other_bytes,
         pool_slots: best.slots,
         prefetch_depth_layers: prefetch_depth(
             mode,
@@ -955,7 +976,12 @@ fn does_not_fit(req: &PlanRequest, modes: &[Mode], gpu_budget: u64, ram_budget: 
             let s = streamed(req, mode, &BTreeSet::new());
             let total: u64 = req.tensors.iter().map(|t| t.bytes).sum();
             let resident = total - s.bytes;
-            (resident + kv + s.layer_bytes, mode, resident, s.layer_bytes)
+            (
+                resident + kv + s.layer_bytes + req.settings.ram_other_bytes,
+                mode,
+                resident,
+                s.layer_bytes,
+            )
         })
         .min_by_key(|m| m.0);
     let Some((minimum, mode, resident, cache)) = leanest else {
@@ -972,6 +998,12 @@ fn does_not_fit(req: &PlanRequest, modes: &[Mode], gpu_budget: u64, ram_budget: 
         detail.push_str(&format!(
             " + {} of stream cache for one layer",
             format_bytes(cache)
+        ));
+    }
+    if req.settings.ram_other_bytes > 0 {
+        detail.push_str(&format!(
+            " + {} of compute buffers and model metadata",
+            format_bytes(req.settings.ram_other_bytes)
         ));
     }
     detail.push_str(&format!(
@@ -1036,6 +1068,7 @@ mod tests {
                     gbps: 1.25,
                 }],
             },
+            host_overhead: None,
         }
     }
 
@@ -1192,6 +1225,29 @@ mod tests {
         // One byte less and the FFN must stream.
         let short = plan(&request(&tensors, f, &p, 0, weights + kv - 1)).unwrap();
         assert_eq!(short.mode, Mode::DenseFfnStreaming);
+    }
+
+    #[test]
+    fn other_host_memory_comes_out_of_the_stream_cache() {
+        let tensors = model(4, 4096, 14336, 1024, 8);
+        let p = profile(None);
+        let mut req = request(&tensors, facts(4, 8), &p, 0, 2 * GIB);
+        req.settings.mode = Some(Mode::ExpertStreaming);
+        let without = plan(&req).unwrap();
+        assert_eq!(without.ram_charged_bytes(), 2 * GIB);
+        req.settings.ram_other_bytes = 300 << 20;
+        let with = plan(&req).unwrap();
+        assert_eq!(
+            with.stream_cache_bytes,
+            without.stream_cache_bytes - (300 << 20)
+        );
+        assert_eq!(with.ram_other_bytes, 300 << 20);
+        // Everything charged still adds up to the budget.
+        assert_eq!(with.ram_charged_bytes(), 2 * GIB);
+        // Too much of it for one layer's cache: no plan, and the error says why.
+        req.settings.ram_other_bytes = 4 * GIB;
+        let err = plan(&req).unwrap_err().to_string();
+        assert!(err.contains("compute buffers and model metadata"), "{err}");
     }
 
     #[test]

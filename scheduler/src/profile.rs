@@ -18,6 +18,45 @@ pub struct HardwareProfile {
     /// Empty on a machine without a GPU backend.
     pub gpus: Vec<GpuProfile>,
     pub disk: DiskProfile,
+    /// Host memory a hypura process holds before it loads any model
+    /// (absent in profiles measured before it was: [`HostOverhead::assumed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_overhead: Option<HostOverhead>,
+}
+
+/// Resident memory (RSS) of a fresh `hypura` process at three points of its
+/// start: the fixed overhead that the RAM budget does not cover. A process
+/// running a model under `--ram-budget B` peaks at most at `B +
+/// after_devices_bytes`: the budget covers everything the model brings
+/// (weights, stream cache, KV cache, llama.cpp's compute and output buffers,
+/// the model's metadata), this covers the executable, its libraries and the
+/// GPU runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostOverhead {
+    /// Before llama.cpp is initialised: the executable and its libraries.
+    pub process_bytes: u64,
+    /// After llama.cpp's backends are initialised (GPU libraries loaded).
+    pub after_backends_bytes: u64,
+    /// After each device has a backend, a buffer and (GPUs) pinned host
+    /// memory: the GPU runtime's context. The stated overhead.
+    pub after_devices_bytes: u64,
+}
+
+impl HostOverhead {
+    /// What a profile without a measurement assumes: 64 MiB (measured on
+    /// a CPU-only build, 2026-12: about 13 MiB; the GPU runtime adds more).
+    pub const fn assumed() -> HostOverhead {
+        HostOverhead {
+            process_bytes: assumed::HOST_OVERHEAD_BYTES,
+            after_backends_bytes: assumed::HOST_OVERHEAD_BYTES,
+            after_devices_bytes: assumed::HOST_OVERHEAD_BYTES,
+        }
+    }
+
+    /// The overhead a run's peak may exceed its RAM budget by.
+    pub fn bytes(&self) -> u64 {
+        self.after_devices_bytes
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +150,8 @@ pub mod assumed {
     pub const HOST_TO_DEVICE_PINNED_GBPS: f64 = 10.0;
     pub const HOST_TO_DEVICE_PAGEABLE_GBPS: f64 = 5.0;
     pub const DISK_READ_GBPS: f64 = 0.5;
+    /// See [`super::HostOverhead::assumed`].
+    pub const HOST_OVERHEAD_BYTES: u64 = 64 << 20;
 }
 
 impl GpuProfile {
@@ -162,12 +203,18 @@ impl HardwareProfile {
                     gbps: assumed::DISK_READ_GBPS,
                 }],
             },
+            host_overhead: None,
         }
     }
 
     /// Whether this profile was measured (not [`HardwareProfile::estimated`]).
     pub fn is_measured(&self) -> bool {
         self.measured_at != NOT_MEASURED
+    }
+
+    /// The host overhead measured, else [`HostOverhead::assumed`].
+    pub fn host_overhead(&self) -> HostOverhead {
+        self.host_overhead.unwrap_or(HostOverhead::assumed())
     }
 
     /// Total GPU memory over all GPUs.

@@ -193,7 +193,32 @@ fn a_streamed_placement_is_measured_as_loaded() {
         &[four_sequences(2048)],
     )
     .unwrap();
-    assert_eq!(predicted, resident);
+    // (The metadata is a reading of this process's RSS: not compared.)
+    let buffers = |m: ContextMemory| ContextMemory {
+        metadata_bytes: 0,
+        ..m
+    };
+    assert_eq!(buffers(predicted), buffers(resident));
+}
+
+#[test]
+fn the_models_metadata_is_measured_beside_its_buffers() {
+    let m = context_memory(
+        &test_models::smollm2(),
+        &TieredParams::default(),
+        &[four_sequences(2048)],
+    )
+    .unwrap();
+    // SmolLM2's vocabulary of 49,152 tokens and its header alone take
+    // megabytes; the KV cache and compute buffers are not in it (no_alloc).
+    assert!(
+        (1 << 20..m.kv_bytes + m.compute_bytes).contains(&m.metadata_bytes),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.ram_other_bytes(),
+        m.ram_bytes - m.ram_kv_bytes + m.metadata_bytes
+    );
 }
 
 #[test]

@@ -36,11 +36,11 @@ fn full(path: &Path) -> Arc<Model> {
     Arc::new(Model::load(path, params).expect("full load"))
 }
 
-/// Dense FFN streamed through the smallest cache it allows.
+/// Dense FFN streamed through the smallest cache one context allows.
 fn streamed(path: &Path) -> TieredModel {
     let file = GgufFile::open(path).unwrap();
     let footprint = StreamFootprint::of(&file);
-    let budget = footprint.resident_bytes + footprint.minimum_cache_bytes;
+    let budget = footprint.resident_bytes + footprint.layer_bytes;
     let plan = PlannedLoad::fixed(&file, Mode::DenseFfnStreaming, GpuShare::None, Some(budget));
     let params = TieredParams {
         plan: Some(plan.expect("a fixed plan")),

@@ -9,7 +9,9 @@ use clap::Args;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::size::format_bytes;
 use llama_tiered::engine::MAX_PARALLEL;
+use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
+use llama_tiered::tiered::host::{plan_charged, CacheFit};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 
@@ -31,7 +33,9 @@ pub struct BenchArgs {
     /// [default: each GPU's free memory less 1 GiB].
     #[arg(long, value_parser = parse_size)]
     gpu_budget: Option<u64>,
-    /// Most RAM for weights, KV cache and stream cache, e.g. 512MiB.
+    /// Most RAM for weights, KV cache, stream cache, llama.cpp's buffers
+    /// and the model's metadata, e.g. 512MiB: the process peaks at most at
+    /// this plus the host overhead `hypura profile` reports.
     #[arg(long, value_parser = parse_size)]
     ram_budget: Option<u64>,
     /// Tokens to generate (greedy; end-of-generation tokens are not honoured).
@@ -86,6 +90,8 @@ struct Measured {
     decode_seconds: Vec<f64>,
     /// Streaming over the timed decode phases only.
     stream: StreamStats,
+    /// The stream cache checked against the process after the warm-up.
+    fit: Option<CacheFit>,
     /// Whether llama.cpp took the argmax inside the decode graph.
     device_argmax: bool,
 }
@@ -142,8 +148,18 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         parallel: args.parallel,
         mode: args.mode,
     };
-    let plan = inspect::make_plan(&file, &loaded.profile, &options)
-        .with_context(|| format!("planning {}", args.model.display()))?;
+    let n_ctx = inspect::effective_context(&file, args.context);
+    // Everything the run holds in host RAM is charged: the context's
+    // buffers and the model's metadata too (measured), not only weights,
+    // KV cache and stream cache.
+    let (plan, _) = plan_charged(
+        &file,
+        &loaded.profile,
+        inspect::plan_settings(&file, &options),
+        &[context_params(&args, n_ctx)],
+        true,
+    )
+    .with_context(|| format!("planning {}", args.model.display()))?;
     let params = TieredParams {
         no_repack: true,
         prefetch: true,
@@ -154,11 +170,25 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let tiered = TieredModel::load(&args.model, &params)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let load_seconds = load_started.elapsed().as_secs_f64();
-    let m = measure(
-        &tiered,
-        &args,
-        inspect::effective_context(&file, args.context),
-    )?;
+    drop(file);
+    let overhead = loaded.profile.host_overhead();
+    let limit = plan.ram_budget_bytes + overhead.bytes();
+    let m = measure(&tiered, &args, n_ctx, limit)?;
+    let host = json!({
+        "peak_rss_bytes": hwprobe::host::peak_rss_bytes(),
+        "rss_bytes": hwprobe::host::rss_bytes(),
+        "ram_budget_bytes": plan.ram_budget_bytes,
+        "ram_charged_bytes": plan.ram_charged_bytes(),
+        "ram_other_bytes": plan.ram_other_bytes,
+        "overhead_bytes": overhead.bytes(),
+        "overhead_measured": loaded.profile.host_overhead.is_some(),
+        "stream_cache_fit": m.fit.map(|f| json!({
+            "rss_bytes": f.rss_bytes,
+            "region_bytes": f.region_bytes,
+            "before_bytes": f.before_bytes,
+            "after_bytes": f.after_bytes,
+        })),
+    });
 
     let predicted = plan.prediction.tokens_per_second;
     // Mean seconds per repetition: `measured = tokens / decode_seconds`.
@@ -207,6 +237,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
             "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
         },
+        "host_memory": host,
     });
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -230,6 +261,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         m.decode_tokens,
         plan.prediction.bottleneck.describe(),
         relative_error * 100.0
+    );
+    println!(
+        "host memory         peak {} resident, RAM budget {} ({} charged, {} of it buffers and metadata) + overhead {}",
+        format_bytes(hwprobe::host::peak_rss_bytes().unwrap_or(0)),
+        format_bytes(plan.ram_budget_bytes),
+        format_bytes(plan.ram_charged_bytes()),
+        format_bytes(plan.ram_other_bytes),
+        format_bytes(overhead.bytes())
     );
     if args.parallel > 1 {
         println!(
@@ -262,9 +301,29 @@ pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
+/// The one context the benchmark decodes in, as the batch engine makes
+/// its context: a KV stream of `n_ctx` per sequence.
+fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
+    let n = args.parallel;
+    ContextParams {
+        n_ctx: n_ctx * n,
+        n_batch: (args.prompt_tokens * n).max(n),
+        n_seq_max: n,
+        n_threads: args.threads.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
 /// Greedy decoding of a fixed prompt: an untimed warm-up, then the timed
-/// repetitions, each timing its prompt and its decode steps.
-fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result<Measured> {
+/// repetitions, each timing its prompt and its decode steps. After the
+/// warm-up the stream cache is fitted to `limit_bytes` of process memory
+/// ([`TieredModel::fit_stream_cache`]).
+fn measure(
+    tiered: &TieredModel,
+    args: &BenchArgs,
+    n_ctx: u32,
+    limit_bytes: u64,
+) -> anyhow::Result<Measured> {
     let model = Arc::clone(&tiered.model);
     let mut prompt: Vec<i32> = Vec::new();
     while prompt.len() < args.prompt_tokens as usize {
@@ -282,14 +341,7 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         );
     }
     let n = args.parallel;
-    // As the batch engine makes its context: a KV stream of `n_ctx` per sequence.
-    let mut ctx = tiered.new_context(&ContextParams {
-        n_ctx: n_ctx * n,
-        n_batch: (args.prompt_tokens * n).max(n),
-        n_seq_max: n,
-        n_threads: args.threads.unwrap_or(0),
-        ..Default::default()
-    })?;
+    let mut ctx = tiered.new_context(&context_params(args, n_ctx))?;
     let mut device_argmax = !args.host_argmax;
     for seq in 0..n as i32 {
         device_argmax &= ctx.set_device_greedy(seq, device_argmax);
@@ -299,11 +351,15 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
             ctx.set_device_greedy(seq, false);
         }
     }
+    // Everything but the cache and what a first decode adds is resident
+    // now: hold the process to its limit (and again after the warm-up).
+    tiered.fit_stream_cache(limit_bytes);
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's
         // first reads) stay out of the figures, as in llama-bench.
         run_once(&mut ctx, &prompt, args.tokens.min(8), n)?;
     }
+    let fit = tiered.fit_stream_cache(limit_bytes);
     let before = tiered.stats();
     let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
     for _ in 0..args.repetitions {
@@ -318,6 +374,7 @@ fn measure(tiered: &TieredModel, args: &BenchArgs, n_ctx: u32) -> anyhow::Result
         decode_tokens: args.tokens,
         decode_seconds,
         stream,
+        fit,
         device_argmax,
     })
 }

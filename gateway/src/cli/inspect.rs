@@ -148,7 +148,12 @@ pub(super) fn make_plan(
     profile: &HardwareProfile,
     options: &PlanOptions,
 ) -> anyhow::Result<Plan> {
-    let settings = PlanSettings {
+    Ok(plan_file(file, profile, plan_settings(file, options))?)
+}
+
+/// What the planner is asked for `options`.
+pub(super) fn plan_settings(file: &GgufFile, options: &PlanOptions) -> PlanSettings {
+    PlanSettings {
         budgets: Budgets {
             gpu_bytes: options.gpu_budget,
             ram_bytes: options.ram_budget,
@@ -157,8 +162,7 @@ pub(super) fn make_plan(
         sequences: options.parallel,
         mode: options.mode,
         ..Default::default()
-    };
-    Ok(plan_file(file, profile, settings)?)
+    }
 }
 
 fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {

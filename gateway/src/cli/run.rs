@@ -13,7 +13,8 @@ use llama_tiered::engine::generate::{generate, Completion, GenerateParams};
 use llama_tiered::engine::prompt;
 use llama_tiered::hwprobe;
 use llama_tiered::llama::{Context, ContextParams, SamplingParams};
-use llama_tiered::tiered::{plan_file, GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
+use llama_tiered::tiered::host::plan_charged;
+use llama_tiered::tiered::{GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
 use serde_json::json;
 
 use super::client;
@@ -76,7 +77,9 @@ pub struct RunArgs {
     /// an estimate) and the budgets).
     #[arg(long)]
     mode: Option<Mode>,
-    /// Most RAM for weights, KV cache and stream cache, e.g. 512MiB or 8GiB.
+    /// Most RAM for weights, KV cache, stream cache, llama.cpp's buffers and
+    /// the model's metadata, e.g. 512MiB or 8GiB: the process peaks at most
+    /// at this plus the host overhead `hypura profile` reports.
     #[arg(long, value_parser = parse_size)]
     ram_budget: Option<u64>,
     /// Print streaming statistics on stderr after the reply.
@@ -123,17 +126,15 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     }
     let params = generate_params(&args)?;
     let load_started = Instant::now();
-    let tiered = load_model(&args)?;
+    let (tiered, memory_limit) = load_model(&args)?;
     let model = Arc::clone(&tiered.model);
     let load_seconds = load_started.elapsed().as_secs_f64();
 
     let n_ctx = args.context.clamp(16, model.n_ctx_train().max(16));
-    let ctx_params = ContextParams {
-        n_ctx,
-        n_threads: args.threads.unwrap_or(0),
-        ..Default::default()
-    };
-    let mut ctx = tiered.new_context(&ctx_params)?;
+    let mut ctx = tiered.new_context(&context_params(&args, n_ctx))?;
+    // Everything but the stream cache is resident now: hold the process to
+    // its RAM budget plus the host overhead.
+    tiered.fit_stream_cache(memory_limit);
 
     if args.interactive {
         return chat_loop(&mut ctx, &args, &params);
@@ -220,7 +221,9 @@ fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
     })
 }
 
-fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
+/// The model loaded as planned, and the most memory the process may hold
+/// (the plan's RAM budget plus the host overhead).
+fn load_model(args: &RunArgs) -> anyhow::Result<(TieredModel, u64)> {
     let path = &args.model;
     let label = path
         .file_name()
@@ -231,16 +234,19 @@ fn load_model(args: &RunArgs) -> anyhow::Result<TieredModel> {
         bar.set_position((p.clamp(0.0, 1.0) * 1000.0) as u64);
         true
     };
-    let params = tiered_params(args)?;
+    let (params, limit) = tiered_params(args)?;
     let model = TieredModel::load_with_progress(path, &params, Some(&mut progress));
     bar.finish_and_clear();
-    model.with_context(|| format!("loading {}", path.display()))
+    Ok((
+        model.with_context(|| format!("loading {}", path.display()))?,
+        limit,
+    ))
 }
 
 /// Load options: the planner's placement (`--mode` and `--gpu-layers` fix
 /// what they name, the budgets bound the rest) on this machine's cached
 /// profile, else on an estimated one (this machine's sizes, assumed speeds).
-fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
+fn tiered_params(args: &RunArgs) -> anyhow::Result<(TieredParams, u64)> {
     // `--gpu-layers` says it all; otherwise the GPUs are used by default.
     let gpu_budget = match args.gpu_layers {
         Some(_) => None,
@@ -270,21 +276,43 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<TieredParams> {
         mode: args.mode,
         gpu: args.gpu_layers.map(GpuShare::Layers),
         stream_cache_bytes: None,
+        ram_other_bytes: 0,
     };
-    let plan = plan_file(&file, &profile, settings)
-        .with_context(|| format!("planning {}", args.model.display()))?;
+    // Charging the context's buffers and the model's metadata too.
+    let n_ctx = settings.context_tokens;
+    let (plan, _) = plan_charged(
+        &file,
+        &profile,
+        settings,
+        &[context_params(args, n_ctx)],
+        !args.repack,
+    )
+    .with_context(|| format!("planning {}", args.model.display()))?;
     tracing::info!(
         "plan{}: {}",
         if measured { "" } else { " (estimated profile)" },
         plan.summary()
     );
-    Ok(TieredParams {
+    let params = TieredParams {
         plan: Some(PlannedLoad::from_plan(&file, &plan)?),
         no_repack: !args.repack,
         prefetch: !args.no_prefetch,
         cache_dir: None,
         read_queue_depth: args.read_queue_depth,
-    })
+    };
+    Ok((
+        params,
+        plan.ram_budget_bytes + profile.host_overhead().bytes(),
+    ))
+}
+
+/// The one context `run` decodes in.
+fn context_params(args: &RunArgs, n_ctx: u32) -> ContextParams {
+    ContextParams {
+        n_ctx,
+        n_threads: args.threads.unwrap_or(0),
+        ..Default::default()
+    }
 }
 
 fn message(role: &str, content: &str) -> ChatMessage {

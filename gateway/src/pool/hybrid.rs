@@ -253,7 +253,7 @@ mod tests {
         let share = plan(&path, &h200(), settings, &f, gpu, on_the_gpu_machine)
             .unwrap()
             .expect("a GPU share");
-        let layer_experts = f.minimum_cache_bytes;
+        let layer_experts = f.layer_bytes;
         let on_gpu = f.stream_bytes - share.stream_bytes;
         assert!(on_gpu >= 5 * layer_experts, "{share:?}");
         assert_eq!(on_gpu % layer_experts, 0, "whole layers' experts");

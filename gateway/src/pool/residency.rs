@@ -391,6 +391,7 @@ mod tests {
                 mode: Mode::DenseFfnStreaming,
                 resident_bytes: 100,
                 stream_bytes: 300,
+                layer_bytes: 5,
                 minimum_cache_bytes: 10,
             },
             streaming_contexts: 50,

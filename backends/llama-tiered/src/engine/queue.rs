@@ -82,7 +82,10 @@ impl BatchConfig {
 
     /// The engine's contexts: generation, and embeddings for a model
     /// trained on `n_ctx_train` tokens (what a memory budget must count).
-    pub fn contexts(&self, n_ctx_train: u32) -> [ContextParams; 2] {
+    pub fn contexts(
+        &self,
+        n_ctx_train: u32,
+    ) -> [ContextParams; crate::tiered::footprint::DECODING_CONTEXTS as usize] {
         [
             self.generation_context(),
             embed_context(n_ctx_train, self.n_threads),

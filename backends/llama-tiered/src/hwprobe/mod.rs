@@ -2,10 +2,12 @@
 //! holding the models — and caches the [`HardwareProfile`] the planner reads.
 //!
 //! - this module: the profile, its cache, RAM and disk measurements;
-//! - [`device`]: CPU and GPU measurements (a Q4_K matvec, host → device copies).
+//! - [`device`]: CPU and GPU measurements (a Q4_K matvec, host → device copies);
+//! - [`host`]: this process's resident memory, and the fixed host overhead.
 //!
 //! Everything here is safe Rust, over the FFI wrappers of [`crate::llama::device`].
 pub mod device;
+pub mod host;
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -336,6 +338,8 @@ pub fn estimated() -> HardwareProfile {
 pub fn measure(disk_path: &Path, effort: Effort) -> Result<HardwareProfile, ProfileError> {
     let amounts = effort.amounts();
     let disk_path = resolve_dir(disk_path)?;
+    // First, before anything else grows this process.
+    let host_overhead = host::measure_overhead()?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let matvec = MatvecSpec {
         min_weight_bytes: amounts.matvec_weight_bytes,
@@ -363,6 +367,7 @@ pub fn measure(disk_path: &Path, effort: Effort) -> Result<HardwareProfile, Prof
         ram,
         gpus,
         disk,
+        host_overhead: Some(host_overhead),
     })
 }
 
@@ -764,6 +769,20 @@ impl fmt::Display for ProfileTable<'_> {
         } else {
             "buffered: O_DIRECT refused"
         };
+        let overhead = match p.host_overhead {
+            Some(o) => format!(
+                "{} resident before any model (the process {}, llama.cpp's backends {}): \
+                 a run peaks at most this above its RAM budget",
+                format_bytes(o.after_devices_bytes),
+                format_bytes(o.process_bytes),
+                format_bytes(o.after_backends_bytes)
+            ),
+            None => format!(
+                "not measured (profile from an older hypura): {} assumed",
+                format_bytes(p.host_overhead().bytes())
+            ),
+        };
+        row("overhead", overhead)?;
         row("disk", format!("{} ({mode})", p.disk.path))?;
         write_disk_grid(f, &p.disk)
     }
@@ -802,6 +821,7 @@ fn write_disk_grid(f: &mut fmt::Formatter<'_>, disk: &DiskProfile) -> fmt::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hypura_scheduler::profile::HostOverhead;
 
     fn profile() -> HardwareProfile {
         HardwareProfile {
@@ -820,6 +840,11 @@ mod tests {
             },
             gpus: vec![],
             disk: hypura_scheduler::profile::fixtures::disk(),
+            host_overhead: Some(HostOverhead {
+                process_bytes: 8 << 20,
+                after_backends_bytes: 9 << 20,
+                after_devices_bytes: 12 << 20,
+            }),
         }
     }
 
@@ -878,12 +903,25 @@ measured  2026-01-02T03:04:05.678Z (profile version 1)
 CPU       Test CPU, 16 threads, Q4_K matvec 41.2 GB/s
 RAM       128.0 GiB total, 100.0 GiB available, read 80.0 GB/s
 GPU       none
+overhead  12.0 MiB resident before any model (the process 8.0 MiB, llama.cpp's backends 9.0 MiB): a run peaks at most this above its RAM budget
 disk      /models (O_DIRECT)
   GB/s           QD1    QD32
   64.0 KiB      0.30    1.00
   16.0 MiB      1.20    1.30
 ";
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn a_profile_without_the_host_overhead_still_loads() {
+        // Written before the overhead was measured: no `host_overhead` key.
+        let mut value = serde_json::to_value(profile()).unwrap();
+        value.as_object_mut().unwrap().remove("host_overhead");
+        let old: HardwareProfile = serde_json::from_value(value).unwrap();
+        assert_eq!(old.host_overhead, None);
+        assert_eq!(old.host_overhead(), HostOverhead::assumed());
+        let text = ProfileTable(&old).to_string();
+        assert!(text.contains("overhead  not measured"), "{text}");
     }
 
     #[test]

@@ -389,6 +389,14 @@ pub struct ContextMemory {
     pub kv_bytes: u64,
     /// Of `ram_bytes + gpu_bytes`: the compute buffers.
     pub compute_bytes: u64,
+    /// Of `ram_bytes`: the KV cache and recurrent state in host memory.
+    pub ram_kv_bytes: u64,
+    /// Host memory the model's metadata holds, outside `ram_bytes`: what
+    /// the process's resident set grew by over a metadata-only load of it
+    /// (vocabulary, tensor descriptions, the GGUF header as read). Only
+    /// [`crate::tiered::context_memory`] measures it (0 elsewhere), once
+    /// for all its contexts.
+    pub metadata_bytes: u64,
 }
 
 impl std::ops::AddAssign for ContextMemory {
@@ -397,6 +405,8 @@ impl std::ops::AddAssign for ContextMemory {
         self.gpu_bytes += other.gpu_bytes;
         self.kv_bytes += other.kv_bytes;
         self.compute_bytes += other.compute_bytes;
+        self.ram_kv_bytes += other.ram_kv_bytes;
+        self.metadata_bytes += other.metadata_bytes;
     }
 }
 
@@ -454,6 +464,19 @@ fn parse_size_line(line: &str) -> Option<SizeLine<'_>> {
 }
 
 impl ContextMemory {
+    /// Host memory charged beside the weights and the KV cache: compute and
+    /// output buffers in RAM, and the model's metadata.
+    pub fn ram_other_bytes(&self) -> u64 {
+        (self.ram_bytes - self.ram_kv_bytes) + self.metadata_bytes
+    }
+
+    fn add_kv(&mut self, buffer_type: &str, bytes: u64) {
+        self.kv_bytes += bytes;
+        if super::backend::is_host_memory(buffer_type) {
+            self.ram_kv_bytes += bytes;
+        }
+    }
+
     /// Sums the sizes llama.cpp logged while creating one context (lines
     /// it does not recognise are ignored). A KV cache whose buffer lines say
     /// 0 bytes (llama.cpp's metadata-only `no_alloc` mode logs its dummy
@@ -496,7 +519,7 @@ impl ContextMemory {
                         })?
                     };
                     for (buffer_type, bytes) in cache {
-                        memory.kv_bytes += bytes;
+                        memory.add_kv(buffer_type, bytes);
                         *by_type.entry(buffer_type).or_default() += bytes;
                     }
                     layers.clear();
@@ -507,7 +530,7 @@ impl ContextMemory {
         }
         // Buffer lines of a cache whose total was not logged.
         for (buffer_type, bytes) in buffers {
-            memory.kv_bytes += bytes;
+            memory.add_kv(buffer_type, bytes);
             *by_type.entry(buffer_type).or_default() += bytes;
         }
         if compute_lines == 0 {
@@ -687,6 +710,8 @@ mod tests {
                 gpu_bytes: 30 * MIB + 100 * MIB,
                 kv_bytes: 40 * MIB,
                 compute_bytes: 104 * MIB,
+                ram_kv_bytes: 10 * MIB,
+                metadata_bytes: 0,
             }
         );
     }

@@ -14,13 +14,32 @@ pub struct StreamFootprint {
     pub resident_bytes: u64,
     /// Weights that may be streamed.
     pub stream_bytes: u64,
-    /// The smallest stream cache: what one layer may need at once
-    /// (as [`super::Streamer::minimum_budget_bytes`] computes it).
+    /// What one layer may need at once (as
+    /// [`super::Streamer::minimum_budget_bytes`] computes it): what one
+    /// decoding context pins.
+    pub layer_bytes: u64,
+    /// The smallest stream cache: one layer for each context that can
+    /// decode at once ([`DECODING_CONTEXTS`]), each pinning the layer it
+    /// computes. Smaller, two contexts decoding together would take the
+    /// cache over its budget (the streamer never waits for pins that the
+    /// waiting thread's partner holds).
     pub minimum_cache_bytes: u64,
 }
 
+/// Contexts that decode one model at once in a server's engine: its
+/// generation context (every slot in one batch, on one thread) and its
+/// embedding context (on the caller's thread), as
+/// [`crate::engine::BatchConfig::contexts`] lists them.
+pub const DECODING_CONTEXTS: u64 = 2;
+
 impl StreamFootprint {
+    /// The footprint in a server's engine ([`DECODING_CONTEXTS`] contexts).
     pub fn of(file: &GgufFile) -> StreamFootprint {
+        Self::with_contexts(file, DECODING_CONTEXTS)
+    }
+
+    /// The footprint when `contexts` contexts may decode at once.
+    pub fn with_contexts(file: &GgufFile, contexts: u64) -> StreamFootprint {
         let moe = file
             .tensors()
             .iter()
@@ -41,11 +60,13 @@ impl StreamFootprint {
                 _ => resident_bytes += t.n_bytes,
             }
         }
+        let layer_bytes = per_layer.values().copied().max().unwrap_or(0);
         StreamFootprint {
             mode,
             resident_bytes,
             stream_bytes,
-            minimum_cache_bytes: per_layer.values().copied().max().unwrap_or(0),
+            layer_bytes,
+            minimum_cache_bytes: (layer_bytes * contexts.max(1)).min(stream_bytes),
         }
     }
 }
@@ -61,7 +82,14 @@ mod tests {
         let f = StreamFootprint::of(&file);
         assert_eq!(f.mode, Mode::DenseFfnStreaming);
         assert_eq!(f.resident_bytes + f.stream_bytes, file.tensor_bytes());
-        // 30 layers of equal FFN: the smallest cache is one layer's.
-        assert_eq!(f.minimum_cache_bytes * 30, f.stream_bytes);
+        // 30 layers of equal FFN: the smallest cache is one layer's per
+        // context that decodes at once.
+        assert_eq!(f.layer_bytes * 30, f.stream_bytes);
+        assert_eq!(f.minimum_cache_bytes, f.layer_bytes * DECODING_CONTEXTS);
+        let alone = StreamFootprint::with_contexts(&file, 1);
+        assert_eq!(alone.minimum_cache_bytes, f.layer_bytes);
+        // Never more than everything streamed.
+        let many = StreamFootprint::with_contexts(&file, 100);
+        assert_eq!(many.minimum_cache_bytes, f.stream_bytes);
     }
 }

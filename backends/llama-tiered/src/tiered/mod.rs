@@ -5,9 +5,11 @@
 //! - [`streamer`]: the residency cache, reads and statistics.
 //! - [`coact`]: expert co-activation statistics, persisted per model file.
 //! - [`footprint`]: what a streamed model costs in memory, from its header.
+//! - [`host`]: a plan that charges everything a load holds in host RAM.
 pub mod coact;
 pub mod footprint;
 pub mod gpu;
+pub mod host;
 pub mod placement;
 pub mod streamer;
 
@@ -142,11 +144,19 @@ fn placement_of(gguf: &GgufFile, params: &TieredParams) -> Result<Placement, Eng
 /// ([`ContextMemory`]). Costs what reading the header costs (for SmolLM2
 /// about 0.2 s, mostly llama.cpp building its vocabulary) plus some tens
 /// of milliseconds per context, whatever the size of the weights.
+///
+/// Its `metadata_bytes` is what this process's resident set grew by while
+/// the header was read and the metadata-only model and its contexts were
+/// built, with the devices already set up (so their runtime is not in it):
+/// a measure for a process that does nothing else meanwhile (`hypura run`,
+/// `bench`), not for a server with other work in flight.
 pub fn context_memory(
     path: &Path,
     params: &TieredParams,
     contexts: &[ContextParams],
 ) -> Result<ContextMemory, EngineError> {
+    crate::llama::device::devices();
+    let before = crate::hwprobe::host::rss_bytes();
     let gguf = GgufFile::open(path)?;
     gguf.validate()?;
     let placement = placement_of(&gguf, params)?;
@@ -157,11 +167,19 @@ pub fn context_memory(
         params.no_repack,
     )?);
     let mut total = ContextMemory::default();
+    let mut held = Vec::with_capacity(contexts.len());
     for context in contexts {
-        // Dropped at once: a context over a `no_alloc` model must not decode.
-        let (_, memory) = Context::measured(Arc::clone(&model), context, None)?;
+        // Never decoded: a context over a `no_alloc` model must not.
+        let (context, memory) = Context::measured(Arc::clone(&model), context, None)?;
+        held.push(context);
         total += memory;
     }
+    // With the contexts' own metadata (graph descriptions) and the code
+    // that built them; their output buffers, also in `ram_bytes`, are
+    // counted twice (small: one row of logits per sequence).
+    let after = crate::hwprobe::host::rss_bytes();
+    drop(held);
+    total.metadata_bytes = after.zip(before).map_or(0, |(a, b)| a.saturating_sub(b));
     Ok(total)
 }
 

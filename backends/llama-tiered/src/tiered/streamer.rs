@@ -157,6 +157,34 @@ struct State {
     error: Option<String>,
 }
 
+/// Most bytes the STREAM region holds beyond the resident units' own
+/// bytes: the pages that straddle a boundary between two units' slices (or
+/// a slice and a neighbouring tensor). A read fills such a page whole and
+/// an eviction releases only the pages wholly inside its unit, so each may
+/// stay resident: at most one page per unaligned slice boundary of
+/// `placement`'s STREAM tensors.
+pub fn boundary_page_bytes(gguf: &GgufFile, placement: &Placement) -> u64 {
+    let mut pages = std::collections::HashSet::new();
+    for t in gguf.tensors() {
+        if placement.tier(&t.name) != Some(Tier::Stream) {
+            continue;
+        }
+        let n_expert = if placement.mode == Mode::ExpertStreaming {
+            t.dims.get(2).copied().unwrap_or(1).max(1)
+        } else {
+            1
+        };
+        let slice = t.n_bytes / n_expert;
+        for e in 0..=n_expert {
+            let boundary = t.offset_in_file + e * slice;
+            if boundary % PAGE != 0 {
+                pages.insert(boundary / PAGE);
+            }
+        }
+    }
+    pages.len() as u64 * PAGE
+}
+
 pub struct Streamer {
     mode: Mode,
     region: Arc<StreamRegion>,
@@ -168,6 +196,8 @@ pub struct Streamer {
     failed: AtomicBool,
     /// Reads of one unit in flight at once (see [`Streamer::set_read_queue_depth`]).
     read_queue_depth: AtomicU32,
+    /// [`boundary_page_bytes`] of this streamer's units.
+    boundary_bytes: u64,
 }
 
 impl Streamer {
@@ -270,6 +300,7 @@ impl Streamer {
             }),
             failed: AtomicBool::new(false),
             read_queue_depth: AtomicU32::new(DEFAULT_READ_QUEUE_DEPTH),
+            boundary_bytes: boundary_page_bytes(gguf, placement),
         })
     }
 
@@ -384,6 +415,17 @@ impl Streamer {
             0.0
         };
         stats
+    }
+
+    /// Most bytes the region may hold beyond the resident units' own
+    /// ([`boundary_page_bytes`]).
+    pub fn boundary_bytes(&self) -> u64 {
+        self.boundary_bytes
+    }
+
+    /// The cache budget in force now.
+    pub fn cache_budget_bytes(&self) -> u64 {
+        self.lock().budget_bytes
     }
 
     /// Bytes of the STREAM region actually in memory (from the kernel), for

@@ -1,0 +1,127 @@
+//! A plan that charges everything its load holds in host RAM.
+//!
+//! The planner charges the weights it places in RAM, the KV cache off the
+//! GPU and the stream cache. A load also holds llama.cpp's compute and
+//! output buffers in host memory and the model's metadata (vocabulary,
+//! tensor descriptions, the GGUF header as read): [`plan_charged`] measures
+//! those for the planned placement ([`super::context_memory`]) and plans
+//! again with them charged ([`PlanSettings::ram_other_bytes`]), so the
+//! stream cache gets only what is left. What a process holds beyond the
+//! plan's [`Plan::ram_charged_bytes`] is then the fixed host overhead
+//! `hypura profile` measures ([`crate::hwprobe::host::measure_overhead`]).
+//!
+//! Once loaded, [`TieredModel::fit_stream_cache`] checks the plan against
+//! the process itself: what it holds besides the stream cache is read from
+//! the kernel, and the cache shrinks if the plan under-charged (heap that a
+//! header copy or a freed buffer left behind, code pages the run touched),
+//! so that the process's peak stays within the RAM budget plus the
+//! overhead.
+//!
+//! Weights are read into anonymous memory, never memory-mapped, so each
+//! resident byte is counted once, in the RSS; the STREAM region is
+//! anonymous too (its resident pages are the stream cache), and streaming
+//! reads bypass the page cache (O_DIRECT). The page cache that the load's
+//! buffered reads leave behind is the kernel's, reclaimable, and not in the
+//! RSS (a cgroup counts it, and reclaims it at its limit).
+use hypura_gguf::GgufFile;
+use hypura_scheduler::plan::{Plan, PlanSettings};
+use hypura_scheduler::profile::HardwareProfile;
+
+use super::streamer::boundary_page_bytes;
+use super::{context_memory, plan_file, PlannedLoad, TieredModel, TieredParams};
+use crate::error::EngineError;
+use crate::llama::{ContextMemory, ContextParams};
+
+/// Rounds of measuring and planning again: the charge can move tensors
+/// between GPU and RAM, which changes the host compute buffer a little.
+const ROUNDS: usize = 3;
+
+/// The planner's plan of `file` with `settings`, charging besides what the
+/// planner places the host memory of `contexts` over it (compute and output
+/// buffers) and of the model's metadata, as measured by
+/// [`context_memory`] in this process (with `no_repack` as the load will
+/// use it), and the STREAM region's pages beyond its units
+/// ([`boundary_page_bytes`]). Returns the plan and the last measurement. The charge is the
+/// largest measured (a later measurement in the same process can reuse
+/// memory the first one freed), and at least `settings.ram_other_bytes`.
+pub fn plan_charged(
+    file: &GgufFile,
+    profile: &HardwareProfile,
+    settings: PlanSettings,
+    contexts: &[ContextParams],
+    no_repack: bool,
+) -> Result<(Plan, ContextMemory), EngineError> {
+    let mut settings = settings;
+    let mut plan = plan_file(file, profile, settings)?;
+    let mut memory = ContextMemory::default();
+    for _ in 0..ROUNDS {
+        let params = TieredParams {
+            plan: Some(PlannedLoad::from_plan(file, &plan)?),
+            no_repack,
+            ..Default::default()
+        };
+        memory = context_memory(file.path(), &params, contexts)?;
+        let placement = &params.plan.as_ref().expect("set above").placement;
+        let charge = memory.ram_other_bytes() + boundary_page_bytes(file, placement);
+        if charge <= settings.ram_other_bytes {
+            break;
+        }
+        settings.ram_other_bytes = charge;
+        plan = plan_file(file, profile, settings)?;
+    }
+    Ok((plan, memory))
+}
+
+/// What [`TieredModel::fit_stream_cache`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheFit {
+    /// This process's resident set when checked, and the STREAM region's part of it.
+    pub rss_bytes: u64,
+    pub region_bytes: u64,
+    /// The cache budget before and after.
+    pub before_bytes: u64,
+    pub after_bytes: u64,
+}
+
+impl TieredModel {
+    /// Shrinks the stream cache, if need be, so that this process's
+    /// resident set with a full cache stays within `limit_bytes` (the RAM
+    /// budget plus the host overhead): the cache may hold `limit_bytes` less
+    /// everything resident now but the STREAM region, less the region's
+    /// boundary pages. Never grows it, never below what one layer needs
+    /// (then the limit cannot be kept, and the returned fit says so).
+    /// `None` for a model that streams nothing or where `/proc` cannot say.
+    /// Call it once the contexts exist, best after a first decode (its
+    /// threads and kernels are then resident too).
+    pub fn fit_stream_cache(&self, limit_bytes: u64) -> Option<CacheFit> {
+        let streamer = self.streamer.as_ref()?;
+        let rss_bytes = crate::hwprobe::host::rss_bytes()?;
+        let region_bytes = streamer.region_resident_bytes();
+        let others = rss_bytes.saturating_sub(region_bytes);
+        let before_bytes = streamer.cache_budget_bytes();
+        let room = limit_bytes
+            .saturating_sub(others)
+            .saturating_sub(streamer.boundary_bytes());
+        let minimum = streamer.minimum_budget_bytes();
+        if room < minimum {
+            tracing::warn!(
+                "the memory limit of {limit_bytes} bytes cannot be kept: {others} bytes are resident \
+                 besides the stream cache, which needs at least {minimum} bytes (raise --ram-budget)"
+            );
+        }
+        let after_bytes = room.min(before_bytes).max(minimum);
+        if after_bytes < before_bytes {
+            // Above the minimum by construction.
+            streamer.set_cache_budget(after_bytes).ok()?;
+            tracing::info!(
+                "stream cache {before_bytes} -> {after_bytes} bytes: {others} bytes resident besides it, limit {limit_bytes}"
+            );
+        }
+        Some(CacheFit {
+            rss_bytes,
+            region_bytes,
+            before_bytes,
+            after_bytes,
+        })
+    }
+}
