@@ -636,10 +636,12 @@ vsmixtral() {
   local n
   for n in ${NCMOE:-23}; do
     drop_caches
-    lb "mixtral-ncmoe$n" 12G "$MOEFULL" -ngl 99 --n-cpu-moe "$n" -p 0 -n "${MIX_LB_TOKENS:-16}" -r 1
+    lb "mixtral-ncmoe$n" "${MIX_LB_MAX:-12G}" "$MOEFULL" -ngl 99 --n-cpu-moe "$n" -p 0 -n "${MIX_LB_TOKENS:-16}" -r 1
   done
   # The same memory for both: hypura inside the same 12 GiB cgroup, its RAM
-  # budget leaving room for what it holds beside weights and cache.
+  # budget leaving room for what it holds beside weights and cache. (`hostmem`
+  # runs it at the whole 12 GiB budget, in a cgroup of budget + overhead.)
+  [ "${MIX_CG:-1}" = 1 ] || return 0
   drop_caches
   CG=12G hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
     --tokens "${MIX_TOKENS:-32}" --repetitions 1
@@ -709,6 +711,19 @@ for h in par:
     print(f"hypura bench --parallel {h['parallel']:3} ({h.get('argmax')} argmax): {h['step_ms']:.2f} ms per step, "
           f"{h['measured_tokens_per_second']:.1f} tok/s together")
 if os.path.exists(sys.argv[2]):
+    for l in open(sys.argv[2]):
+        r = json.loads(l)
+        if r.get("case") == "hostmem-mixtral-8g-12g" and "tokens_per_second" in r:
+            best = max((v["decode"]["avg_ts"], k) for k, v in lb.items() if k.startswith("mixtral-ncmoe") and "decode" in v) \
+                if any(k.startswith("mixtral-ncmoe") for k in lb) else None
+            ratio = f", {r['tokens_per_second'] / best[0]:.2f}x llama-bench {best[1]} ({best[0]:.3f})" if best else ""
+            print(f"hostmem: Mixtral 8 GiB GPU + 12 GiB RAM in a cgroup of budget + overhead "
+                  f"({r['memory_max_bytes'] / 1e9:.2f} GB): {r['tokens_per_second']:.3f} tok/s{ratio}; peak RSS "
+                  f"{r['peak_rss_bytes'] / 1e9:.2f} GB, cgroup peak {r['cgroup_memory_peak_bytes'] / 1e9:.2f} GB, "
+                  f"OOM kills {r['oom_kills']}, within: {r.get('within')}")
+        if r.get("case") == "servemix":
+            print(f"servemix ({r['flags']}): {r['tokens_per_second']:.3f} tok/s, "
+                  + "; ".join(p["line"][:160] for p in r["placements"]))
     res = {}
     for l in open(sys.argv[2]):
         r = json.loads(l)
@@ -743,6 +758,7 @@ json.dump(base, open(sys.argv[3], "w"))
 print("host overhead:", json.dumps(quick["host_overhead"]))
 EOF
   overhead=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["host_overhead"]["after_devices_bytes"])' "$prof") || return 1
+  echo "$overhead" >"$W/hostmem-overhead"
   rmdir "$cg" 2>/dev/null
   cgroup_at "$cg" $((budget + overhead)) || { log "hostmem skipped"; return 1; }
   drop_caches
