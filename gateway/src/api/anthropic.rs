@@ -15,24 +15,23 @@
 //! aloud). Streams are SSE `event: <type>\ndata: {json}\n\n`; errors are
 //! `{"type": "error", "error": {"type", "message"}}`, in a stream as one
 //! `error` event.
-use std::convert::Infallible;
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::StreamExt;
 use hypura_chat::ChatMessage;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
+use super::SseEvents;
 use crate::core::backend::FinishReason;
 use crate::core::error::ApiError;
-use crate::core::infer::{infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::infer::{infer, Answer, Generation, Outcome};
 use crate::core::request::{InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError};
@@ -523,8 +522,19 @@ impl MessageStream {
         ))
     }
 
+    fn stop_block(&mut self) -> Vec<u8> {
+        let out = event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": self.next_index}),
+        );
+        self.next_index += 1;
+        out
+    }
+}
+
+impl SseEvents for MessageStream {
     /// A piece of text (its block started first).
-    pub fn text(&mut self, text: &str) -> Bytes {
+    fn text(&mut self, text: &str) -> Bytes {
         let mut out = Vec::new();
         if !self.text_open {
             self.text_open = true;
@@ -542,18 +552,9 @@ impl MessageStream {
         Bytes::from(out)
     }
 
-    fn stop_block(&mut self) -> Vec<u8> {
-        let out = event(
-            "content_block_stop",
-            json!({"type": "content_block_stop", "index": self.next_index}),
-        );
-        self.next_index += 1;
-        out
-    }
-
     /// What the tool filter held back, each tool call as a `tool_use` block,
     /// `message_delta` (stop reason, usage) and `message_stop`.
-    pub fn tail(&mut self, outcome: &Outcome) -> Bytes {
+    fn tail(&mut self, outcome: &Outcome) -> Bytes {
         let mut out = Vec::new();
         let held = outcome.reply.as_ref().map_or("", |r| r.content.as_str());
         if !held.is_empty() {
@@ -593,7 +594,7 @@ impl MessageStream {
     }
 
     /// A failure mid-stream: one `error` event.
-    pub fn error(&self, e: ApiError) -> Bytes {
+    fn error(&mut self, e: ApiError) -> Bytes {
         let body = serde_json::to_value(AnthropicError(e).body()).unwrap_or(Value::Null);
         Bytes::from(event("error", body))
     }
@@ -601,27 +602,7 @@ impl MessageStream {
 
 fn stream(generation: Generation, events: MessageStream) -> Response {
     let first = events.head();
-    let start = Some((generation, events));
-    let body = futures_util::stream::unfold(start, |state| async move {
-        let (mut generation, mut events) = state?;
-        match generation.next().await? {
-            InferEvent::Text(text) => {
-                let bytes = events.text(&text);
-                Some((bytes, Some((generation, events))))
-            }
-            InferEvent::Done(outcome) => Some((events.tail(&outcome), None)),
-            InferEvent::Error(e) => Some((events.error(e), None)),
-        }
-    });
-    let body = futures_util::stream::iter([first]).chain(body);
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body.map(Ok::<_, Infallible>)),
-    )
-        .into_response()
+    super::sse_stream(first, generation, events)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -876,7 +857,7 @@ mod tests {
 
     #[test]
     fn an_error_mid_stream_is_an_error_event() {
-        let stream = MessageStream::new("m", Vec::new());
+        let mut stream = MessageStream::new("m", Vec::new());
         let events = events(&stream.error(ApiError::Internal("boom".into())));
         assert_eq!(
             events[0].1,

@@ -26,10 +26,15 @@ pub mod openapi;
 pub mod pull;
 pub mod responses;
 
-use axum::http::HeaderValue;
-use axum::response::Response;
+use std::convert::Infallible;
 
-use crate::core::infer::TRUNCATED_MESSAGES_HEADER;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+
+use crate::core::error::ApiError;
+use crate::core::infer::{Generation, InferEvent, Outcome, TRUNCATED_MESSAGES_HEADER};
 
 /// `response` with [`TRUNCATED_MESSAGES_HEADER`] when `truncated_messages`
 /// of the conversation were dropped to fit the context window.
@@ -41,4 +46,41 @@ pub fn with_truncation(mut response: Response, truncated_messages: usize) -> Res
         );
     }
     response
+}
+
+/// How a dialect that streams a reply as SSE events (`/v1/responses`,
+/// `/v1/messages`) writes each event of a generation.
+pub trait SseEvents: Send + 'static {
+    /// A piece of text.
+    fn text(&mut self, text: &str) -> Bytes;
+    /// The end of the reply.
+    fn tail(&mut self, outcome: &Outcome) -> Bytes;
+    /// A failure mid-stream.
+    fn error(&mut self, e: ApiError) -> Bytes;
+}
+
+/// A `text/event-stream` response: `first`, then each event of `generation`
+/// as `events` writes it, ending after its tail or error.
+pub fn sse_stream<E: SseEvents>(first: Bytes, generation: Generation, events: E) -> Response {
+    let start = Some((generation, events));
+    let body = futures_util::stream::unfold(start, |state| async move {
+        let (mut generation, mut events) = state?;
+        match generation.next().await? {
+            InferEvent::Text(text) => {
+                let bytes = events.text(&text);
+                Some((bytes, Some((generation, events))))
+            }
+            InferEvent::Done(outcome) => Some((events.tail(&outcome), None)),
+            InferEvent::Error(e) => Some((events.error(e), None)),
+        }
+    });
+    let body = futures_util::stream::iter([first]).chain(body);
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body.map(Ok::<_, Infallible>)),
+    )
+        .into_response()
 }

@@ -18,24 +18,22 @@
 //! with `response.completed` (what the SDKs wait for), carrying that status.
 //! Streams are SSE `event: <type>\ndata: {json}\n\n`, each event with its
 //! `type` and a `sequence_number` counting from 0.
-use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::StreamExt;
 use hypura_chat::ChatMessage;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
 
+use super::SseEvents;
 use crate::core::backend::FinishReason;
 use crate::core::error::{ApiError, OpenAiError};
-use crate::core::infer::{infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::infer::{infer, Answer, Generation, Outcome};
 use crate::core::request::{InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, ModelName, OpenAiSampling, ValidationError};
@@ -637,67 +635,6 @@ impl ResponseStream {
         Bytes::from(out)
     }
 
-    /// A piece of the message's text (the message and its part added first).
-    pub fn text(&mut self, delta: &str) -> Bytes {
-        let mut out = Vec::new();
-        if self.text.is_none() {
-            self.text = Some(String::new());
-            let item = message_item(&self.message_id, "in_progress", Vec::new());
-            let item = serde_json::to_value(item).unwrap_or(Value::Null);
-            out.extend(self.event(
-                "response.output_item.added",
-                json!({"output_index": 0, "item": item}),
-            ));
-            out.extend(self.event(
-                "response.content_part.added",
-                json!({"item_id": self.message_id, "output_index": 0, "content_index": 0,
-                    "part": output_text("")}),
-            ));
-        }
-        if let Some(text) = self.text.as_mut() {
-            text.push_str(delta);
-        }
-        out.extend(self.event(
-            "response.output_text.delta",
-            json!({"item_id": self.message_id, "output_index": 0, "content_index": 0,
-                "delta": delta, "logprobs": []}),
-        ));
-        Bytes::from(out)
-    }
-
-    /// What the tool filter held back, the message closed, each function
-    /// call, and `response.completed`.
-    pub fn tail(&mut self, outcome: &Outcome) -> Bytes {
-        let mut out = Vec::new();
-        let calls = call_items(outcome);
-        let held = outcome.reply.as_ref().map_or("", |r| r.content.as_str());
-        if !held.is_empty() || (self.text.is_none() && calls.is_empty()) {
-            out.extend_from_slice(&self.text(held));
-        }
-        let mut output = Vec::new();
-        if let Some(text) = self.text.clone() {
-            let item = message_item(&self.message_id, "completed", vec![output_text(&text)]);
-            let at = json!({"item_id": self.message_id, "output_index": 0, "content_index": 0});
-            let mut done = at.clone();
-            done["text"] = text.clone().into();
-            done["logprobs"] = json!([]);
-            out.extend(self.event("response.output_text.done", done));
-            let mut part = at;
-            part["part"] = serde_json::to_value(output_text(&text)).unwrap_or(Value::Null);
-            out.extend(self.event("response.content_part.done", part));
-            out.extend(self.item_done(0, &item));
-            output.push(item);
-        }
-        for call in calls {
-            let index = output.len();
-            out.extend(self.call_events(index, &call));
-            output.push(call);
-        }
-        let response = self.echo.finished(outcome, output);
-        out.extend(self.response_event("response.completed", &response));
-        Bytes::from(out)
-    }
-
     fn item_done(&mut self, index: usize, item: &OutputItem) -> Vec<u8> {
         let item = serde_json::to_value(item).unwrap_or(Value::Null);
         self.event(
@@ -728,9 +665,72 @@ impl ResponseStream {
         out.extend(self.item_done(index, call));
         out
     }
+}
+
+impl SseEvents for ResponseStream {
+    /// A piece of the message's text (the message and its part added first).
+    fn text(&mut self, delta: &str) -> Bytes {
+        let mut out = Vec::new();
+        if self.text.is_none() {
+            self.text = Some(String::new());
+            let item = message_item(&self.message_id, "in_progress", Vec::new());
+            let item = serde_json::to_value(item).unwrap_or(Value::Null);
+            out.extend(self.event(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": item}),
+            ));
+            out.extend(self.event(
+                "response.content_part.added",
+                json!({"item_id": self.message_id, "output_index": 0, "content_index": 0,
+                    "part": output_text("")}),
+            ));
+        }
+        if let Some(text) = self.text.as_mut() {
+            text.push_str(delta);
+        }
+        out.extend(self.event(
+            "response.output_text.delta",
+            json!({"item_id": self.message_id, "output_index": 0, "content_index": 0,
+                "delta": delta, "logprobs": []}),
+        ));
+        Bytes::from(out)
+    }
+
+    /// What the tool filter held back, the message closed, each function
+    /// call, and `response.completed`.
+    fn tail(&mut self, outcome: &Outcome) -> Bytes {
+        let mut out = Vec::new();
+        let calls = call_items(outcome);
+        let held = outcome.reply.as_ref().map_or("", |r| r.content.as_str());
+        if !held.is_empty() || (self.text.is_none() && calls.is_empty()) {
+            out.extend_from_slice(&self.text(held));
+        }
+        let mut output = Vec::new();
+        if let Some(text) = self.text.clone() {
+            let item = message_item(&self.message_id, "completed", vec![output_text(&text)]);
+            let at = json!({"item_id": self.message_id, "output_index": 0, "content_index": 0});
+            let mut done = at.clone();
+            done["text"] = text.clone().into();
+            done["logprobs"] = json!([]);
+            out.extend(self.event("response.output_text.done", done));
+            let mut part = at;
+            part["part"] = serde_json::to_value(output_text(&text)).unwrap_or(Value::Null);
+            out.extend(self.event("response.content_part.done", part));
+            out.extend(self.item_done(0, &item));
+            output.push(item);
+        }
+        for call in calls {
+            let index = output.len();
+            out.extend(self.call_events(index, &call));
+            output.push(call);
+        }
+        let response = self.echo.finished(outcome, output);
+        out.extend(self.response_event("response.completed", &response));
+        Bytes::from(out)
+    }
 
     /// A failure mid-stream: one `error` event (the SDKs raise it).
-    pub fn error(&mut self, e: &ApiError) -> Bytes {
+    fn error(&mut self, e: ApiError) -> Bytes {
         let body = e.openai_body();
         let data = json!({"code": body["error"]["type"], "message": e.to_string(),
             "param": null, "error": body["error"]});
@@ -740,27 +740,7 @@ impl ResponseStream {
 
 fn stream(generation: Generation, mut events: ResponseStream) -> Response {
     let first = events.head();
-    let start = Some((generation, events));
-    let body = futures_util::stream::unfold(start, |state| async move {
-        let (mut generation, mut events) = state?;
-        match generation.next().await? {
-            InferEvent::Text(text) => {
-                let bytes = events.text(&text);
-                Some((bytes, Some((generation, events))))
-            }
-            InferEvent::Done(outcome) => Some((events.tail(&outcome), None)),
-            InferEvent::Error(e) => Some((events.error(&e), None)),
-        }
-    });
-    let body = futures_util::stream::iter([first]).chain(body);
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body.map(Ok::<_, Infallible>)),
-    )
-        .into_response()
+    super::sse_stream(first, generation, events)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1050,7 +1030,7 @@ mod tests {
     fn an_error_mid_stream_is_an_error_event() {
         let echo = Echo::new(&request(json!({"model": "m", "input": "x"})));
         let mut stream = ResponseStream::new(echo);
-        let events = events(&stream.error(&ApiError::Internal("boom".into())));
+        let events = events(&stream.error(ApiError::Internal("boom".into())));
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].1["message"], "boom");
         assert_eq!(events[0].1["error"]["message"], "boom");
