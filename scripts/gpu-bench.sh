@@ -742,10 +742,10 @@ EOF
 # measures here (a quick profile in its own cache dir; planning uses $PROFILE
 # with that overhead added, else the quick profile). One line in results.jsonl:
 # memory.peak (page cache included), oom kills, the process's VmHWM, tok/s.
-hostmem() {
-  late hostmem && return 0
-  local budget=${HOSTMEM_RAM_BYTES:-12884901888} cache=$W/hostmem-cache prof=$W/hostmem-profile.json
-  local cg=/sys/fs/cgroup/hypura-hostmem overhead
+# The host overhead (`hypura profile --quick`) into $W/hostmem-profile.json
+# and $W/hostmem-overhead.
+hostmem_profile() {
+  local cache=$W/hostmem-cache prof=$W/hostmem-profile.json overhead
   mkdir -p "$cache"
   log "hostmem: measuring the host overhead (hypura profile --quick)"
   HYPURA_CACHE_DIR=$cache "$H" profile --json --refresh --quick --path "$W" >"$W/hostmem-quick.json" 2>>"$W/stderr.txt" \
@@ -759,6 +759,14 @@ print("host overhead:", json.dumps(quick["host_overhead"]))
 EOF
   overhead=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["host_overhead"]["after_devices_bytes"])' "$prof") || return 1
   echo "$overhead" >"$W/hostmem-overhead"
+}
+
+hostmem() {
+  late hostmem && return 0
+  local budget=${HOSTMEM_RAM_BYTES:-12884901888} prof=$W/hostmem-profile.json
+  local cg=/sys/fs/cgroup/hypura-hostmem overhead
+  [ -f "$prof" ] || hostmem_profile || return 1
+  overhead=$(cat "$W/hostmem-overhead")
   rmdir "$cg" 2>/dev/null
   cgroup_at "$cg" $((budget + overhead)) || { log "hostmem skipped"; return 1; }
   drop_caches
@@ -789,6 +797,59 @@ EOF
   tail -1 "$OUT/results.jsonl" | cut -c1-900 | tee -a "$OUT/log.txt"
   rmdir "$cg" 2>/dev/null
   return 0
+}
+
+# What the cgroup holds when hypura runs the full Mixtral shape at the whole
+# 12 GiB budget: memory.max = budget + overhead + HOSTMEM_SLACK (default 1
+# GiB, so that nothing is OOM-killed), memory.stat and /proc/PID/status
+# sampled every 50 ms (scripts/bench/cgroup_watch.py).
+hostmemwatch() {
+  late hostmemwatch && return 0
+  local budget=${HOSTMEM_RAM_BYTES:-12884901888} cg=/sys/fs/cgroup/hypura-watch overhead prof=$W/hostmem-profile.json
+  [ -f "$prof" ] || hostmem_profile || return 1
+  overhead=$(cat "$W/hostmem-overhead")
+  rmdir "$cg" 2>/dev/null
+  cgroup_at "$cg" $((budget + overhead + ${HOSTMEM_SLACK:-1073741824})) || return 1
+  drop_caches
+  log "hostmemwatch: hypura bench $MOEFULL --gpu-budget 8GiB --ram-budget $budget (limit+overhead $((budget + overhead)))"
+  python3 scripts/bench/cgroup_watch.py "$cg" -- "$H" bench "$MOEFULL" --json --threads "$T" --profile "$prof" \
+    --gpu-budget 8GiB --ram-budget "$budget" --prompt-tokens 16 --tokens "${MIX_TOKENS:-32}" --repetitions 1 \
+    2>"$W/err.txt" | python3 -c 'import json,sys; j=json.load(sys.stdin); j["case"]="hostmemwatch"; print(json.dumps(j))' >>"$OUT/results.jsonl"
+  tail -1 "$OUT/results.jsonl" | cut -c1-3000 | tee -a "$OUT/log.txt"
+  tail -3 "$W/err.txt" | tee -a "$OUT/log.txt"
+  rmdir "$cg" 2>/dev/null
+  return 0
+}
+
+# The streaming hook's cost with every expert cached, taken apart: the same
+# run with llama.cpp's eval callback set but asking for nothing, with the
+# experts in plain (not pinned) host memory, with huge pages on the region.
+cachedexp() {
+  local v
+  for v in ram cached ram:HYPURA_EXP_NOOP_HOOK ram:HYPURA_EXP_NO_HOST cached:HYPURA_EXP_THP cached:HYPURA_EXP_OFFLOAD ram cached; do
+    local mode=full-resident env=${v#*:}
+    [ "${v%%:*}" = cached ] && mode=expert-streaming
+    [ "$env" = "$v" ] && env=""
+    [ -n "$env" ] && export "$env=1"
+    hb "exp-$v" "$MOE" --mode $mode --gpu-budget 400MiB --tokens 64 --prompt-tokens 64 --repetitions 3
+    [ -n "$env" ] && unset "$env"
+  done
+  # Prefill of streamed experts on the GPU (op_offload), exactness: a prompt
+  # past 32 tokens, a cache that evicts, against the experts in RAM.
+  local long="$PROMPT"
+  for _ in 1 2 3 4 5 6; do long="$long, and the story of its streets, bridges and people"; done
+  PROMPT=$long R=1 hyp exp-long-ram "$MOE" --mode full-resident --gpu-budget 3584MiB
+  PROMPT=$long R=1 hyp exp-long-stream "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
+  export HYPURA_EXP_OFFLOAD=1
+  PROMPT=$long R=1 hyp exp-long-stream-offload "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
+  unset HYPURA_EXP_OFFLOAD
+  python3 - "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/log.txt"
+import json, sys
+rows = {j["case"]: j for j in map(json.loads, open(sys.argv[1])) if j.get("case", "").startswith("exp-long")}
+ref = rows.get("exp-long-ram", {}).get("tokens")
+for case, j in rows.items():
+    print(case, "same tokens as exp-long-ram:", j.get("tokens") == ref, "prompt tok/s", j.get("prompt_tokens_per_second"))
+PY
 }
 
 for step in "$@"; do
