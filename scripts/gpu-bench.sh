@@ -4,7 +4,8 @@
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
 #                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
-#                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem)
+#                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
+#                                     and what a cgroup holds at the peak: hostmemwatch)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -587,10 +588,14 @@ EOF
 # tensors elsewhere on the same devices (Mixtral-8L): with the GPU (attention
 # and routers there, experts on the CPU) and CPU only.
 cached() {
-  local gpu
+  local gpu round
+  # Alternated, CACHED_ROUNDS times (default 3): one run of each varies by
+  # a few percent from one to the next on this machine.
   for gpu in 400MiB 0; do
-    hb "moe-ram-gpu$gpu" "$MOE" --mode full-resident --gpu-budget $gpu --tokens 64 --prompt-tokens 64 --repetitions 3
-    hb "moe-cached-gpu$gpu" "$MOE" --mode expert-streaming --gpu-budget $gpu --tokens 64 --prompt-tokens 64 --repetitions 3
+    for round in $(seq "${CACHED_ROUNDS:-3}"); do
+      hb "moe-ram-gpu$gpu" "$MOE" --mode full-resident --gpu-budget $gpu --tokens 64 --prompt-tokens 64 --repetitions 3
+      hb "moe-cached-gpu$gpu" "$MOE" --mode expert-streaming --gpu-budget $gpu --tokens 64 --prompt-tokens 64 --repetitions 3
+    done
   done
 }
 
@@ -601,6 +606,21 @@ cached() {
 exact() {
   R=1 hyp hybrid-stream "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
   R=1 hyp hybrid-ram "$MOE" --mode full-resident --gpu-budget 3584MiB
+  # Past 32 prompt tokens llama.cpp computes host-memory experts on the GPU
+  # (op_offload), streamed ones included.
+  local long="$PROMPT"
+  for _ in 1 2 3 4 5 6; do long="$long, and the story of its streets, bridges and people"; done
+  PROMPT=$long R=1 hyp hybrid-stream-long "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
+  PROMPT=$long R=1 hyp hybrid-ram-long "$MOE" --mode full-resident --gpu-budget 3584MiB
+  python3 - "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/log.txt"
+import json, sys
+rows = {j["case"]: j for j in map(json.loads, open(sys.argv[1])) if j.get("case", "").startswith("hybrid-")}
+for prompt in ("", "-long"):
+    a, b = rows.get(f"hybrid-stream{prompt}"), rows.get(f"hybrid-ram{prompt}")
+    if a and b:
+        print(f"exact{prompt or '-short'}: streamed vs experts in RAM, same {len(a['tokens'])} tokens: {a['tokens'] == b['tokens']}"
+              f" (prompt tok/s {a['prompt_tokens_per_second']:.1f} vs {b['prompt_tokens_per_second']:.1f})")
+PY
 }
 
 # The full-size Mixtral-8x7B shape (26.3 GB). May run in the background
@@ -638,12 +658,12 @@ vsmixtral() {
     drop_caches
     lb "mixtral-ncmoe$n" "${MIX_LB_MAX:-12G}" "$MOEFULL" -ngl 99 --n-cpu-moe "$n" -p 0 -n "${MIX_LB_TOKENS:-16}" -r 1
   done
-  # The same memory for both: hypura inside the same 12 GiB cgroup, its RAM
-  # budget leaving room for what it holds beside weights and cache. (`hostmem`
-  # runs it at the whole 12 GiB budget, in a cgroup of budget + overhead.)
+  # The same memory for both: hypura inside the same cgroup as llama-bench
+  # (MIX_LB_MAX: the RAM budget plus the host overhead `hypura profile`
+  # measures), at --ram-budget MIX_CG_RAM.
   [ "${MIX_CG:-1}" = 1 ] || return 0
   drop_caches
-  CG=12G hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
+  CG=${MIX_LB_MAX:-12G} hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
     --tokens "${MIX_TOKENS:-32}" --repetitions 1
 }
 
@@ -819,37 +839,6 @@ hostmemwatch() {
   tail -3 "$W/err.txt" | tee -a "$OUT/log.txt"
   rmdir "$cg" 2>/dev/null
   return 0
-}
-
-# The streaming hook's cost with every expert cached, taken apart: the same
-# run with llama.cpp's eval callback set but asking for nothing, with the
-# experts in plain (not pinned) host memory, with huge pages on the region.
-cachedexp() {
-  local v
-  for v in ram cached ram:HYPURA_EXP_NOOP_HOOK ram:HYPURA_EXP_NO_HOST cached:HYPURA_EXP_THP cached:HYPURA_EXP_OFFLOAD ram cached; do
-    local mode=full-resident env=${v#*:}
-    [ "${v%%:*}" = cached ] && mode=expert-streaming
-    [ "$env" = "$v" ] && env=""
-    [ -n "$env" ] && export "$env=1"
-    hb "exp-$v" "$MOE" --mode $mode --gpu-budget 400MiB --tokens 64 --prompt-tokens 64 --repetitions 3
-    [ -n "$env" ] && unset "$env"
-  done
-  # Prefill of streamed experts on the GPU (op_offload), exactness: a prompt
-  # past 32 tokens, a cache that evicts, against the experts in RAM.
-  local long="$PROMPT"
-  for _ in 1 2 3 4 5 6; do long="$long, and the story of its streets, bridges and people"; done
-  PROMPT=$long R=1 hyp exp-long-ram "$MOE" --mode full-resident --gpu-budget 3584MiB
-  PROMPT=$long R=1 hyp exp-long-stream "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
-  export HYPURA_EXP_OFFLOAD=1
-  PROMPT=$long R=1 hyp exp-long-stream-offload "$MOE" --mode expert-streaming --gpu-budget 3584MiB --ram-budget 2GiB
-  unset HYPURA_EXP_OFFLOAD
-  python3 - "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/log.txt"
-import json, sys
-rows = {j["case"]: j for j in map(json.loads, open(sys.argv[1])) if j.get("case", "").startswith("exp-long")}
-ref = rows.get("exp-long-ram", {}).get("tokens")
-for case, j in rows.items():
-    print(case, "same tokens as exp-long-ram:", j.get("tokens") == ref, "prompt tok/s", j.get("prompt_tokens_per_second"))
-PY
 }
 
 for step in "$@"; do

@@ -27,6 +27,17 @@ pub fn rss_bytes() -> Option<u64> {
     status_bytes("VmRSS")
 }
 
+/// This process's resident set now, from `/proc/self/statm` (the same
+/// figure as `VmRSS`, several times cheaper to read: for checks made while
+/// decoding).
+pub fn statm_rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
 /// The most this process has had resident at once so far (`VmHWM`).
 pub fn peak_rss_bytes() -> Option<u64> {
     status_bytes("VmHWM")
@@ -85,6 +96,8 @@ mod tests {
         assert_eq!(parse_status_kb(status, "VmSwap"), None);
         assert!(rss_bytes().unwrap() > 0);
         assert!(peak_rss_bytes().unwrap() >= rss_bytes().unwrap());
+        let (statm, status) = (statm_rss_bytes().unwrap(), rss_bytes().unwrap());
+        assert!(statm.abs_diff(status) < 16 << 20, "{statm} vs {status}");
     }
 
     #[test]

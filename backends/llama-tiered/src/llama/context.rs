@@ -134,7 +134,18 @@ impl Context {
             raw_params.pooling_type = sys::LLAMA_POOLING_TYPE_MEAN;
         }
         raw_params.no_perf = false;
-        raw_params.op_offload = model.op_offload();
+        // llama.cpp's `op_offload` (its default) stays on, STREAM tensors
+        // included: for batches of 32 tokens or more a GPU computes ops whose
+        // weights are in host memory, copying them at the start of the split
+        // that uses them. The scheduler starts a new split at each such use,
+        // and the eval hook has made the weights resident by then: it runs
+        // when the router's choice (or a dense layer's FFN norm) is computed,
+        // in an earlier split, and its pins hold until the next layer's
+        // request. Turned off, a streamed model's long prompts ran their
+        // experts on the CPU while the full-resident placement ran them on
+        // the GPU, and the two gave different tokens (GPU machine,
+        // Mixtral-8L, a 60-token prompt).
+        raw_params.op_offload = true;
         raw_params.abort_callback = Some(abort_trampoline);
         raw_params.abort_callback_data = &*abort as *const AbortState as *mut c_void;
         let hook = hook.map(Box::new);

@@ -319,7 +319,7 @@ impl Model {
     /// own allocations and logs their sizes: that is its only use (see
     /// [`super::Context::measured`]); it must never decode. STREAM tensors
     /// go to a STREAM buffer type of their own, as in a real load, so
-    /// contexts schedule them (and turn `op_offload` off) alike. The caller
+    /// contexts schedule them alike. The caller
     /// has validated the file (as [`crate::tiered::context_memory`] does).
     pub(crate) fn load_no_alloc(
         path: &Path,
@@ -377,15 +377,6 @@ impl Model {
 
     pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {
         self.raw.as_ptr()
-    }
-
-    /// Whether contexts may let a GPU compute ops whose weights are in host
-    /// memory (llama.cpp's `op_offload`, for batches of 32 tokens or more).
-    /// Not with STREAM tensors: the scheduler copies such weights to the GPU
-    /// when the GPU's split starts, before the eval callback has made them
-    /// resident.
-    pub(crate) fn op_offload(&self) -> bool {
-        self._stream.is_none()
     }
 
     pub(super) fn vocab(&self) -> *const sys::llama_vocab {

@@ -10,12 +10,16 @@
 //! plan's [`Plan::ram_charged_bytes`] is then the fixed host overhead
 //! `hypura profile` measures ([`crate::hwprobe::host::measure_overhead`]).
 //!
-//! Once loaded, [`TieredModel::fit_stream_cache`] checks the plan against
-//! the process itself: what it holds besides the stream cache is read from
-//! the kernel, and the cache shrinks if the plan under-charged (heap that a
-//! header copy or a freed buffer left behind, code pages the run touched),
-//! so that the process's peak stays within the RAM budget plus the
-//! overhead.
+//! Once loaded, [`TieredModel::fit_stream_cache`] holds the process to
+//! the plan: what it holds besides the stream cache is read from the
+//! kernel before every read into the cache and after every decode, and the
+//! cache shrinks if the plan under-charged (heap that a header copy or a
+//! freed buffer left behind, code pages and buffers a first decode
+//! touched), so that the process's peak stays within the RAM budget plus
+//! the overhead. Measured on the GPU machine (full-size Mixtral shape, 8
+//! GiB GPU + 12 GiB RAM): a check made once after a warm-up came too late,
+//! the warm-up having filled the cache while its own buffers grew: 13.35
+//! GB resident against a limit of 13.20 GB.
 //!
 //! Weights are read into anonymous memory, never memory-mapped, so each
 //! resident byte is counted once, in the RSS; the STREAM region is
@@ -84,35 +88,35 @@ pub struct CacheFit {
 }
 
 impl TieredModel {
-    /// Shrinks the stream cache, if need be, so that this process's
-    /// resident set with a full cache stays within `limit_bytes` (the RAM
-    /// budget plus the host overhead): the cache may hold `limit_bytes` less
-    /// everything resident now but the STREAM region, less the region's
-    /// boundary pages. Never grows it, never below what one layer needs
-    /// (then the limit cannot be kept, and the returned fit says so).
-    /// `None` for a model that streams nothing or where `/proc` cannot say.
-    /// Call it once the contexts exist, best after a first decode (its
-    /// threads and kernels are then resident too).
+    /// Holds this process, from now on, to `limit_bytes` (the RAM budget
+    /// plus the host overhead): the stream cache gives back what the
+    /// process holds besides it ([`Streamer::set_host_limit`]), checked
+    /// before every read into the cache and after every decode, so memory a
+    /// first decode takes (its buffers and kernels, heap a header copy left
+    /// behind) shrinks the cache before the cache is read into, never after
+    /// the process has gone past the limit. Never grows the cache past its
+    /// budget, never below what one layer needs (then the limit cannot be
+    /// kept, and the returned fit says so). Returns the cache budget before
+    /// and in force now; `None` for a model that streams nothing or where
+    /// `/proc` cannot say.
+    ///
+    /// [`Streamer::set_host_limit`]: super::streamer::Streamer::set_host_limit
     pub fn fit_stream_cache(&self, limit_bytes: u64) -> Option<CacheFit> {
         let streamer = self.streamer.as_ref()?;
+        let before_bytes = streamer.stats().cache_budget_bytes;
+        streamer.set_host_limit(limit_bytes);
         let rss_bytes = crate::hwprobe::host::rss_bytes()?;
         let region_bytes = streamer.region_resident_bytes();
-        let others = rss_bytes.saturating_sub(region_bytes);
-        let before_bytes = streamer.cache_budget_bytes();
-        let room = limit_bytes
-            .saturating_sub(others)
-            .saturating_sub(streamer.boundary_bytes());
+        let after_bytes = streamer.stats().cache_budget_bytes;
         let minimum = streamer.minimum_budget_bytes();
-        if room < minimum {
+        let others = rss_bytes.saturating_sub(region_bytes);
+        if after_bytes == minimum && others + minimum > limit_bytes {
             tracing::warn!(
                 "the memory limit of {limit_bytes} bytes cannot be kept: {others} bytes are resident \
                  besides the stream cache, which needs at least {minimum} bytes (raise --ram-budget)"
             );
         }
-        let after_bytes = room.min(before_bytes).max(minimum);
         if after_bytes < before_bytes {
-            // Above the minimum by construction.
-            streamer.set_cache_budget(after_bytes).ok()?;
             tracing::info!(
                 "stream cache {before_bytes} -> {after_bytes} bytes: {others} bytes resident besides it, limit {limit_bytes}"
             );

@@ -137,7 +137,7 @@ fn placement_of(gguf: &GgufFile, params: &TieredParams) -> Result<Placement, Eng
 /// beside its weights (KV cache, compute and output buffers), summed, in host
 /// RAM and GPU memory: measured before any weight is loaded. The model is
 /// opened as [`TieredModel::load`] would place it (same GPU offload, tensor
-/// overrides and STREAM buffer type, so the same `op_offload` setting), but
+/// overrides and STREAM buffer type, so the same scheduling), but
 /// with llama.cpp's `no_alloc`: metadata only, no weight allocated or read;
 /// each context is created with simulated allocations (only its small output
 /// buffer is real) and its sizes taken from llama.cpp's log

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::thread::ThreadId;
 use std::time::Instant;
@@ -148,6 +148,12 @@ struct State {
     pinned: HashMap<ThreadId, Vec<UnitKey>>,
     /// Most bytes of units held at once; changed by [`Streamer::set_cache_budget`].
     budget_bytes: u64,
+    /// The process's memory limit, if one is kept ([`Streamer::set_host_limit`]).
+    host_limit_bytes: Option<u64>,
+    /// What the process holds besides the cache, as last sampled.
+    host_other_bytes: u64,
+    /// Bytes of units marked `Loading` that `cache_bytes` counts.
+    loading_bytes: u64,
     /// The least budget that holds what one layer may need at once.
     minimum_budget_bytes: u64,
     cache_bytes: u64,
@@ -194,6 +200,9 @@ pub struct Streamer {
     loaded: Condvar,
     prefetch_tx: Mutex<Option<mpsc::Sender<UnitKey>>>,
     failed: AtomicBool,
+    /// Bytes that reads in flight have delivered so far (resident already,
+    /// though their units are still `Loading`).
+    arrived_bytes: AtomicU64,
     /// Reads of one unit in flight at once (see [`Streamer::set_read_queue_depth`]).
     read_queue_depth: AtomicU32,
     /// [`boundary_page_bytes`] of this streamer's units.
@@ -291,6 +300,9 @@ impl Streamer {
                 current_layer: 0,
                 pinned: HashMap::new(),
                 budget_bytes,
+                host_limit_bytes: None,
+                host_other_bytes: 0,
+                loading_bytes: 0,
                 minimum_budget_bytes: minimum,
                 cache_bytes: 0,
                 clock: 0,
@@ -299,6 +311,7 @@ impl Streamer {
                 error: None,
             }),
             failed: AtomicBool::new(false),
+            arrived_bytes: AtomicU64::new(0),
             read_queue_depth: AtomicU32::new(DEFAULT_READ_QUEUE_DEPTH),
             boundary_bytes: boundary_page_bytes(gguf, placement),
         })
@@ -355,6 +368,51 @@ impl Streamer {
         Ok(())
     }
 
+    /// Keeps this process's resident set, with the kernel's page tables for
+    /// it, within `limit_bytes` (the RAM budget plus the host overhead): from
+    /// now on the cache holds at most `limit_bytes` less what the process
+    /// holds besides it, less the region's boundary pages, and never less
+    /// than one layer's worth ([`Streamer::minimum_budget_bytes`]), nor more
+    /// than the cache budget. What the process holds besides the cache is
+    /// read from the kernel now and again before each read into the cache
+    /// and after each decode, so memory the process takes later (a first
+    /// decode's buffers and kernels, heap) is given back by the cache
+    /// before it is read into. Shrinking evicts unpinned units at once.
+    pub fn set_host_limit(&self, limit_bytes: u64) {
+        let mut state = self.lock();
+        state.host_limit_bytes = Some(limit_bytes);
+        self.sample_host(&mut state);
+        self.make_room(&mut state, 0, None);
+    }
+
+    /// The cache budget in force: the budget, or less under a host limit.
+    fn budget_now(&self, state: &State) -> u64 {
+        match state.host_limit_bytes {
+            None => state.budget_bytes,
+            Some(limit) => limit
+                .saturating_sub(state.host_other_bytes)
+                .saturating_sub(self.boundary_bytes)
+                .min(state.budget_bytes)
+                .max(state.minimum_budget_bytes),
+        }
+    }
+
+    /// Reads what the process holds besides the cache: its resident set
+    /// and the page tables mapping it (8 bytes per 4 KiB page, as a cgroup
+    /// charges them), less the units' bytes resident now (reads in flight
+    /// count what has arrived). Kept as it was where `/proc` cannot say.
+    fn sample_host(&self, state: &mut State) {
+        if state.host_limit_bytes.is_none() {
+            return;
+        }
+        let Some(rss) = crate::hwprobe::host::statm_rss_bytes() else {
+            return;
+        };
+        let cached =
+            state.cache_bytes - state.loading_bytes + self.arrived_bytes.load(Ordering::Relaxed);
+        state.host_other_bytes = (rss + rss / 512).saturating_sub(cached);
+    }
+
     /// Reads streamed units into the cache, layer by layer, until it is full
     /// or every unit is resident (a promotion, so the first tokens after it
     /// need no I/O). Runs on the caller's thread; decoding goes on meanwhile.
@@ -373,7 +431,7 @@ impl Streamer {
                 }
                 (
                     unit.bytes,
-                    state.budget_bytes.saturating_sub(state.cache_bytes),
+                    self.budget_now(&state).saturating_sub(state.cache_bytes),
                 )
             };
             if bytes > room {
@@ -408,7 +466,7 @@ impl Streamer {
         let state = self.lock();
         let mut stats = state.stats.clone();
         stats.cache_bytes = state.cache_bytes;
-        stats.cache_budget_bytes = state.budget_bytes;
+        stats.cache_budget_bytes = self.budget_now(&state);
         stats.read_gbps = if stats.read_seconds > 0.0 {
             stats.nvme_bytes_read as f64 / stats.read_seconds / 1e9
         } else {
@@ -526,6 +584,9 @@ impl Streamer {
             }
         }
         let needed: u64 = misses.iter().map(|m| m.1).sum();
+        if needed > 0 {
+            self.sample_host(&mut state);
+        }
         // Units others are reading count against the budget but cannot be
         // evicted mid-read: wait for them when nothing else can make room.
         while !self.make_room(&mut state, needed, None) {
@@ -539,6 +600,7 @@ impl Streamer {
             state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
         }
         state.cache_bytes += needed;
+        state.loading_bytes += needed;
         state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
         let predicted = self.predict_next(&mut state, layer, experts);
         drop(state);
@@ -546,8 +608,10 @@ impl Streamer {
         if !misses.is_empty() {
             let reads: Vec<(u64, u64)> = misses.iter().flat_map(|m| m.2.iter().copied()).collect();
             let read_started = Instant::now();
-            let result = self.read_ranges(&reads);
+            let (arrived, result) = self.read_ranges(&reads);
             let mut state = self.lock();
+            self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
+            state.loading_bytes -= needed;
             let read_seconds = read_started.elapsed().as_secs_f64();
             state.stats.read_seconds += read_seconds;
             let per_unit = read_seconds / misses.len() as f64;
@@ -715,10 +779,11 @@ impl Streamer {
             let (bytes, score) = (unit.bytes, unit.score);
             let n_layers = state.n_layers.max(1);
             let distance = (key.0 + n_layers - state.current_layer) % n_layers;
+            self.sample_host(&mut state);
             let room = if limit {
                 self.make_room(&mut state, bytes, Some((distance, score)))
             } else {
-                state.cache_bytes + bytes <= state.budget_bytes
+                state.cache_bytes + bytes <= self.budget_now(&state)
             };
             if !room {
                 return None;
@@ -728,13 +793,18 @@ impl Streamer {
             unit.prefetched = true;
             let ranges = unit.ranges.clone();
             state.cache_bytes += bytes;
+            state.loading_bytes += bytes;
             state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
             ranges
         };
         let read_started = Instant::now();
-        let result = self.read_ranges(&ranges);
+        let (arrived, result) = self.read_ranges(&ranges);
         let mut state = self.lock();
+        self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
         state.stats.read_seconds += read_started.elapsed().as_secs_f64();
+        let unit = state.units.get_mut(&key).expect("exists");
+        let bytes = unit.bytes;
+        state.loading_bytes -= bytes;
         let unit = state.units.get_mut(&key).expect("exists");
         match &result {
             Ok(bytes) => {
@@ -757,40 +827,50 @@ impl Streamer {
     }
 
     /// Reads ranges as chunks of at most [`READ_CHUNK_BYTES`] (see
-    /// [`read_chunks`]), up to the read queue depth of them at once.
-    fn read_ranges(&self, ranges: &[(u64, u64)]) -> Result<u64, String> {
+    /// [`read_chunks`]), up to the read queue depth of them at once. Each
+    /// chunk's bytes are added to `arrived_bytes` as it lands; returns the
+    /// bytes so added (the caller takes them off again once the units'
+    /// residency is settled) and the read's result.
+    fn read_ranges(&self, ranges: &[(u64, u64)]) -> (u64, Result<u64, String>) {
+        let added = AtomicU64::new(0);
         let read = |&(a, b): &(u64, u64)| {
-            self.region
+            let n = self
+                .region
                 .read_from(&self.file, a, b)
-                .map_err(|e| format!("reading the model file at {a}..{b}: {e}"))
+                .map_err(|e| format!("reading the model file at {a}..{b}: {e}"))?;
+            self.arrived_bytes.fetch_add(n, Ordering::Relaxed);
+            added.fetch_add(n, Ordering::Relaxed);
+            Ok::<u64, String>(n)
         };
         let chunks = read_chunks(ranges, READ_CHUNK_BYTES);
         let threads = (self.read_queue_depth() as usize).clamp(1, chunks.len().max(1));
-        if threads == 1 {
-            return chunks
+        let result = if threads == 1 {
+            chunks
                 .iter()
-                .try_fold(0u64, |sum, c| read(c).map(|n| sum + n));
-        }
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (read, next, chunks) = (&read, &next, &chunks);
-                    scope.spawn(move || {
-                        let mut sum = 0u64;
-                        while let Some(c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
-                            sum += read(c)?;
-                        }
-                        Ok::<u64, String>(sum)
+                .try_fold(0u64, |sum, c| read(c).map(|n| sum + n))
+        } else {
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        let (read, next, chunks) = (&read, &next, &chunks);
+                        scope.spawn(move || {
+                            let mut sum = 0u64;
+                            while let Some(c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                                sum += read(c)?;
+                            }
+                            Ok::<u64, String>(sum)
+                        })
                     })
+                    .collect();
+                handles.into_iter().try_fold(0u64, |sum, h| {
+                    h.join()
+                        .map_err(|_| "a read thread panicked".to_string())?
+                        .map(|n| sum + n)
                 })
-                .collect();
-            handles.into_iter().try_fold(0u64, |sum, h| {
-                h.join()
-                    .map_err(|_| "a read thread panicked".to_string())?
-                    .map(|n| sum + n)
             })
-        })
+        };
+        (added.into_inner(), result)
     }
 
     /// Frequency with ageing: every few passes over the table, halve all scores.
@@ -815,7 +895,8 @@ impl Streamer {
         let n_layers = state.n_layers.max(1);
         let current = state.current_layer;
         let distance = |layer: u32| (layer + n_layers - current) % n_layers;
-        while state.cache_bytes + needed > state.budget_bytes {
+        let budget = self.budget_now(state);
+        while state.cache_bytes + needed > budget {
             let victim = state
                 .units
                 .iter()
@@ -972,7 +1053,12 @@ impl EvalHook for Streamer {
     }
 
     fn decode_done(&self) {
-        unpin_thread(&mut self.lock());
+        let mut state = self.lock();
+        unpin_thread(&mut state);
+        if state.host_limit_bytes.is_some() {
+            self.sample_host(&mut state);
+            self.make_room(&mut state, 0, None);
+        }
     }
 
     fn take_error(&self) -> Option<String> {
