@@ -90,7 +90,7 @@ struct Measured {
     decode_seconds: Vec<f64>,
     /// Streaming over the timed decode phases only.
     stream: StreamStats,
-    /// The stream cache checked against the process after the warm-up.
+    /// The stream cache's budget against the process, read after the warm-up.
     fit: Option<CacheFit>,
     /// Whether llama.cpp took the argmax inside the decode graph.
     device_argmax: bool,
@@ -315,8 +315,9 @@ fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
 }
 
 /// Greedy decoding of a fixed prompt: an untimed warm-up, then the timed
-/// repetitions, each timing its prompt and its decode steps. After the
-/// warm-up the stream cache is fitted to `limit_bytes` of process memory
+/// repetitions, each timing its prompt and its decode steps. From before
+/// the warm-up on, the process is held to `limit_bytes` of memory: the
+/// stream cache gives back what the process takes besides it
 /// ([`TieredModel::fit_stream_cache`]).
 fn measure(
     tiered: &TieredModel,
@@ -352,7 +353,8 @@ fn measure(
         }
     }
     // Everything but the cache and what a first decode adds is resident
-    // now: hold the process to its limit (and again after the warm-up).
+    // now: hold the process to its limit from here on (the report's fit is
+    // read again after the warm-up).
     tiered.fit_stream_cache(limit_bytes);
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's

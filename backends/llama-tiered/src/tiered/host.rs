@@ -82,7 +82,8 @@ pub struct CacheFit {
     /// This process's resident set when checked, and the STREAM region's part of it.
     pub rss_bytes: u64,
     pub region_bytes: u64,
-    /// The cache budget before and after.
+    /// The cache budget (as planned, or as set since) and the budget in
+    /// force under the limit.
     pub before_bytes: u64,
     pub after_bytes: u64,
 }
@@ -103,7 +104,7 @@ impl TieredModel {
     /// [`Streamer::set_host_limit`]: super::streamer::Streamer::set_host_limit
     pub fn fit_stream_cache(&self, limit_bytes: u64) -> Option<CacheFit> {
         let streamer = self.streamer.as_ref()?;
-        let before_bytes = streamer.stats().cache_budget_bytes;
+        let before_bytes = streamer.cache_budget_bytes();
         streamer.set_host_limit(limit_bytes);
         let rss_bytes = crate::hwprobe::host::rss_bytes()?;
         let region_bytes = streamer.region_resident_bytes();

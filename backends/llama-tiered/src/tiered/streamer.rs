@@ -55,6 +55,8 @@ pub struct StreamStats {
     /// Bytes of units resident now, and the most ever resident at once.
     pub cache_bytes: u64,
     pub cache_peak_bytes: u64,
+    /// The budget in force: the one set, or less under a host limit
+    /// ([`Streamer::set_host_limit`]).
     pub cache_budget_bytes: u64,
     pub evictions: u64,
     /// Expert-streaming: layers whose experts were all resident when the
@@ -408,8 +410,8 @@ impl Streamer {
         let Some(rss) = crate::hwprobe::host::statm_rss_bytes() else {
             return;
         };
-        let cached =
-            state.cache_bytes - state.loading_bytes + self.arrived_bytes.load(Ordering::Relaxed);
+        let cached = state.cache_bytes.saturating_sub(state.loading_bytes)
+            + self.arrived_bytes.load(Ordering::Relaxed);
         state.host_other_bytes = (rss + rss / 512).saturating_sub(cached);
     }
 
@@ -481,7 +483,9 @@ impl Streamer {
         self.boundary_bytes
     }
 
-    /// The cache budget in force now.
+    /// The cache budget as set ([`Streamer::new`], [`Streamer::set_cache_budget`]);
+    /// under a host limit the budget in force may be less
+    /// ([`StreamStats::cache_budget_bytes`]).
     pub fn cache_budget_bytes(&self) -> u64 {
         self.lock().budget_bytes
     }
@@ -802,9 +806,7 @@ impl Streamer {
         let mut state = self.lock();
         self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
         state.stats.read_seconds += read_started.elapsed().as_secs_f64();
-        let unit = state.units.get_mut(&key).expect("exists");
-        let bytes = unit.bytes;
-        state.loading_bytes -= bytes;
+        state.loading_bytes -= state.units[&key].bytes;
         let unit = state.units.get_mut(&key).expect("exists");
         match &result {
             Ok(bytes) => {
