@@ -233,6 +233,7 @@ mod tests {
             streaming_contexts: gpu.map_or(0, |g| g.contexts.gpu_bytes + g.contexts.ram_bytes),
             streaming_gpu: gpu,
             full: None,
+            cache_limit: None,
             settings,
             profile: ServerProfile::new(h200()),
             overhead: Footprint::ZERO,

@@ -1312,6 +1312,7 @@ fn budgeted_model(
         streaming_contexts,
         streaming_gpu,
         full,
+        cache_limit: None,
         overhead,
         settings: base,
         profile: Arc::clone(&settings.profile),
