@@ -335,9 +335,16 @@ mod tests {
         let settings = base(limit.gpu_bytes, limit.ram_bytes);
         let f = footprint(&path);
         let profile = h200();
-        let share = plan(&path, &profile, settings, &f, limit.gpu_bytes, on_the_gpu_machine)
-            .unwrap()
-            .unwrap();
+        let share = plan(
+            &path,
+            &profile,
+            settings,
+            &f,
+            limit.gpu_bytes,
+            on_the_gpu_machine,
+        )
+        .unwrap()
+        .unwrap();
         let budget = GlobalBudget::new(limit.gpu_bytes, limit.ram_bytes, PolicyConfig::default());
         let file = Arc::new(path.clone());
         let mut model = budgeted(&path, settings, Some(share));

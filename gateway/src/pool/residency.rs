@@ -151,6 +151,17 @@ impl BudgetedModel {
         }
     }
 
+    /// Whether the stream cache at `level` is read in ahead of use once
+    /// there: only when it is larger than the smallest, which holds just
+    /// what the decoding contexts pin at once (a layer each). Filled, the
+    /// smallest would hold whole layers, which a context pins whole (all
+    /// resident: no sync), leaving the other context no room.
+    pub fn fills(&self, level: Residency) -> bool {
+        !self.is_full_placement(level)
+            && level > Residency::Streaming
+            && self.cache_bytes(level) > self.footprint.minimum_cache_bytes
+    }
+
     /// The model as a budget of `limit` holds it: a full placement that
     /// cannot fit the budget even alone is dropped, and a model without one
     /// gets the cap on its stream cache that the RAM budget leaves beside
