@@ -1,15 +1,19 @@
-//! A MoE at `streaming` residency (the smallest stream cache) decodes a
-//! generation and embeddings at once: each context pins the layer it
-//! computes, so the smallest cache holds one layer per context that can
-//! decode at once, and the budget charges that much. With one layer's
-//! cache the streamer went over its budget and logged so (found by the
-//! soak, docs/soak.md).
+//! The stream cache under a RAM budget.
+//!
+//! A MoE with the smallest stream cache decodes a generation and embeddings
+//! at once: each context pins the layer it computes, so the smallest cache
+//! holds one layer per context that can decode at once, and the budget
+//! charges that much. With one layer's cache the streamer went over its
+//! budget and logged so (found by the soak, docs/soak.md).
+//!
+//! A hot model too big for the budget streams through the largest cache the
+//! budget holds, as `hypura bench` plans it: not half its streamed weights.
 mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::charges::{footprint, serve_args, streaming, RUNNER_ALLOWANCE};
+use common::charges::{footprint, full, serve_args, streaming, RUNNER_ALLOWANCE};
 use common::{client, Server};
 use hypura_synth as synth;
 use llama_tiered::tiered::footprint::DECODING_CONTEXTS;
@@ -33,10 +37,15 @@ fn a_generation_and_embeddings_at_once_keep_the_smallest_cache_within_its_budget
     synth::derive_moe_from_dense(&common::smollm2(), &moe, 8, 2, 0.01, 7).unwrap();
     let f = footprint(&moe);
     assert_eq!(f.minimum_cache_bytes, DECODING_CONTEXTS * f.layer_bytes);
-    // Room for the smallest cache only: the model stays at `streaming`.
-    let budget = streaming(&moe, f.minimum_cache_bytes) + RUNNER_ALLOWANCE + (1 << 20);
+    // Room for the smallest cache only (in the server's process: no
+    // runner's overhead to allow for): the most the budget holds of it, so
+    // its hottest level has that cache too.
+    let budget = streaming(&moe, f.minimum_cache_bytes);
     assert!(streaming(&moe, f.stream_bytes / 2) > budget);
-    let server = Server::start_logging(&serve_args(&[&moe], budget, &[]), "info,llama.cpp=error");
+    let server = Server::start_logging(
+        &serve_args(&[&moe], budget, &["--in-process"]),
+        "info,llama.cpp=error",
+    );
 
     let deadline = Instant::now() + Duration::from_secs(12);
     let generation = {
@@ -73,7 +82,9 @@ fn a_generation_and_embeddings_at_once_keep_the_smallest_cache_within_its_budget
 
     let ps: Value = server.get("/api/ps").json().unwrap();
     let model = &ps["models"][0];
-    assert_eq!(model["residency"], "streaming", "{ps}");
+    // `full` for a model too big for the budget: the largest cache it
+    // holds, here the smallest.
+    assert_eq!(model["residency"], "full", "{ps}");
     // The budget charged the smallest cache of two contexts, and the
     // streamer holds that budget.
     let series = format!("hypura_stream_cache_budget_bytes{{model=\"{MOE}\"}}");
@@ -86,4 +97,61 @@ fn a_generation_and_embeddings_at_once_keep_the_smallest_cache_within_its_budget
     let log = server.log();
     assert!(!log.contains("over budget"), "{log}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_hot_model_too_big_for_the_budget_streams_through_the_largest_cache_it_holds() {
+    let path = common::smollm2();
+    let f = footprint(&path);
+    // Room for three quarters of its streamed weights beside the rest, and
+    // for its runner: never for its full placement.
+    let budget = streaming(&path, f.stream_bytes * 3 / 4) + RUNNER_ALLOWANCE;
+    assert!(full(&path) + RUNNER_ALLOWANCE > budget);
+    let server = Server::start_logging(&serve_args(&[&path], budget, &[]), "info,llama.cpp=error");
+    let runner_mib: u64 = server
+        .log()
+        .split_once("an idle runner holds ")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .expect("the server logs its runners' overhead");
+    let generate = || {
+        let body = json!({"model": common::MODEL, "prompt": "The capital of France is",
+                          "raw": true, "stream": false,
+                          "options": {"temperature": 0, "num_predict": 8}});
+        server.post_json("/api/generate", body, 200)["response"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let text = generate();
+    assert!(text.starts_with(" Paris"), "{text:?}");
+    let cache = format!("hypura_stream_cache_bytes{{model=\"{}\"}}", common::MODEL);
+    let limit = format!(
+        "hypura_stream_cache_budget_bytes{{model=\"{}\"}}",
+        common::MODEL
+    );
+    // Hot, it gets its hottest level, and its cache fills past half the
+    // streamed weights (the most it got before).
+    common::wait_until(Duration::from_secs(30), "the cache filled", || {
+        assert_eq!(generate(), text, "the same tokens whatever the cache");
+        metric(&server, &cache).unwrap_or(0.0) > (f.stream_bytes / 2 + f.layer_bytes) as f64
+    });
+    let ps: Value = server.get("/api/ps").json().unwrap();
+    assert_eq!(ps["models"][0]["residency"], "full", "{ps}");
+    assert!(
+        ps["models"][0]["tier_bytes"]["stream"].as_u64().unwrap() > 0,
+        "{ps}"
+    );
+    // The cache's limit is what the RAM budget leaves beside the resident
+    // weights, the contexts and the runner, and the budget is all charged.
+    let cache_limit = metric(&server, &limit).unwrap() as u64;
+    assert!(cache_limit < f.stream_bytes);
+    let runner = budget - streaming(&path, 0) - cache_limit;
+    assert_eq!(runner >> 20, runner_mib, "{cache_limit}");
+    assert_eq!(
+        metric(&server, "hypura_budget_charged_bytes{tier=\"ram\"}"),
+        Some(budget as f64)
+    );
+    assert!(metric(&server, &cache).unwrap() <= cache_limit as f64);
+    let log = server.log();
+    assert!(!log.contains("over budget"), "{log}");
 }

@@ -10,7 +10,9 @@
 //!   fit;
 //! - [`BudgetPolicy::finish`] when a request ends;
 //! - [`BudgetPolicy::tick`] now and then: unloads models past their keep-alive,
-//!   demotes idle ones to streaming and promotes hot ones toward full residency.
+//!   demotes idle ones to streaming and promotes hot ones toward full residency
+//!   (for a model bigger than the budget, its largest stream cache: each
+//!   level is a footprint the caller states, [`ModelSpec`]).
 //!
 //! Every change is a [`Move`] the caller carries out (in the background) and
 //! reports with [`BudgetPolicy::move_done`]. While a move runs, the model is
@@ -100,7 +102,10 @@ pub enum Residency {
     Streaming,
     /// Streamed weights partly cached in memory.
     Partial,
-    /// Every weight in memory: no I/O per token.
+    /// Every weight in memory: no I/O per token. For a model that could
+    /// never be held so within the budget, the most of it the budget holds:
+    /// its streaming placement with the largest cache that fits (a cache
+    /// resize away from `partial`, not a separate placement).
     Full,
 }
 
@@ -151,7 +156,9 @@ pub struct ModelSpec {
     /// [`Residency::Full`], KV cache and compute buffers included; each no
     /// smaller than the one before, except a separate full placement
     /// ([`ModelSpec::full_is_separate`]), which may hold less RAM by holding
-    /// GPU memory. A model that cannot stream has all three equal.
+    /// GPU memory. A model that cannot stream has all three equal. For a
+    /// model whose every weight cannot fit the budget, `full` is what the
+    /// budget holds of it at most (up to the whole budget, alone).
     pub streaming: Footprint,
     pub partial: Footprint,
     pub full: Footprint,

@@ -233,9 +233,19 @@ mod tests {
             streaming_contexts: gpu.map_or(0, |g| g.contexts.gpu_bytes + g.contexts.ram_bytes),
             streaming_gpu: gpu,
             full: None,
+            cache_limit: None,
             settings,
             profile: ServerProfile::new(h200()),
             overhead: Footprint::ZERO,
+        }
+    }
+
+    fn terms() -> Terms {
+        Terms {
+            name: "mixtral".into(),
+            pin: Residency::Unloaded,
+            priority: 0,
+            keep_alive: None,
         }
     }
 
@@ -318,6 +328,67 @@ mod tests {
     }
 
     #[test]
+    fn a_moe_too_big_for_the_budget_gets_at_full_the_stream_cache_the_planner_gives_it_alone() {
+        // `--gpu-budget 8GiB --ram-budget 12GiB`, the model (26 GB) alone.
+        let path = mixtral();
+        let limit = Footprint::new(8 * GIB, 12 * GIB);
+        let settings = base(limit.gpu_bytes, limit.ram_bytes);
+        let f = footprint(&path);
+        let profile = h200();
+        let share = plan(
+            &path,
+            &profile,
+            settings,
+            &f,
+            limit.gpu_bytes,
+            on_the_gpu_machine,
+        )
+        .unwrap()
+        .unwrap();
+        let budget = GlobalBudget::new(limit.gpu_bytes, limit.ram_bytes, PolicyConfig::default());
+        let file = Arc::new(path.clone());
+        let mut model = budgeted(&path, settings, Some(share));
+        // Its full placement: every weight in the two budgets' 20 GiB at most.
+        let weights = GgufFile::open(&path).unwrap().tensor_bytes();
+        model.full = Some(crate::pool::residency::FullPlacement {
+            gpu: GpuShare::BudgetBytes(limit.gpu_bytes - GIB),
+            weights: Footprint::new(limit.gpu_bytes - GIB, weights - (limit.gpu_bytes - GIB)),
+            contexts: Footprint::new(GIB, 256 << 20),
+        });
+        budget.add(&file, model, terms()).unwrap();
+        let model = budget.model(&file).unwrap();
+        let cache = model.cache_bytes(Residency::Full);
+        // The planner, given the same GPU share and what the contexts hold
+        // in RAM, caches what the RAM budget leaves: the same bytes.
+        let alone = PlanSettings {
+            mode: Some(Mode::ExpertStreaming),
+            gpu: Some(share.share),
+            ram_other_bytes: share.contexts.ram_bytes,
+            ..settings
+        };
+        let (planned, _) = plan_model(&path, &profile, alone).unwrap();
+        assert_eq!(cache, planned.stream_cache_bytes);
+        assert_eq!(
+            cache,
+            limit.ram_bytes - share.weights.ram_bytes - share.contexts.ram_bytes
+        );
+        // Well above half the streamed weights (the most it got before).
+        assert!(cache > share.stream_bytes / 2 + 2 * GIB, "{cache}");
+        // The placement loaded at `full` is the streaming one with it.
+        let (loaded, _) = model.load_params(&path, Residency::Full).unwrap();
+        assert_eq!(loaded.mode, Mode::ExpertStreaming);
+        assert_eq!(loaded.stream_cache_bytes, cache);
+        assert_eq!(loaded.tier_bytes.gpu, share.weights.gpu_bytes);
+        // Loaded alone, the policy charges it the whole RAM budget.
+        let Admission::Load { mv } = budget.request(model.id) else {
+            panic!("loads at once")
+        };
+        assert_eq!(mv.to, Residency::Full);
+        assert_eq!(budget.policy().charged().ram_bytes, limit.ram_bytes);
+        assert!(budget.policy().charged().fits_in(limit));
+    }
+
+    #[test]
     fn what_the_contexts_put_on_the_gpu_shrinks_the_share_until_it_fits() {
         // The GPU machine's contexts: the KV cache of the GPU layers and
         // compute buffers there. Stated here (this machine has no GPU): 2
@@ -359,9 +430,7 @@ mod tests {
         let settings = base(limit.gpu_bytes, limit.ram_bytes);
         let terms = |name: &str| Terms {
             name: name.into(),
-            pin: Residency::Unloaded,
-            priority: 0,
-            keep_alive: None,
+            ..terms()
         };
         let profile = h200();
         let mut lefts = Vec::new();

@@ -390,7 +390,7 @@ impl LoadedModel {
         streamer
             .set_cache_budget(budgeted.cache_bytes(to))
             .map_err(|e| format!("{}: {e}", self.name))?;
-        if to > from {
+        if to > from && budgeted.fills(to) {
             // The promotion's span lasts until its cache is filled.
             let span = tracing::Span::current();
             std::thread::spawn(move || span.in_scope(|| streamer.fill()));
@@ -1312,6 +1312,7 @@ fn budgeted_model(
         streaming_contexts,
         streaming_gpu,
         full,
+        cache_limit: None,
         overhead,
         settings: base,
         profile: Arc::clone(&settings.profile),
@@ -1561,7 +1562,7 @@ fn load_in_process(
     let tiered = TieredModel::load(named.source.local_path(), &params).map_err(|e| failed(&e))?;
     let hook = tiered.hook();
     let streamer = tiered.streamer.clone();
-    if level.is_some_and(|l| l > Residency::Streaming) {
+    if budgeted.as_ref().is_some_and(|(b, level)| b.fills(*level)) {
         if let Some(s) = streamer.clone() {
             std::thread::spawn(move || s.fill());
         }

@@ -4,9 +4,10 @@
 //! Each model has two placements under a budget:
 //! - the **streaming placement** (experts or dense FFN on the STREAM tier,
 //!   the rest in RAM, or on the GPU: see below), whose stream cache is the
-//!   residency: `streaming` holds one layer's worth, `partial` half of the
-//!   streamed weights. Moving between those needs no reload: the cache is
-//!   resized between decode steps and filled in the background;
+//!   residency: `streaming` holds one layer's worth per decoding context,
+//!   `partial` half of the streamed weights. Moving between those needs no
+//!   reload: the cache is resized between decode steps and filled in the
+//!   background;
 //! - the **full placement** for `full`: nothing streamed, as many layers on
 //!   the GPU as the GPU budget holds (the planner's order: output, then
 //!   attention, then FFN, last layers first), the rest in RAM. No per-layer
@@ -15,6 +16,22 @@
 //!   the engine between two decode steps (requests in flight go on, KV cache
 //!   copied), then frees the old ([`llama_tiered::engine::BatchEngine::switch_model`]);
 //!   the policy charges both until then ([`ModelSpec::full_is_separate`]).
+//!
+//! **A model whose full placement cannot fit the budget**, even alone (a
+//! model bigger than the budget: the case streaming is for), has no full
+//! placement under it ([`BudgetedModel::within`]): its `full` is the
+//! streaming placement with the largest stream cache the budget holds —
+//! every streamed byte if they fit, else what the RAM budget leaves after
+//! everything else that placement is charged (resident weights, contexts,
+//! the runner's overhead; its GPU share is in the GPU column) — and its
+//! `partial` is at most that. So such a model, hot and alone, streams
+//! through the cache `hypura bench` plans under the same budgets, and its
+//! moves between `streaming`, `partial` and `full` are all cache resizes
+//! (no reload, charged the larger end while they run). `/api/ps` then shows
+//! it `full` with bytes still on the STREAM tier. Its `full` is sized for
+//! the model alone: beside another loaded model it stays at `partial` or
+//! below until that one is unloaded. A model whose full placement fits the
+//! budget alone keeps it as above.
 //!
 //! Charged per model and placement: resident weights per tier + what its
 //! contexts hold (KV cache of every slot and of the embedding context, and
@@ -86,9 +103,16 @@ pub struct BudgetedModel {
     /// The streaming placement's GPU share, fixed when the model was added
     /// to the budget (module docs); `None`: it streams on the CPU alone.
     pub streaming_gpu: Option<StreamingGpu>,
-    /// `None` for a model that cannot stream: `full` is then its streaming
-    /// placement with a full cache.
+    /// `None` for a model that cannot stream, or whose full placement
+    /// cannot fit the budget ([`BudgetedModel::within`]): `full` is then
+    /// its streaming placement with the largest cache the budget holds.
     pub full: Option<FullPlacement>,
+    /// The largest stream cache the budget holds beside everything else
+    /// the streaming placement is charged, set by [`BudgetedModel::within`]
+    /// for a model without a full placement: it caps the cache at `full`
+    /// and `partial`. `None`: no cap (a model with a full placement, or
+    /// one not yet in a budget).
+    pub cache_limit: Option<u64>,
     /// What the planner is asked for this model whatever its residency
     /// (budgets, context, sequences); each residency fixes the rest.
     pub settings: PlanSettings,
@@ -115,32 +139,65 @@ impl BudgetedModel {
     /// Stream cache bytes at `level` (in the streaming placement).
     pub fn cache_bytes(&self, level: Residency) -> u64 {
         let minimum = self.footprint.minimum_cache_bytes;
+        let most = self
+            .stream_bytes()
+            .min(self.cache_limit.unwrap_or(u64::MAX));
         match level {
             Residency::Unloaded => 0,
             _ if self.is_full_placement(level) => 0,
             Residency::Streaming => minimum,
-            Residency::Partial => (self.stream_bytes() / 2).max(minimum),
-            Residency::Full => self.stream_bytes().max(minimum),
+            Residency::Partial => (self.stream_bytes() / 2).min(most).max(minimum),
+            Residency::Full => most.max(minimum),
         }
+    }
+
+    /// Whether the stream cache at `level` is read in ahead of use once
+    /// there: only when it is larger than the smallest, which holds just
+    /// what the decoding contexts pin at once (a layer each). Filled, the
+    /// smallest would hold whole layers, which a context pins whole (all
+    /// resident: no sync), leaving the other context no room.
+    pub fn fills(&self, level: Residency) -> bool {
+        !self.is_full_placement(level)
+            && level > Residency::Streaming
+            && self.cache_bytes(level) > self.footprint.minimum_cache_bytes
+    }
+
+    /// The model as a budget of `limit` holds it: a full placement that
+    /// cannot fit the budget even alone is dropped, and a model without one
+    /// gets the cap on its stream cache that the RAM budget leaves beside
+    /// everything else its streaming placement is charged (module docs).
+    pub fn within(mut self, limit: Footprint) -> BudgetedModel {
+        if self.full.is_some() && !self.footprint_at(Residency::Full).fits_in(limit) {
+            self.full = None;
+        }
+        if self.full.is_none() {
+            let beside = self.streaming_footprint(0).ram_bytes;
+            self.cache_limit = Some(limit.ram_bytes.saturating_sub(beside));
+        }
+        self
     }
 
     /// Memory held at `level`.
     pub fn footprint_at(&self, level: Residency) -> Footprint {
-        let placement = match self.full {
-            _ if level == Residency::Unloaded => return Footprint::ZERO,
+        match self.full {
+            _ if level == Residency::Unloaded => Footprint::ZERO,
             Some(full) if level == Residency::Full => Footprint::new(
-                full.weights.gpu_bytes + full.contexts.gpu_bytes,
-                full.weights.ram_bytes + full.contexts.ram_bytes,
+                full.weights.gpu_bytes + full.contexts.gpu_bytes + self.overhead.gpu_bytes,
+                full.weights.ram_bytes + full.contexts.ram_bytes + self.overhead.ram_bytes,
             ),
-            _ => match self.streaming_gpu {
-                Some(gpu) => gpu.footprint(self.cache_bytes(level)),
-                None => Footprint::new(
-                    0,
-                    self.footprint.resident_bytes
-                        + self.streaming_contexts
-                        + self.cache_bytes(level),
-                ),
-            },
+            _ => self.streaming_footprint(self.cache_bytes(level)),
+        }
+    }
+
+    /// Memory held in the streaming placement with a stream cache of
+    /// `cache_bytes`, the runner's overhead included.
+    fn streaming_footprint(&self, cache_bytes: u64) -> Footprint {
+        let placement = match self.streaming_gpu {
+            Some(gpu) => gpu.footprint(cache_bytes),
+            None => Footprint::new(
+                0,
+                self.footprint.resident_bytes + self.streaming_contexts + cache_bytes,
+            ),
         };
         Footprint::new(
             placement.gpu_bytes + self.overhead.gpu_bytes,
@@ -268,18 +325,20 @@ impl GlobalBudget {
         self.origin.elapsed()
     }
 
-    /// Adds a model file (once; a second name for the same file shares it).
-    /// Fails, naming the minimum, when it cannot stream within the budget.
+    /// Adds a model file (once; a second name for the same file shares it),
+    /// as the budget holds it ([`BudgetedModel::within`]). Fails, naming
+    /// the minimum, when it cannot stream within the budget.
     pub fn add(
         &self,
         path: &Arc<PathBuf>,
-        mut model: BudgetedModel,
+        model: BudgetedModel,
         terms: Terms,
     ) -> Result<(), String> {
         let mut models = self.models();
         if models.contains_key(path) {
             return Ok(());
         }
+        let mut model = model.within(self.policy().budget());
         let spec = ModelSpec {
             name: terms.name,
             streaming: model.footprint_at(Residency::Streaming),
@@ -397,6 +456,7 @@ mod tests {
             streaming_contexts: 50,
             streaming_gpu: None,
             full,
+            cache_limit: None,
             settings: PlanSettings {
                 context_tokens: 512,
                 sequences: 2,
@@ -449,6 +509,224 @@ mod tests {
         assert_eq!(ram(Residency::Unloaded), 0);
         assert_eq!(ram(Residency::Streaming), 167);
         assert_eq!(ram(Residency::Full), 457);
+    }
+
+    fn terms(name: &str) -> Terms {
+        Terms {
+            name: name.into(),
+            pin: Residency::Unloaded,
+            priority: 0,
+            keep_alive: None,
+        }
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// A dense model of `resident` + `stream` bytes of weights whose
+    /// contexts hold `contexts` in either placement, run in a runner of
+    /// `overhead` bytes, on the CPU alone.
+    fn sized(resident: u64, stream: u64, contexts: u64, overhead: u64) -> BudgetedModel {
+        let layer_bytes = stream / 30;
+        BudgetedModel {
+            footprint: StreamFootprint {
+                mode: Mode::DenseFfnStreaming,
+                resident_bytes: resident,
+                stream_bytes: stream,
+                layer_bytes,
+                minimum_cache_bytes: 2 * layer_bytes,
+            },
+            streaming_contexts: contexts,
+            full: Some(FullPlacement {
+                gpu: GpuShare::None,
+                weights: Footprint::new(0, resident + stream),
+                contexts: Footprint::new(0, contexts),
+            }),
+            overhead: Footprint::new(0, overhead),
+            ..model(None)
+        }
+    }
+
+    /// Adds `models` to a budget of `limit`: the budget's view of each.
+    fn add_all(limit: Footprint, models: Vec<BudgetedModel>) -> (GlobalBudget, Vec<BudgetedModel>) {
+        let budget = GlobalBudget::new(limit.gpu_bytes, limit.ram_bytes, PolicyConfig::default());
+        let mut added = Vec::new();
+        for (i, m) in models.into_iter().enumerate() {
+            let path = Arc::new(PathBuf::from(format!("/m/{i}.gguf")));
+            budget.add(&path, m, terms(&format!("m{i}"))).unwrap();
+            added.push(budget.model(&path).unwrap());
+        }
+        (budget, added)
+    }
+
+    #[test]
+    fn a_model_too_big_for_the_budget_has_at_full_the_largest_stream_cache_it_holds() {
+        // 100 resident + 300 streamed, contexts 50, runner 7, in RAM 400:
+        // the full placement (457) cannot fit even alone.
+        let limit = Footprint::new(0, 400);
+        let (budget, added) = add_all(limit, vec![sized(100, 300, 50, 7)]);
+        let m = &added[0];
+        assert!(m.full.is_none(), "no full placement under this budget");
+        // What the RAM budget leaves beside the resident weights, the
+        // contexts and the runner: 400 - 100 - 50 - 7.
+        assert_eq!(m.cache_bytes(Residency::Full), 243);
+        assert_eq!(m.cache_bytes(Residency::Partial), 150);
+        assert_eq!(m.cache_bytes(Residency::Streaming), 20);
+        assert_eq!(m.footprint_at(Residency::Full), limit);
+        // It loads as the streaming placement with that cache.
+        let settings = m.plan_settings(Residency::Full);
+        assert_eq!(settings.mode, Some(Mode::DenseFfnStreaming));
+        assert_eq!(settings.stream_cache_bytes, Some(243));
+        assert_eq!(m.tier_bytes(Residency::Full, 243), (0, 343, 57));
+        // The policy charges it so: loaded alone, it takes the whole budget,
+        // and every move between its residencies is a cache resize.
+        let mut p = budget.policy().clone();
+        assert!(!p.spec(0).full_is_separate);
+        let Admission::Load { mv } = p.request(0, secs(0)) else {
+            panic!("loads at once")
+        };
+        assert_eq!(mv.to, Residency::Full);
+        assert_eq!(p.charged(), limit);
+        p.move_done(mv);
+        for (from, to) in [
+            (Residency::Full, Residency::Streaming),
+            (Residency::Streaming, Residency::Partial),
+            (Residency::Partial, Residency::Full),
+        ] {
+            let mv = p.request_move(0, to).unwrap().unwrap();
+            assert_eq!((mv.from, mv.to), (from, to));
+            assert!(!p.spec(0).reloads(from, to));
+            assert!(p.charged().fits_in(limit), "{}", p.charged());
+            p.move_done(mv);
+        }
+
+        // All streamed bytes when they fit: here the full placement needs
+        // more GPU memory than the budget has.
+        let mut on_gpu = sized(100, 300, 50, 7);
+        on_gpu.full = Some(FullPlacement {
+            gpu: GpuShare::BudgetBytes(200),
+            weights: Footprint::new(200, 200),
+            contexts: Footprint::new(20, 50),
+        });
+        let limit = Footprint::new(100, 1000);
+        let (_, added) = add_all(limit, vec![on_gpu]);
+        let m = &added[0];
+        assert!(m.full.is_none());
+        assert_eq!(m.cache_bytes(Residency::Full), 300);
+        assert_eq!(m.footprint_at(Residency::Full), Footprint::new(0, 457));
+
+        // With a GPU share, what its weights and contexts hold in RAM is
+        // charged beside the cache; its GPU memory in the GPU column.
+        let mut hybrid = sized(100, 300, 50, 7);
+        hybrid.streaming_gpu = Some(StreamingGpu {
+            share: GpuShare::Prefix(80),
+            weights: Footprint::new(80, 40),
+            stream_bytes: 250,
+            contexts: Footprint::new(30, 20),
+        });
+        let limit = Footprint::new(200, 300);
+        let (_, added) = add_all(limit, vec![hybrid]);
+        let m = &added[0];
+        assert_eq!(m.cache_bytes(Residency::Full), 300 - 40 - 20 - 7);
+        assert_eq!(m.footprint_at(Residency::Full), Footprint::new(110, 300));
+        assert_eq!(
+            m.footprint_at(Residency::Streaming).gpu_bytes,
+            m.footprint_at(Residency::Full).gpu_bytes
+        );
+    }
+
+    #[test]
+    fn a_model_too_big_for_the_budget_shares_it_with_another_and_both_keep_answering() {
+        // "big" can never be fully held in 1000; "small" can (230).
+        let limit = Footprint::new(0, 1000);
+        let models = vec![sized(200, 1200, 50, 0), sized(50, 150, 30, 0)];
+        let (budget, added) = add_all(limit, models);
+        let (big, small) = (0, 1);
+        assert_eq!(added[big].footprint_at(Residency::Full), limit);
+        assert!(added[small].full.is_some(), "its full placement fits");
+        let mut p = budget.policy().clone();
+        p.set_keep_alive(small, Some(secs(300)));
+        let within = |p: &BudgetPolicy| {
+            assert!(p.charged().fits_in(limit), "{} over {limit}", p.charged());
+        };
+        let apply = |p: &mut BudgetPolicy, moves: Vec<Move>| {
+            for mv in moves {
+                assert!(!(mv.model == big && p.spec(big).reloads(mv.from, mv.to)));
+                within(p);
+                p.move_done(mv);
+                within(p);
+            }
+        };
+        let admit = |p: &mut BudgetPolicy, id: ModelId, t: u64| loop {
+            match p.request(id, secs(t)) {
+                Admission::Ready => return,
+                Admission::Load { mv } => {
+                    within(p);
+                    p.move_done(mv);
+                    return;
+                }
+                Admission::Wait { moves } if !moves.is_empty() => apply(p, moves),
+                other => panic!("{other:?}"),
+            }
+        };
+
+        // Alone and hot: the whole budget.
+        admit(&mut p, big, 0);
+        p.finish(big, secs(0));
+        assert_eq!(p.residency(big), Residency::Full);
+        assert_eq!(p.charged(), limit);
+        // A request for the other demotes it to make room, and loads.
+        admit(&mut p, small, 1);
+        p.finish(small, secs(1));
+        assert!(p.residency(big) < Residency::Full);
+        assert!(p.residency(small) >= Residency::Streaming);
+        // Traffic on the small one: promoted to its full placement, the
+        // big one (cold now) demoted to streaming for it.
+        for t in 2..200 {
+            admit(&mut p, small, t);
+            p.finish(small, secs(t));
+            let moves = p.tick(secs(t));
+            apply(&mut p, moves);
+        }
+        assert_eq!(p.residency(small), Residency::Full);
+        assert_eq!(p.residency(big), Residency::Streaming);
+        // Then traffic on the big one: the small one is demoted, then
+        // unloaded past its keep-alive, and the big one gets the whole
+        // budget again.
+        for t in 200..600 {
+            admit(&mut p, big, t);
+            p.finish(big, secs(t));
+            let moves = p.tick(secs(t));
+            apply(&mut p, moves);
+        }
+        assert_eq!(p.residency(small), Residency::Unloaded);
+        assert_eq!(p.residency(big), Residency::Full);
+        assert_eq!(p.charged(), limit);
+        // And the small one still gets in.
+        admit(&mut p, small, 600);
+        assert!(p.residency(small) >= Residency::Streaming);
+        within(&p);
+    }
+
+    #[test]
+    fn a_model_whose_full_placement_fits_the_budget_keeps_it() {
+        let limit = Footprint::new(0, 1000);
+        let alone = sized(100, 300, 50, 7);
+        let (budget, added) = add_all(limit, vec![alone.clone()]);
+        let m = &added[0];
+        assert_eq!(m.full, alone.full);
+        assert_eq!(m.cache_limit, None);
+        for level in Residency::ALL {
+            assert_eq!(m.cache_bytes(level), alone.cache_bytes(level), "{level}");
+            assert_eq!(m.footprint_at(level), alone.footprint_at(level), "{level}");
+        }
+        assert_eq!(m.footprint_at(Residency::Full), Footprint::new(0, 457));
+        assert_eq!(m.cache_bytes(Residency::Partial), 150);
+        let settings = m.plan_settings(Residency::Full);
+        assert_eq!(settings.mode, Some(Mode::FullResident));
+        assert_eq!(settings.stream_cache_bytes, Some(0));
+        assert!(budget.policy().spec(0).full_is_separate);
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub fn load_spec(
                 weights: full.weights,
                 contexts: full.contexts,
             }),
+            cache_limit: model.cache_limit,
             settings: model.settings,
         }),
     }
@@ -129,6 +130,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
                     weights: full.weights,
                     contexts: full.contexts,
                 }),
+                cache_limit: b.cache_limit,
                 settings: b.settings,
                 profile,
                 overhead: hypura_scheduler::budget::Footprint::ZERO,

@@ -176,6 +176,9 @@ pub struct BudgetedSpec {
     #[serde(default)]
     pub streaming_gpu: Option<crate::pool::hybrid::StreamingGpu>,
     pub full: Option<FullSpec>,
+    /// [`crate::pool::residency::BudgetedModel::cache_limit`].
+    #[serde(default)]
+    pub cache_limit: Option<u64>,
     pub settings: PlanSettings,
 }
 
