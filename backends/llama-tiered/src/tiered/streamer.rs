@@ -156,6 +156,10 @@ struct State {
     host_other_bytes: u64,
     /// Bytes of units marked `Loading` that `cache_bytes` counts.
     loading_bytes: u64,
+    /// Bytes of units pinned by at least one thread.
+    pinned_bytes: u64,
+    /// Bytes of every unit.
+    total_bytes: u64,
     /// The least budget that holds what one layer may need at once.
     minimum_budget_bytes: u64,
     cache_bytes: u64,
@@ -265,6 +269,7 @@ impl Streamer {
             cache_budget_bytes: budget_bytes,
             ..Default::default()
         };
+        let total_bytes = units.values().map(|u| u.bytes).sum();
         let n_layers = units.keys().map(|k| k.0 + 1).max().unwrap_or(0);
         let n_experts = units.keys().map(|k| k.1 + 1).max().unwrap_or(0);
         // Sized by the model, not the streamed layers, so statistics saved
@@ -305,6 +310,8 @@ impl Streamer {
                 host_limit_bytes: None,
                 host_other_bytes: 0,
                 loading_bytes: 0,
+                pinned_bytes: 0,
+                total_bytes,
                 minimum_budget_bytes: minimum,
                 cache_bytes: 0,
                 clock: 0,
@@ -547,15 +554,10 @@ impl Streamer {
             .filter(|k| state.units.contains_key(k))
             .collect();
         for key in &keys {
+            pin(&mut state, *key);
             let unit = state.units.get_mut(key).expect("filtered");
-            unit.pins += 1;
             unit.score += 1.0;
             unit.last_use = clock;
-            state
-                .pinned
-                .entry(std::thread::current().id())
-                .or_default()
-                .push(*key);
             state.accesses_since_ageing += 1;
         }
         self.age(&mut state);
@@ -666,6 +668,15 @@ impl Streamer {
     /// its decode, and returns true: the layer needs no read, so no sync to
     /// learn its choice. The next request comes after a sync that follows
     /// this layer's expert matmuls (graph order), so the pins outlive their use.
+    ///
+    /// llama.cpp asks about every node up to the next one wanted before it
+    /// computes any of them, so such pins add up over the layers of a
+    /// decode. They may hold the whole cache only when it holds every unit
+    /// (then no thread needs room); otherwise they stop one layer's worth
+    /// short of the budget in force, so that another context decoding at the
+    /// same time can always evict for its own layer. Past that the layer is
+    /// asked for: its request drops this thread's earlier pins (their layers
+    /// are computed by then) and pins only the experts chosen.
     fn pin_if_resident(&self, layer: u32) -> bool {
         let mut state = self.lock();
         let keys: Vec<UnitKey> = (0..state.n_experts)
@@ -681,14 +692,21 @@ impl Streamer {
         if keys.is_empty() {
             return true;
         }
-        for k in &keys {
-            state.units.get_mut(k).expect("filtered").pins += 1;
+        let all_resident = state.loading_bytes == 0 && state.cache_bytes >= state.total_bytes;
+        let newly_pinned: u64 = keys
+            .iter()
+            .filter(|k| state.units[k].pins == 0)
+            .map(|k| state.units[k].bytes)
+            .sum();
+        let room_for_others = self
+            .budget_now(&state)
+            .saturating_sub(state.minimum_budget_bytes);
+        if !all_resident && state.pinned_bytes + newly_pinned > room_for_others {
+            return false;
         }
-        state
-            .pinned
-            .entry(std::thread::current().id())
-            .or_default()
-            .extend(keys);
+        for k in keys {
+            pin(&mut state, k);
+        }
         state.stats.resident_layer_skips += 1;
         true
     }
@@ -966,6 +984,20 @@ impl Drop for Streamer {
     }
 }
 
+/// Pins `key` for the calling thread (until [`unpin_thread`]).
+fn pin(state: &mut State, key: UnitKey) {
+    let unit = state.units.get_mut(&key).expect("a unit of this streamer");
+    unit.pins += 1;
+    if unit.pins == 1 {
+        state.pinned_bytes += unit.bytes;
+    }
+    state
+        .pinned
+        .entry(std::thread::current().id())
+        .or_default()
+        .push(key);
+}
+
 /// Releases the pins the calling thread's previous request took.
 fn unpin_thread(state: &mut State) {
     let Some(keys) = state.pinned.remove(&std::thread::current().id()) else {
@@ -973,6 +1005,9 @@ fn unpin_thread(state: &mut State) {
     };
     for key in keys {
         if let Some(u) = state.units.get_mut(&key) {
+            if u.pins == 1 {
+                state.pinned_bytes -= u.bytes;
+            }
             u.pins = u.pins.saturating_sub(1);
         }
     }
@@ -1075,6 +1110,54 @@ impl EvalHook for Streamer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layers_pinned_without_asking_leave_another_context_room_for_its_layer() {
+        let path =
+            std::env::temp_dir().join(format!("hypura-streamer-pins-{}.gguf", std::process::id()));
+        let spec = hypura_synth::SynthSpec::tiny_mixtral().with_layers(4);
+        hypura_synth::write(&spec, &path).unwrap();
+        let gguf = GgufFile::open(&path).unwrap();
+        let placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
+        let new = |budget| {
+            let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
+            Streamer::new(
+                &gguf,
+                &placement,
+                region,
+                File::open(&path).unwrap(),
+                budget,
+            )
+        };
+        let layer = new(u64::MAX).unwrap().minimum_budget_bytes();
+        // Room for two layers: one per context decoding at once.
+        let streamer = new(2 * layer).unwrap();
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        // One decode reads layers 0 and 1; the cache is full.
+        streamer.ensure(0, &every);
+        streamer.ensure(1, &every);
+        streamer.decode_done();
+        // The next decode is asked about both layers before computing either:
+        // the first is pinned without a sync, the second would hold the
+        // whole cache, so it is asked for.
+        assert!(streamer.pin_if_resident(0));
+        assert!(!streamer.pin_if_resident(1));
+        // Meanwhile another context needs layer 2: it evicts layer 1, not the
+        // pinned layer 0, and stays within the budget.
+        std::thread::scope(|s| s.spawn(|| streamer.ensure(2, &every)).join().unwrap());
+        let stats = streamer.stats();
+        assert!(stats.cache_peak_bytes <= 2 * layer, "{stats:?}");
+        assert_eq!(stats.evictions as usize, every.len(), "{stats:?}");
+        let state = streamer.lock();
+        assert!(
+            (0..every.len() as u32).all(|e| state.units[&(0, e)].residency == Residency::Resident)
+        );
+        assert!(
+            (0..every.len() as u32).all(|e| state.units[&(1, e)].residency == Residency::Absent)
+        );
+        drop(state);
+        std::fs::remove_file(&path).ok();
+    }
 
     #[test]
     fn dense_lookahead_starts_at_the_planned_depth_then_follows_measurements() {
