@@ -39,6 +39,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Holds this runner process to `charge_bytes` of RAM, what the gateway's
+/// budget charges its model (weights, contexts, stream cache and an idle
+/// runner's own memory): the stream cache gives back what the process holds
+/// beyond the charge, checked before each read into it and after each
+/// decode ([`llama_tiered::tiered::Streamer::set_host_limit`]), so memory
+/// the charge does not see (the model's metadata, pages between streamed
+/// slices, a GPU runtime's host side) comes out of the cache rather than
+/// out of the other models' share. Nothing to hold without a stream cache
+/// (the full placement) or without a charge for the runner itself (a
+/// gateway that sent none).
+fn hold_to(model: &LoadedModel, budgeted: &BudgetedModel, charge_bytes: u64) {
+    let Engine::InProcess(local) = &model.engine else {
+        return;
+    };
+    if budgeted.overhead.ram_bytes == 0 {
+        return;
+    }
+    if let Some(streamer) = local.streamer() {
+        streamer.set_host_limit(charge_bytes);
+    }
+}
+
 /// Serves the gateway listening at `socket` until it closes the connection.
 pub async fn serve(socket: &Path) -> std::io::Result<()> {
     let stream = UnixStream::connect(socket).await?;
@@ -176,9 +198,23 @@ impl Host {
                         let budgeted = held.budgeted.as_ref().ok_or_else(|| {
                             BackendError::Invalid("the model was loaded without a budget".into())
                         })?;
-                        held.model
+                        let charge = |level| budgeted.footprint_at(level).ram_bytes;
+                        // While it moves, the budget charges the larger end of
+                        // a resize, and both placements of a switch.
+                        let moving =
+                            if budgeted.is_full_placement(from) != budgeted.is_full_placement(to) {
+                                charge(from) + charge(to) - budgeted.overhead.ram_bytes
+                            } else {
+                                charge(from).max(charge(to))
+                            };
+                        hold_to(&held.model, budgeted, moving);
+                        let moved = held
+                            .model
                             .move_in_process(budgeted, from, to)
-                            .map_err(BackendError::Failed)
+                            .map_err(BackendError::Failed);
+                        let level = if moved.is_ok() { to } else { from };
+                        hold_to(&held.model, budgeted, charge(level));
+                        moved
                     });
                     self.reply(id, moved.map_or_else(Msg::Failed, |()| Msg::Ok));
                 });
@@ -220,6 +256,9 @@ impl Host {
                 "a runner loads in its own process".into(),
             ));
         };
+        if let Some((budgeted, level)) = &budgeted {
+            hold_to(&model, budgeted, budgeted.footprint_at(*level).ram_bytes);
+        }
         let placement = local.placement.clone();
         let backend: Arc<dyn ModelBackend> = Arc::new(LocalBackend::new(lease, Arc::clone(local)));
         let held = Held {

@@ -70,6 +70,7 @@ pub fn load_spec(
             }),
             cache_limit: model.cache_limit,
             settings: model.settings,
+            overhead: model.overhead,
         }),
     }
 }
@@ -133,7 +134,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
                 cache_limit: b.cache_limit,
                 settings: b.settings,
                 profile,
-                overhead: hypura_scheduler::budget::Footprint::ZERO,
+                overhead: b.overhead,
             };
             Some((model, b.level))
         }

@@ -180,6 +180,10 @@ pub struct BudgetedSpec {
     #[serde(default)]
     pub cache_limit: Option<u64>,
     pub settings: PlanSettings,
+    /// What the gateway charges for the runner itself (an idle runner's
+    /// memory): with it the runner knows its whole charge at each level.
+    #[serde(default)]
+    pub overhead: hypura_scheduler::budget::Footprint,
 }
 
 /// [`crate::pool::residency::FullPlacement`] on the wire.
