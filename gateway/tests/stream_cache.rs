@@ -8,6 +8,9 @@
 //!
 //! A hot model too big for the budget streams through the largest cache the
 //! budget holds, as `hypura bench` plans it: not half its streamed weights.
+//!
+//! A runner that takes memory its charge does not see gives it back from its
+//! stream cache, so the process stays within what the budget charges it.
 mod common;
 
 use std::path::PathBuf;
@@ -152,6 +155,80 @@ fn a_hot_model_too_big_for_the_budget_streams_through_the_largest_cache_it_holds
         Some(budget as f64)
     );
     assert!(metric(&server, &cache).unwrap() <= cache_limit as f64);
+    let log = server.log();
+    assert!(!log.contains("over budget"), "{log}");
+}
+
+/// `VmRSS` of process `pid`, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn a_runner_gives_back_from_its_cache_what_it_takes_beyond_its_charge() {
+    // The test hook that makes a runner take memory its budget does not see.
+    std::env::set_var("HYPURA_RUNNER_TEST_HOOKS", "1");
+    let path = common::smollm2();
+    let f = footprint(&path);
+    let budget = streaming(&path, f.stream_bytes * 3 / 4) + RUNNER_ALLOWANCE;
+    let server = Server::start_logging(&serve_args(&[&path], budget, &[]), "info,llama.cpp=error");
+    let generate = || {
+        let body = json!({"model": common::MODEL, "prompt": "The capital of France is",
+                          "raw": true, "stream": false,
+                          "options": {"temperature": 0, "num_predict": 8}});
+        server.post_json("/api/generate", body, 200)["response"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let text = generate();
+    let cache = format!("hypura_stream_cache_bytes{{model=\"{}\"}}", common::MODEL);
+    let limit = format!(
+        "hypura_stream_cache_budget_bytes{{model=\"{}\"}}",
+        common::MODEL
+    );
+    common::wait_until(Duration::from_secs(30), "the cache filled", || {
+        assert_eq!(generate(), text);
+        metric(&server, &cache).unwrap_or(0.0) > (f.stream_bytes / 2 + f.layer_bytes) as f64
+    });
+    let pid: u32 = server
+        .log()
+        .split_once("runner pid ")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .expect("the server logs its runner's pid");
+    let before = metric(&server, &limit).unwrap() as u64;
+    // The runner's charge is the whole budget (one model): it stays within
+    // it, with room to spare (the charge counts KV cache and buffers whole,
+    // the kernel only the pages they touched so far).
+    let charged = |rss: u64| rss + rss / 512;
+    let spare = budget.saturating_sub(charged(rss_of(pid)));
+    assert!(spare > 0, "runner RSS {} against {budget}", rss_of(pid));
+
+    // The runner takes what was spare and 16 MiB more, which its budget does
+    // not see: its cache gives the 16 MiB back.
+    let over = 16u64 << 20;
+    let taken = spare + over;
+    let body = json!({"model": common::MODEL, "bytes": taken});
+    server.post_json("/api/debug/runner-ballast", body, 200);
+    assert_eq!(generate(), text, "the same tokens with a smaller cache");
+    assert_eq!(generate(), text);
+    let after = metric(&server, &limit).unwrap() as u64;
+    assert!(
+        after + over <= before + (2 << 20) && after + over + (8 << 20) >= before,
+        "the cache budget went from {before} to {after} after {taken} bytes were taken, {spare} spare"
+    );
+    assert!(metric(&server, &cache).unwrap() <= after as f64);
+    assert!(
+        charged(rss_of(pid)) <= budget + (1 << 20),
+        "runner RSS {} against a charge of {budget}",
+        rss_of(pid)
+    );
     let log = server.log();
     assert!(!log.contains("over budget"), "{log}");
 }

@@ -4,6 +4,10 @@
 //! `POST /api/debug/abort-runner {"model": NAME}`: the runner of that model
 //! aborts, as a failed `GGML_ASSERT` would (404 when the model is not loaded
 //! in a live runner).
+//!
+//! `POST /api/debug/runner-ballast {"model": NAME, "bytes": N}`: the runner of
+//! that model takes and keeps N bytes of memory besides the model's (as
+//! memory its budget does not see would), for tests of the host limit.
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
@@ -20,7 +24,35 @@ pub fn routes() -> Router<AppState> {
     if std::env::var(TEST_HOOKS_ENV).as_deref() != Ok("1") {
         return Router::new();
     }
-    Router::new().route("/api/debug/abort-runner", post(abort_runner))
+    Router::new()
+        .route("/api/debug/abort-runner", post(abort_runner))
+        .route("/api/debug/runner-ballast", post(runner_ballast))
+}
+
+#[derive(Deserialize)]
+struct RunnerBallast {
+    model: String,
+    bytes: u64,
+}
+
+async fn runner_ballast(
+    State(state): State<AppState>,
+    Json(body): Json<RunnerBallast>,
+) -> Result<Json<Value>, OllamaError> {
+    let name = ModelName::parse(&body.model, "model").map_err(OllamaError::from)?;
+    let registry = std::sync::Arc::clone(&state.registry);
+    let bytes = body.bytes;
+    let taken = tokio::task::spawn_blocking(move || registry.runner_ballast(&name, bytes))
+        .await
+        .map_err(|e| OllamaError(ApiError::Internal(e.to_string())))?
+        .map_err(|e| OllamaError(ApiError::Internal(e)))?;
+    if !taken {
+        return Err(OllamaError(ApiError::NotFound(format!(
+            "model '{}' is not loaded in a live runner",
+            body.model
+        ))));
+    }
+    Ok(Json(json!({"model": body.model, "bytes": body.bytes})))
 }
 
 #[derive(Deserialize)]

@@ -231,7 +231,20 @@ impl Host {
                 eprintln!("hypura runner: aborting on the test hook's request");
                 std::process::abort();
             }
-            Op::Abort => self.reply(
+            Op::Ballast { bytes } if std::env::var(TEST_HOOKS_ENV).as_deref() == Ok("1") => {
+                // Written, so resident; kept until the process ends.
+                static BALLAST: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+                let taken = usize::try_from(bytes).map(|n| vec![1u8; n]);
+                let msg = match taken {
+                    Ok(v) => {
+                        lock(&BALLAST).push(v);
+                        Msg::Ok
+                    }
+                    Err(_) => Msg::Failed(BackendError::Invalid("too many bytes".into())),
+                };
+                self.reply(id, msg);
+            }
+            Op::Abort | Op::Ballast { .. } => self.reply(
                 id,
                 Msg::Failed(BackendError::Invalid(format!(
                     "test hooks are off in this runner ({TEST_HOOKS_ENV} is not 1)"

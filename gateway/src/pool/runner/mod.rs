@@ -154,20 +154,36 @@ impl Registry {
     /// loaded in a runner. The runner refuses unless it runs with
     /// `HYPURA_RUNNER_TEST_HOOKS=1`.
     pub fn abort_runner(&self, name: &ModelName) -> Result<bool, String> {
-        let Some(named) = self.resolve(name) else {
-            return Ok(false);
-        };
+        match self.live_runner(name) {
+            Some(runner) => runner.abort().map(|()| true).map_err(|e| e.to_string()),
+            None => Ok(false),
+        }
+    }
+
+    /// Test hook: makes the runner of the model named `name` take and keep
+    /// `bytes` of memory besides the model's. `Ok(false)`: the model is not
+    /// loaded in a live runner. Refused unless the runner runs with
+    /// `HYPURA_RUNNER_TEST_HOOKS=1`.
+    pub fn runner_ballast(&self, name: &ModelName, bytes: u64) -> Result<bool, String> {
+        match self.live_runner(name) {
+            Some(runner) => runner
+                .ballast(bytes)
+                .map(|()| true)
+                .map_err(|e| e.to_string()),
+            None => Ok(false),
+        }
+    }
+
+    /// The live runner of the model named `name`, if it runs in one. A
+    /// runner that crashed (its model not yet reloaded) is not live.
+    fn live_runner(&self, name: &ModelName) -> Option<Arc<RunnerProcess>> {
+        let named = self.resolve(name)?;
         let path = named.source.local_path();
-        // A runner that already crashed (its model not yet reloaded) is not aborted again.
-        let runner = self.loaded().into_iter().find_map(|m| match &m.engine {
+        self.loaded().into_iter().find_map(|m| match &m.engine {
             super::registry::Engine::Runner(r) if &m.path == path && !r.is_dead() => {
                 Some(Arc::clone(r))
             }
             _ => None,
-        });
-        match runner {
-            Some(runner) => runner.abort().map(|()| true).map_err(|e| e.to_string()),
-            None => Ok(false),
-        }
+        })
     }
 }

@@ -280,6 +280,23 @@ impl RunnerProcess {
     }
 }
 
+impl RunnerProcess {
+    /// Test hook: asks the runner to take and keep `bytes` of memory
+    /// (honoured only when it runs with `HYPURA_RUNNER_TEST_HOOKS=1`).
+    pub fn ballast(&self, bytes: u64) -> Result<(), BackendError> {
+        match self
+            .connection
+            .call_blocking(Op::Ballast { bytes }, Some(Duration::from_secs(30)))
+        {
+            Msg::Ok => Ok(()),
+            Msg::Failed(e) => Err(e),
+            other => Err(BackendError::Failed(format!(
+                "the runner answered ballast with {other:?}"
+            ))),
+        }
+    }
+}
+
 impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.stop();

@@ -38,10 +38,12 @@ use crate::core::request::{BackendRequest, EmbedBatch};
 
 /// The protocol version this build speaks; a runner and a gateway of
 /// different builds refuse each other at `hello`. 3: `prompt_tokens`;
-/// generation events carry `logprobs`, and sampling `top_logprobs`.
-pub const VERSION: u32 = 3;
+/// generation events carry `logprobs`, and sampling `top_logprobs`. 4:
+/// `budgeted.overhead`, `ballast`.
+pub const VERSION: u32 = 4;
 
-/// The environment variable that enables [`Op::Abort`] in a runner.
+/// The environment variable that enables the test hooks ([`Op::Abort`],
+/// [`Op::Ballast`]) in a runner.
 pub const TEST_HOOKS_ENV: &str = "HYPURA_RUNNER_TEST_HOOKS";
 
 /// One request of the gateway.
@@ -91,6 +93,10 @@ pub enum Op {
     Shutdown,
     /// Test hook: abort the process.
     Abort,
+    /// Test hook: take and keep `bytes` of memory besides the model's.
+    Ballast {
+        bytes: u64,
+    },
 }
 
 /// One answer of the runner.
