@@ -153,9 +153,8 @@ impl BudgetedModel {
 
     /// Whether the stream cache at `level` is read in ahead of use once
     /// there: only when it is larger than the smallest, which holds just
-    /// what the decoding contexts pin at once (a layer each). Filled, the
-    /// smallest would hold whole layers, which a context pins whole (all
-    /// resident: no sync), leaving the other context no room.
+    /// what the decoding contexts pin at once (a layer each) and is turned
+    /// over by every token, so reading it in ahead buys nothing.
     pub fn fills(&self, level: Residency) -> bool {
         !self.is_full_placement(level)
             && level > Residency::Streaming
