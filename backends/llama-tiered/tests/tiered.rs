@@ -625,7 +625,15 @@ fn a_layer_whose_experts_are_all_cached_is_not_asked_for() {
     drop(full);
 
     let layer = layer_stream_bytes(path, Mode::ExpertStreaming);
+    // A cache a layer short of every unit does not hold them all; one that
+    // holds them all is what `bench` and `run` fill whole.
+    assert!(!hybrid(path, 10, 19 * layer)
+        .streamer
+        .as_ref()
+        .unwrap()
+        .holds_every_unit());
     let m = hybrid(path, 10, 20 * layer);
+    assert!(m.streamer.as_ref().unwrap().holds_every_unit());
     m.streamer.as_ref().unwrap().fill();
     assert_eq!(
         m.stats().cache_bytes,

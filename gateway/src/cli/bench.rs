@@ -356,6 +356,12 @@ fn measure(
     // now: hold the process to its limit from here on (the report's fit is
     // read again after the warm-up).
     tiered.fit_stream_cache(limit_bytes);
+    // A cache that holds every streamed unit is read in whole before the
+    // warm-up, as `serve` fills a promoted model's: the timed runs measure
+    // the steady state, with no expert left to read.
+    if let Some(streamer) = tiered.streamer.as_ref().filter(|s| s.holds_every_unit()) {
+        streamer.fill();
+    }
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's
         // first reads) stay out of the figures, as in llama-bench.

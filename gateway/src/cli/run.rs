@@ -135,6 +135,11 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     // Everything but the stream cache is resident now: hold the process to
     // its RAM budget plus the host overhead.
     tiered.fit_stream_cache(memory_limit);
+    // A cache that holds every streamed unit is read in whole in the
+    // background, so that decoding soon asks for no router choice at all.
+    if let Some(streamer) = tiered.streamer.clone().filter(|s| s.holds_every_unit()) {
+        std::thread::spawn(move || streamer.fill());
+    }
 
     if args.interactive {
         return chat_loop(&mut ctx, &args, &params);

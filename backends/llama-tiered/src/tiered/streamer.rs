@@ -422,6 +422,16 @@ impl Streamer {
         state.host_other_bytes = (rss + rss / 512).saturating_sub(cached);
     }
 
+    /// Whether the cache budget in force holds every streamed unit at once.
+    /// Then [`Streamer::fill`] leaves no layer with an expert to read, and
+    /// the hook asks for no router choice: decoding pays no sync at all
+    /// (a layer with one expert never chosen so far is otherwise asked
+    /// about on every token).
+    pub fn holds_every_unit(&self) -> bool {
+        let state = self.lock();
+        self.budget_now(&state) >= state.total_bytes
+    }
+
     /// Reads streamed units into the cache, layer by layer, until it is full
     /// or every unit is resident (a promotion, so the first tokens after it
     /// need no I/O). Runs on the caller's thread; decoding goes on meanwhile.
