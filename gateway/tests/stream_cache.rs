@@ -193,16 +193,19 @@ fn a_runner_gives_back_from_its_cache_what_it_takes_beyond_its_charge() {
         "hypura_stream_cache_budget_bytes{{model=\"{}\"}}",
         common::MODEL
     );
+    // Filled to its budget (what the fill and decoding read in): the spare
+    // room measured next is then the process's, not the cache's.
     common::wait_until(Duration::from_secs(30), "the cache filled", || {
         assert_eq!(generate(), text);
-        metric(&server, &cache).unwrap_or(0.0) > (f.stream_bytes / 2 + f.layer_bytes) as f64
+        let budget = metric(&server, &limit).unwrap_or(f64::MAX);
+        metric(&server, &cache).unwrap_or(0.0) + (f.layer_bytes as f64) >= budget
     });
     let pid: u32 = server
         .log()
         .split_once("runner pid ")
         .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
         .expect("the server logs its runner's pid");
-    let before = metric(&server, &limit).unwrap() as u64;
+    let before = metric(&server, &cache).unwrap() as u64;
     // The runner's charge is the whole budget (one model): it stays within
     // it, with room to spare (the charge counts KV cache and buffers whole,
     // the kernel only the pages they touched so far).
@@ -220,8 +223,8 @@ fn a_runner_gives_back_from_its_cache_what_it_takes_beyond_its_charge() {
     assert_eq!(generate(), text);
     let after = metric(&server, &limit).unwrap() as u64;
     assert!(
-        after + over <= before + (2 << 20) && after + over + (8 << 20) >= before,
-        "the cache budget went from {before} to {after} after {taken} bytes were taken, {spare} spare"
+        after + over <= before + (2 << 20) && after + over + (12 << 20) >= before,
+        "the cache went from {before} bytes to a budget of {after} after {taken} bytes were taken, {spare} spare"
     );
     assert!(metric(&server, &cache).unwrap() <= after as f64);
     assert!(
