@@ -32,6 +32,25 @@ fn metric(server: &Server, series: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Eight greedy tokens of SmolLM2 after "The capital of France is".
+fn paris(server: &Server) -> String {
+    let body = json!({"model": common::MODEL, "prompt": "The capital of France is",
+                      "raw": true, "stream": false,
+                      "options": {"temperature": 0, "num_predict": 8}});
+    server.post_json("/api/generate", body, 200)["response"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The `/metrics` series of `model`'s stream cache: bytes held, and budget.
+fn cache_series(model: &str) -> (String, String) {
+    (
+        format!("hypura_stream_cache_bytes{{model=\"{model}\"}}"),
+        format!("hypura_stream_cache_budget_bytes{{model=\"{model}\"}}"),
+    )
+}
+
 #[test]
 fn a_generation_and_embeddings_at_once_keep_the_smallest_cache_within_its_budget() {
     let dir = std::env::temp_dir().join(format!("hypura-stream-cache-{}", std::process::id()));
@@ -90,7 +109,7 @@ fn a_generation_and_embeddings_at_once_keep_the_smallest_cache_within_its_budget
     assert_eq!(model["residency"], "full", "{ps}");
     // The budget charged the smallest cache of two contexts, and the
     // streamer holds that budget.
-    let series = format!("hypura_stream_cache_budget_bytes{{model=\"{MOE}\"}}");
+    let (_, series) = cache_series(MOE);
     assert_eq!(
         metric(&server, &series),
         Some(f.minimum_cache_bytes as f64),
@@ -116,22 +135,10 @@ fn a_hot_model_too_big_for_the_budget_streams_through_the_largest_cache_it_holds
         .split_once("an idle runner holds ")
         .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
         .expect("the server logs its runners' overhead");
-    let generate = || {
-        let body = json!({"model": common::MODEL, "prompt": "The capital of France is",
-                          "raw": true, "stream": false,
-                          "options": {"temperature": 0, "num_predict": 8}});
-        server.post_json("/api/generate", body, 200)["response"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let generate = || paris(&server);
     let text = generate();
     assert!(text.starts_with(" Paris"), "{text:?}");
-    let cache = format!("hypura_stream_cache_bytes{{model=\"{}\"}}", common::MODEL);
-    let limit = format!(
-        "hypura_stream_cache_budget_bytes{{model=\"{}\"}}",
-        common::MODEL
-    );
+    let (cache, limit) = cache_series(common::MODEL);
     // Hot, it gets its hottest level, and its cache fills past half the
     // streamed weights (the most it got before).
     common::wait_until(Duration::from_secs(30), "the cache filled", || {
@@ -178,21 +185,9 @@ fn a_runner_gives_back_from_its_cache_what_it_takes_beyond_its_charge() {
     let f = footprint(&path);
     let budget = streaming(&path, f.stream_bytes * 3 / 4) + RUNNER_ALLOWANCE;
     let server = Server::start_logging(&serve_args(&[&path], budget, &[]), "info,llama.cpp=error");
-    let generate = || {
-        let body = json!({"model": common::MODEL, "prompt": "The capital of France is",
-                          "raw": true, "stream": false,
-                          "options": {"temperature": 0, "num_predict": 8}});
-        server.post_json("/api/generate", body, 200)["response"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let generate = || paris(&server);
     let text = generate();
-    let cache = format!("hypura_stream_cache_bytes{{model=\"{}\"}}", common::MODEL);
-    let limit = format!(
-        "hypura_stream_cache_budget_bytes{{model=\"{}\"}}",
-        common::MODEL
-    );
+    let (cache, limit) = cache_series(common::MODEL);
     // Filled to its budget (what the fill and decoding read in): the spare
     // room measured next is then the process's, not the cache's.
     common::wait_until(Duration::from_secs(30), "the cache filled", || {

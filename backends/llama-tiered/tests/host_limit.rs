@@ -3,17 +3,18 @@
 //! binary: it reads this process's resident set, which other tests running
 //! beside it would move.
 use hypura_gguf::GgufFile;
+use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
 use llama_tiered::hwprobe::host::statm_rss_bytes;
-use llama_tiered::llama::{Batch, ContextParams};
+use llama_tiered::llama::{ContextParams, SamplingParams};
 use llama_tiered::test_models;
 use llama_tiered::tiered::{GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
 
 const PROMPT: &str = "The history of the city of Paris begins";
 
 /// Greedy tokens of `n` steps after the prompt.
-fn greedy(m: &TieredModel, n: usize) -> Vec<i32> {
-    let mut c = m
+fn greedy(m: &TieredModel, n: u32) -> Vec<i32> {
+    let mut ctx = m
         .new_context(&ContextParams {
             n_ctx: 256,
             n_threads: 2,
@@ -21,24 +22,17 @@ fn greedy(m: &TieredModel, n: usize) -> Vec<i32> {
         })
         .unwrap();
     let tokens = prompt::tokenize_raw(&m.model, PROMPT).unwrap();
-    let mut batch = Batch::new(tokens.len());
-    for (i, &t) in tokens.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();
-    }
-    c.decode(&batch).unwrap();
-    let mut out = Vec::new();
-    for step in 0..n {
-        let logits = c.logits(-1).unwrap();
-        let next = (0..logits.len())
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
-            .unwrap() as i32;
-        out.push(next);
-        let mut one = Batch::new(1);
-        one.push(next, (tokens.len() + step) as i32, 0, true)
-            .unwrap();
-        c.decode(&one).unwrap();
-    }
-    out
+    let params = GenerateParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: Some(n),
+        stop: vec![],
+    };
+    generate(&mut ctx, 0, &tokens, &params, &mut |_| true)
+        .unwrap()
+        .tokens
 }
 
 fn load(mode: Mode) -> TieredModel {

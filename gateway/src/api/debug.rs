@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::validation::ModelName;
+use crate::pool::registry::Registry;
 use crate::pool::runner::protocol::TEST_HOOKS_ENV;
 use crate::server::AppState;
 
@@ -39,19 +40,11 @@ async fn runner_ballast(
     State(state): State<AppState>,
     Json(body): Json<RunnerBallast>,
 ) -> Result<Json<Value>, OllamaError> {
-    let name = ModelName::parse(&body.model, "model").map_err(OllamaError::from)?;
-    let registry = std::sync::Arc::clone(&state.registry);
     let bytes = body.bytes;
-    let taken = tokio::task::spawn_blocking(move || registry.runner_ballast(&name, bytes))
-        .await
-        .map_err(|e| OllamaError(ApiError::Internal(e.to_string())))?
-        .map_err(|e| OllamaError(ApiError::Internal(e)))?;
-    if !taken {
-        return Err(OllamaError(ApiError::NotFound(format!(
-            "model '{}' is not loaded in a live runner",
-            body.model
-        ))));
-    }
+    on_live_runner(&state, &body.model, move |registry, name| {
+        registry.runner_ballast(name, bytes)
+    })
+    .await?;
     Ok(Json(json!({"model": body.model, "bytes": body.bytes})))
 }
 
@@ -64,17 +57,31 @@ async fn abort_runner(
     State(state): State<AppState>,
     Json(body): Json<AbortRunner>,
 ) -> Result<Json<Value>, OllamaError> {
-    let name = ModelName::parse(&body.model, "model").map_err(OllamaError::from)?;
+    on_live_runner(&state, &body.model, |registry, name| {
+        registry.abort_runner(name)
+    })
+    .await?;
+    Ok(Json(json!({"aborted": body.model})))
+}
+
+/// Runs `hook` on the registry for the model named `model` (off the async
+/// runtime): 404 when it is not loaded in a live runner (`hook` gives
+/// `Ok(false)`).
+async fn on_live_runner(
+    state: &AppState,
+    model: &str,
+    hook: impl FnOnce(&Registry, &ModelName) -> Result<bool, String> + Send + 'static,
+) -> Result<(), OllamaError> {
+    let name = ModelName::parse(model, "model").map_err(OllamaError::from)?;
     let registry = std::sync::Arc::clone(&state.registry);
-    let aborted = tokio::task::spawn_blocking(move || registry.abort_runner(&name))
+    let done = tokio::task::spawn_blocking(move || hook(&registry, &name))
         .await
         .map_err(|e| OllamaError(ApiError::Internal(e.to_string())))?
         .map_err(|e| OllamaError(ApiError::Internal(e)))?;
-    if !aborted {
+    if !done {
         return Err(OllamaError(ApiError::NotFound(format!(
-            "model '{}' is not loaded in a live runner",
-            body.model
+            "model '{model}' is not loaded in a live runner"
         ))));
     }
-    Ok(Json(json!({"aborted": body.model})))
+    Ok(())
 }

@@ -669,6 +669,15 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
+        // A request for `id` every second of `seconds`, the policy's moves applied.
+        let traffic = |p: &mut BudgetPolicy, id: ModelId, seconds: std::ops::Range<u64>| {
+            for t in seconds {
+                admit(p, id, t);
+                p.finish(id, secs(t));
+                let moves = p.tick(secs(t));
+                apply(p, moves);
+            }
+        };
 
         // Alone and hot: the whole budget.
         admit(&mut p, big, 0);
@@ -682,23 +691,13 @@ mod tests {
         assert!(p.residency(small) >= Residency::Streaming);
         // Traffic on the small one: promoted to its full placement, the
         // big one (cold now) demoted to streaming for it.
-        for t in 2..200 {
-            admit(&mut p, small, t);
-            p.finish(small, secs(t));
-            let moves = p.tick(secs(t));
-            apply(&mut p, moves);
-        }
+        traffic(&mut p, small, 2..200);
         assert_eq!(p.residency(small), Residency::Full);
         assert_eq!(p.residency(big), Residency::Streaming);
         // Then traffic on the big one: the small one is demoted, then
         // unloaded past its keep-alive, and the big one gets the whole
         // budget again.
-        for t in 200..600 {
-            admit(&mut p, big, t);
-            p.finish(big, secs(t));
-            let moves = p.tick(secs(t));
-            apply(&mut p, moves);
-        }
+        traffic(&mut p, big, 200..600);
         assert_eq!(p.residency(small), Residency::Unloaded);
         assert_eq!(p.residency(big), Residency::Full);
         assert_eq!(p.charged(), limit);

@@ -351,7 +351,7 @@ impl Streamer {
 
     /// Bytes of every streamed unit: the cache budget that holds them all.
     pub fn stream_bytes(&self) -> u64 {
-        self.lock().units.values().map(|u| u.bytes).sum()
+        self.lock().total_bytes
     }
 
     /// The smallest cache budget [`Streamer::new`] and
