@@ -485,6 +485,9 @@ vsdense() {
   lb dense-all-gpu - "$DENSE" -ngl 99 -p 512 -n 128 -r 5
   lb dense-d512 - "$DENSE" -ngl 99 -p 0 -n 128 -d 512 -r 5
   hb dense-tg128 "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
+  # llama-bench's tg128 with one thread too: hypura computes a one-token
+  # step on one host thread when only the input row lookup is on the host.
+  T=1 lb dense-all-gpu-t1 - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
   hb dense-tg128-host-argmax "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5 --host-argmax
   hb dense-pp512-tg128 "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
 }
@@ -672,7 +675,22 @@ table() {
   python3 - "$VS" "$OUT/results.jsonl" <<'EOF' | tee "$OUT/table.txt"
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
-hyp = {r["case"]: r for r in rows if r["engine"] == "hypura"}
+# A case run several times (`cached`'s rounds): the mean of its runs' rates,
+# with the spread between runs as its sd; each run's rate in "runs".
+by_case = {}
+for r in rows:
+    if r["engine"] == "hypura":
+        by_case.setdefault(r["case"], []).append(r)
+def merged(runs):
+    h = dict(runs[-1])
+    if len(runs) > 1:
+        for key in ("prompt_tokens_per_second", "measured_tokens_per_second"):
+            xs = [r[key] for r in runs]
+            m = sum(xs) / len(xs)
+            h[key], h[key + "_sd"] = m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+    h["runs"] = [r["measured_tokens_per_second"] for r in runs]
+    return h
+hyp = {case: merged(runs) for case, runs in by_case.items()}
 lb = {}
 for r in rows:
     if r["engine"] == "llama-bench":
@@ -710,7 +728,16 @@ for case, kinds in lb.items():
 def pair(a, b, what):
     if a in hyp and b in hyp:
         x, y = hyp[a]["measured_tokens_per_second"], hyp[b]["measured_tokens_per_second"]
-        print(f"{what}: {x:.2f} vs {y:.2f} tok/s = {x / y:.3f}")
+        runs = lambda c: ", ".join(f"{v:.2f}" for v in hyp[c]["runs"])
+        print(f"{what}: {x:.2f} vs {y:.2f} tok/s = {x / y:.3f} (mean of {len(hyp[a]['runs'])} and "
+              f"{len(hyp[b]['runs'])} alternated runs: {runs(a)} vs {runs(b)})")
+if "dense-tg128" in hyp:
+    h = hyp["dense-tg128"]["measured_tokens_per_second"]
+    for case in ("dense-all-gpu", "dense-all-gpu-t1"):
+        b = lb.get(case, {}).get("decode")
+        if b:
+            print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / llama-bench {b['args']} "
+                  f"{b['avg_ts']:.2f} = {h / b['avg_ts']:.3f}")
 pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
 pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
 serve = os.path.join(os.path.dirname(sys.argv[2]), "serve.jsonl")

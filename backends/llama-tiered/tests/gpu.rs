@@ -287,3 +287,54 @@ fn gpu_shares_decode_and_streaming_matches_ram_on_the_same_devices() {
     assert_eq!(ram, stream);
     assert!(!greedy(&load(Mode::FullResident, GpuShare::Layers(2)), 16).is_empty());
 }
+
+/// A decode step of one sequence runs on one host thread exactly when the
+/// host computes nothing but the input row lookup: every layer and the
+/// output layer on the GPU, nothing streamed. Larger batches keep every
+/// thread asked for.
+#[test]
+fn only_a_model_wholly_on_the_gpu_decodes_single_tokens_on_one_host_thread() {
+    let threads = |mode, share| {
+        let path = if mode == Mode::FullResident {
+            tiny_llama()
+        } else {
+            tiny_mixtral()
+        };
+        let model = TieredModel::load(
+            path,
+            &TieredParams {
+                plan: planned(path, mode, share),
+                no_repack: true,
+                cache_dir: Some(temp_path("cache")),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ctx = model
+            .new_context(&ContextParams {
+                n_ctx: 256,
+                n_threads: 3,
+                ..Default::default()
+            })
+            .unwrap();
+        (model.model.host_input_only(), ctx.threads())
+    };
+    assert_eq!(threads(Mode::FullResident, GpuShare::None), (false, (3, 3)));
+    if gpu_devices().is_empty() {
+        eprintln!("skipped the GPU placements: no GPU in this build");
+        return;
+    }
+    assert_eq!(
+        threads(Mode::FullResident, GpuShare::Layers(99)),
+        (true, (1, 3))
+    );
+    // The first layer (or, below, the experts) computed on the host.
+    assert_eq!(
+        threads(Mode::FullResident, GpuShare::Layers(4)),
+        (false, (3, 3))
+    );
+    assert_eq!(
+        threads(Mode::ExpertStreaming, GpuShare::Layers(99)),
+        (false, (3, 3))
+    );
+}

@@ -94,6 +94,8 @@ struct Measured {
     fit: Option<CacheFit>,
     /// Whether llama.cpp took the argmax inside the decode graph.
     device_argmax: bool,
+    /// Host threads computing a batch of one token, and larger batches.
+    threads: (u32, u32),
 }
 
 impl Measured {
@@ -218,6 +220,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "step_ms": decode_seconds * 1e3 / f64::from(m.decode_tokens),
         "warmup": !args.no_warmup,
         "argmax": if m.device_argmax { "device" } else { "host" },
+        "threads": { "one_token": m.threads.0, "batch": m.threads.1 },
         "prompt_tokens": m.prompt_tokens,
         "prompt_tokens_per_second": prompt_rate,
         "prompt_tokens_per_second_sd": prompt_sd,
@@ -384,6 +387,7 @@ fn measure(
         stream,
         fit,
         device_argmax,
+        threads: ctx.threads(),
     })
 }
 

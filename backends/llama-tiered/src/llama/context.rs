@@ -127,7 +127,11 @@ impl Context {
         raw_params.n_batch = params.n_batch;
         raw_params.n_ubatch = params.n_batch.min(512);
         raw_params.n_seq_max = params.n_seq_max;
-        raw_params.n_threads = threads;
+        // A batch of one token (a decode step of one sequence) is computed
+        // with `n_threads`, larger ones with `n_threads_batch`. When the host
+        // computes only the input row lookup, one thread does it: waking the
+        // others and waiting for them at the end costs more than the row.
+        raw_params.n_threads = if model.host_input_only() { 1 } else { threads };
         raw_params.n_threads_batch = threads;
         raw_params.embeddings = params.embeddings;
         if params.mean_pooling {
@@ -206,6 +210,18 @@ impl Context {
     pub fn n_ctx(&self) -> u32 {
         // SAFETY: the context is alive.
         unsafe { sys::llama_n_ctx(self.raw.as_ptr()) }
+    }
+
+    /// Threads computing a batch of one token, and larger batches.
+    pub fn threads(&self) -> (u32, u32) {
+        // SAFETY: the context is alive.
+        let (one, batch) = unsafe {
+            (
+                sys::llama_n_threads(self.raw.as_ptr()),
+                sys::llama_n_threads_batch(self.raw.as_ptr()),
+            )
+        };
+        (one.max(0) as u32, batch.max(0) as u32)
     }
 
     pub fn n_batch(&self) -> u32 {

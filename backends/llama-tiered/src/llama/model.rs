@@ -41,6 +41,14 @@ pub struct GpuOffload {
     pub gpu_weight_bytes: u64,
 }
 
+impl GpuOffload {
+    /// `n_gpu_layers` when no tensor is kept in host memory against it: the
+    /// GPU then computes every layer those count.
+    fn layers_if_none_on_host(&self) -> Option<u32> {
+        self.ram_patterns.is_empty().then_some(self.n_gpu_layers)
+    }
+}
+
 /// Options for [`Model::load`].
 #[derive(Default)]
 pub struct ModelParams<'a> {
@@ -64,6 +72,9 @@ pub struct Model {
     path: PathBuf,
     /// The STREAM buffer type its STREAM tensors live in; dropped after the model.
     _stream: Option<StreamBufferType>,
+    /// Every layer, the output layer included, computes on the GPU: the
+    /// host computes only the input embeddings' row lookup ([`Model::host_input_only`]).
+    host_input_only: bool,
 }
 
 /// llama.cpp's device and buffer-type settings for one load; the pointers
@@ -204,6 +215,10 @@ impl Model {
             EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
         })?;
 
+        let all_on_gpu = params
+            .gpu
+            .as_ref()
+            .and_then(GpuOffload::layers_if_none_on_host);
         let mut devices = DeviceSetup::new(params.gpu.as_ref(), None, params.n_gpu_layers)?;
         // SAFETY: returns a plain struct of defaults.
         let mut raw_params = unsafe { sys::llama_model_default_params() };
@@ -237,7 +252,9 @@ impl Model {
                 raw,
                 path: path.to_path_buf(),
                 _stream: None,
-            }),
+                host_input_only: false,
+            }
+            .with_host_input_only(all_on_gpu)),
             None if aborted_by_caller => Err(EngineError::Cancelled),
             None => Err(EngineError::Load {
                 path: path.to_path_buf(),
@@ -277,6 +294,9 @@ impl Model {
         let mut load_file = LoadFile::new(file, stream_ranges, tensor_starts)
             .map_err(|e| load_error(e.to_string()))?;
 
+        let all_on_gpu = gpu
+            .and_then(GpuOffload::layers_if_none_on_host)
+            .filter(|_| stream_patterns.is_empty());
         let mut devices = DeviceSetup::new(gpu, Some((stream_patterns, stream_buft.handle())), 0)?;
 
         let fp = load_file.open().map_err(|e| load_error(e.to_string()))?;
@@ -305,7 +325,9 @@ impl Model {
             raw,
             path: path.to_path_buf(),
             _stream: Some(stream_buft),
-        };
+            host_input_only: false,
+        }
+        .with_host_input_only(all_on_gpu);
         if let Some(e) = read_error {
             return Err(load_error(e.to_string()));
         }
@@ -372,6 +394,7 @@ impl Model {
             raw,
             path: path.to_path_buf(),
             _stream: stream,
+            host_input_only: false,
         })
     }
 
@@ -398,6 +421,22 @@ impl Model {
     pub fn n_embd(&self) -> usize {
         // SAFETY: the model is alive.
         unsafe { sys::llama_model_n_embd(self.raw.as_ptr()) }.max(0) as usize
+    }
+
+    /// Whether the host computes nothing of a decode but the input
+    /// embeddings' row lookup (llama.cpp keeps `token_embd` on the CPU):
+    /// every layer and the output layer are on the GPU, nothing is kept in
+    /// host memory against that, and nothing streams.
+    pub fn host_input_only(&self) -> bool {
+        self.host_input_only
+    }
+
+    /// Sets [`Model::host_input_only`] once loaded: the offload keeps no
+    /// tensor on the host and its `n_gpu_layers` (`gpu_layers`) exceeds the
+    /// repeating layers (the output layer counts as one more).
+    fn with_host_input_only(mut self, gpu_layers: Option<u32>) -> Model {
+        self.host_input_only = gpu_layers.is_some_and(|n| n as usize > self.n_layer());
+        self
     }
 
     pub fn n_layer(&self) -> usize {
