@@ -5,7 +5,7 @@
 #                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
 #                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
-#                                     and what a cgroup holds at the peak: hostmemwatch)
+#                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
 #
 # hypura is built elsewhere with `--features dynamic-link` (llama.cpp as shared
 # libraries). Here the same vendored llama.cpp source is built with CUDA as
@@ -475,6 +475,20 @@ cgroup_at() {
 }
 
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || log "drop_caches not writable"; }
+
+# The engine's GPU tests (backends/llama-tiered/tests/gpu.rs), built on the
+# dev machine with the binary (`cargo test --release -p llama-tiered -p hypura
+# --features hypura/dynamic-link --test gpu --no-run`, stripped, xz'd into
+# .devcarry/gpu-test.xz); where no GPU is seen they skip their GPU half.
+gputest() {
+  local t=$PWD/.devcarry/gpu-test
+  [ -x "$t" ] || { [ -f "$t.xz" ] && xz -dc "$t.xz" >"$t" && chmod +x "$t"; } || { log "gputest: no test binary"; return 1; }
+  log "gputest: backends/llama-tiered/tests/gpu.rs on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  "$t" --test-threads 1 --nocapture >"$W/gputest.txt" 2>&1
+  local rc=$?
+  grep -E "^test |skipped|test result|panicked" "$W/gputest.txt" | tee -a "$OUT/log.txt"
+  log "gputest: rc $rc"
+}
 
 # Llama-8B shape, everything on the GPU, 5 repetitions each. llama-bench's
 # tg128 decodes from an empty KV cache: hypura's `--prompt-tokens 1` run is
