@@ -108,8 +108,9 @@ fn greedy_raw_completion_equals_plain_llama_cpp_decode_loop() {
     }
 }
 
-/// llama.cpp's sampler inside the decode graph (`set_device_greedy`)
-/// chooses the argmax of the logits the host would have read, step by step;
+/// The sampler inside the decode graph (`set_device_greedy`, hypura's
+/// two-stage argmax) chooses the argmax of the logits the host would have
+/// read, step by step;
 /// `generate` uses it for plain greedy and not for sampling.
 #[test]
 fn device_greedy_chooses_the_host_argmax_and_only_for_plain_greedy() {
@@ -119,6 +120,11 @@ fn device_greedy_chooses_the_host_argmax_and_only_for_plain_greedy() {
     let mut device = context(&model, 1);
     assert!(device.set_device_greedy(0, true));
     assert!(device.device_greedy(0));
+    // SmolLM2's 49,152 logits as 256 rows of 192.
+    assert_eq!(
+        device.device_greedy_name(0).as_deref(),
+        Some("greedy-two-stage")
+    );
     let mut batch = Batch::new(tokens.len());
     for (i, &t) in tokens.iter().enumerate() {
         batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();

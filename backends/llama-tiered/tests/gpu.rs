@@ -9,7 +9,7 @@ use hypura_scheduler::roles::{classify, TensorRole};
 use hypura_synth::{self as synth, SynthSpec};
 use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
-use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
+use llama_tiered::llama::{gpu_devices, Batch, ContextParams, SamplingParams};
 use llama_tiered::test_models;
 use llama_tiered::tiered::{
     gpu, GpuShare, Mode, Placement, PlannedLoad, Tier, TieredModel, TieredParams,
@@ -337,4 +337,71 @@ fn only_a_model_wholly_on_the_gpu_decodes_single_tokens_on_one_host_thread() {
         threads(Mode::ExpertStreaming, GpuShare::Layers(99)),
         (false, (3, 3))
     );
+}
+
+/// On the GPU (and on the CPU where there is none), the argmax taken inside
+/// the decode graph (`set_device_greedy`: two stages over 200 rows of 160
+/// logits) is a largest of the logits the host reads, step by step.
+#[test]
+fn the_decode_graphs_argmax_is_the_hosts() {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        tiny(
+            "llama-32k.gguf",
+            SynthSpec {
+                n_vocab: 32_000,
+                ..SynthSpec::tiny_llama().with_layers(4)
+            },
+        )
+    });
+    let share = if gpu_devices().is_empty() {
+        GpuShare::None
+    } else {
+        GpuShare::Layers(99)
+    };
+    let model = TieredModel::load(
+        path,
+        &TieredParams {
+            plan: planned(path, Mode::FullResident, share),
+            no_repack: true,
+            cache_dir: Some(temp_path("cache")),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let params = ContextParams {
+        n_ctx: 256,
+        n_threads: 2,
+        ..Default::default()
+    };
+    let mut host = model.new_context(&params).unwrap();
+    let mut device = model.new_context(&params).unwrap();
+    assert!(device.set_device_greedy(0, true));
+    assert_eq!(
+        device.device_greedy_name(0).as_deref(),
+        Some("greedy-two-stage")
+    );
+    let tokens =
+        prompt::tokenize_raw(&model.model, "The history of the city of Paris begins").unwrap();
+    let mut batch = Batch::new(tokens.len());
+    for (i, &t) in tokens.iter().enumerate() {
+        batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();
+    }
+    host.decode(&batch).unwrap();
+    device.decode(&batch).unwrap();
+    let mut row = tokens.len() as i32 - 1;
+    for step in 0..24 {
+        let logits = host.logits(row).unwrap();
+        let argmax = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        // A largest logit: this synthetic model's output rows repeat, so
+        // exact ties occur, and either side of one may win.
+        let token = device.sampled_token(row).expect("a device token") as usize;
+        assert_eq!(logits[token], logits[argmax], "step {step}");
+        let mut one = Batch::new(1);
+        one.push(argmax as i32, tokens.len() as i32 + step, 0, true)
+            .unwrap();
+        host.decode(&one).unwrap();
+        device.decode(&one).unwrap();
+        row = 0;
+    }
 }

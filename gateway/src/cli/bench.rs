@@ -96,6 +96,8 @@ struct Measured {
     device_argmax: bool,
     /// Host threads computing a batch of one token, and larger batches.
     threads: (u32, u32),
+    /// The sampler taking the argmax inside the decode graph, if any.
+    device_sampler: Option<String>,
 }
 
 impl Measured {
@@ -220,6 +222,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "step_ms": decode_seconds * 1e3 / f64::from(m.decode_tokens),
         "warmup": !args.no_warmup,
         "argmax": if m.device_argmax { "device" } else { "host" },
+        "device_sampler": m.device_sampler,
         "threads": { "one_token": m.threads.0, "batch": m.threads.1 },
         "prompt_tokens": m.prompt_tokens,
         "prompt_tokens_per_second": prompt_rate,
@@ -388,6 +391,7 @@ fn measure(
         fit,
         device_argmax,
         threads: ctx.threads(),
+        device_sampler: ctx.device_greedy_name(0),
     })
 }
 

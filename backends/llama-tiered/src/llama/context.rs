@@ -280,7 +280,8 @@ impl Context {
 
     /// Has llama.cpp take the argmax of sequence `seq`'s logits inside the
     /// decode graph, on the device that computes the output (its backend
-    /// sampling), or stops it. With it on, a decode copies no logits of
+    /// sampling, with hypura's two-stage argmax: [`super::argmax`]), or
+    /// stops it. With it on, a decode copies no logits of
     /// that sequence to the host: [`Context::sampled_token`] gives the
     /// token, and [`Context::logits`] has nothing for its rows. Every
     /// change makes llama.cpp reserve its compute graphs again on the next
@@ -310,7 +311,9 @@ impl Context {
             params.no_perf = true;
             let chain = sys::llama_sampler_chain_init(params);
             if !chain.is_null() {
-                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_greedy());
+                let greedy = super::argmax::new_sampler(self.n_vocab)
+                    .unwrap_or_else(|| sys::llama_sampler_init_greedy());
+                sys::llama_sampler_chain_add(chain, greedy);
             }
             chain
         };
@@ -331,6 +334,24 @@ impl Context {
     /// Whether sequence `seq` is sampled greedily inside the decode graph.
     pub fn device_greedy(&self, seq: i32) -> bool {
         self.device_greedy.contains_key(&seq)
+    }
+
+    /// The sampler taking sequence `seq`'s argmax inside the decode graph:
+    /// `greedy-two-stage` ([`super::argmax`]), or llama.cpp's `greedy` where
+    /// the vocabulary size has no split.
+    pub fn device_greedy_name(&self, seq: i32) -> Option<String> {
+        let chain = self.device_greedy.get(&seq)?;
+        // SAFETY: the chain is alive and holds one sampler; its name is a
+        // static C string.
+        unsafe {
+            let greedy = sys::llama_sampler_chain_get(chain.as_ptr(), 0);
+            let name = sys::llama_sampler_name(greedy);
+            (!name.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        }
     }
 
     /// The token llama.cpp's own sampler chose for output row `i` of the

@@ -10,6 +10,7 @@
 //! - `stream`: the STREAM buffer type and the eval callback.
 //! - [`gguf_write`]: llama.cpp's gguf writer and ggml's (de)quantizers.
 //! - [`device`]: ggml's compute devices, for the hardware probe.
+mod argmax;
 mod backend;
 mod context;
 pub mod device;
