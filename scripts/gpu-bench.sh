@@ -498,10 +498,16 @@ gputest() {
 vsdense() {
   lb dense-all-gpu - "$DENSE" -ngl 99 -p 512 -n 128 -r 5
   lb dense-d512 - "$DENSE" -ngl 99 -p 0 -n 128 -d 512 -r 5
-  hb dense-tg128 "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
-  # llama-bench's tg128 with one thread too: hypura computes a one-token
-  # step on one host thread when only the input row lookup is on the host.
-  T=1 lb dense-all-gpu-t1 - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
+  # tg128 in DENSE_ROUNDS (default 3) alternated rounds: one run of each
+  # varies by about 1% from the next on this machine, as much as the two
+  # differ. llama-bench with one thread too: hypura computes a one-token step
+  # on one host thread when only the input row lookup is on the host.
+  local round
+  for round in $(seq "${DENSE_ROUNDS:-3}"); do
+    hb dense-tg128 "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
+    lb dense-tg - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
+    T=1 lb dense-tg-t1 - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
+  done
   hb dense-tg128-host-argmax "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5 --host-argmax
   hb dense-pp512-tg128 "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
 }
@@ -705,15 +711,27 @@ def merged(runs):
     h["runs"] = [r["measured_tokens_per_second"] for r in runs]
     return h
 hyp = {case: merged(runs) for case, runs in by_case.items()}
-lb = {}
+lb_runs = {}
 for r in rows:
     if r["engine"] == "llama-bench":
-        lb.setdefault(r["case"], {})[r["kind"]] = r
+        lb_runs.setdefault((r["case"], r["kind"]), []).append(r)
+# A llama-bench case run in several rounds: the mean of its rounds, the sd
+# between them; each round's rate in "runs".
+lb = {}
+for (case, kind), runs in lb_runs.items():
+    b = dict(runs[-1])
+    xs = [r["avg_ts"] for r in runs]
+    if len(xs) > 1:
+        m = sum(xs) / len(xs)
+        b["avg_ts"], b["stddev_ts"] = m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+    b["runs"] = xs
+    lb.setdefault(case, {})[kind] = b
 # Which llama-bench case each hypura case stands beside.
 best_ncmoe = max((v["decode"]["avg_ts"], k) for k, v in lb.items() if k.startswith("mixtral-ncmoe") and "decode" in v)[1] \
     if any(k.startswith("mixtral-ncmoe") for k in lb) else None
 # (hypura case, phase) -> the llama-bench case beside it.
-beside = {("dense-tg128", "decode"): "dense-all-gpu", ("dense-tg128-host-argmax", "decode"): "dense-all-gpu",
+tg = "dense-tg" if "dense-tg" in lb else "dense-all-gpu"
+beside = {("dense-tg128", "decode"): tg, ("dense-tg128-host-argmax", "decode"): tg,
           ("dense-pp512-tg128", "prompt"): "dense-all-gpu", ("dense-pp512-tg128", "decode"): "dense-d512",
           ("dense-all-gpu", "prompt"): "dense-all-gpu", ("dense-all-gpu", "decode"): "dense-all-gpu"}
 for case in ("mixtral-8g-12g", "mixtral-8g-12g-cgroup"):
@@ -731,7 +749,7 @@ for case, h in hyp.items():
     st = h.get("stream", {})
     print(f"{'':22} plan: {h['mode']}, GPU {t.get('gpu', 0) / 1e9:.2f} GB, RAM {t.get('ram', 0) / 1e9:.2f} GB, "
           f"STREAM {t.get('stream', 0) / 1e9:.2f} GB (cache {h.get('stream_cache_bytes', 0) / 1e9:.2f} GB), "
-          f"predicted {h['predicted_tokens_per_second']:.2f} tok/s; peak RSS {h['peak_rss_kib'] / 1e6:.2f} GB")
+          f"predicted {h['predicted_tokens_per_second']:.2f} tok/s; peak RSS {h['peak_rss_kib'] * 1024 / 1e9:.2f} GB")
     if h["mode"] != "full-resident":
         print(f"{'':22} stream: hit rate {st.get('hit_rate', 0):.2f}, {st.get('nvme_bytes_per_token', 0) / 1e9:.2f} GB/token "
               f"at {st.get('read_gbps', 0):.2f} GB/s, stall {st.get('io_stall_seconds_per_token', 0) * 1e3:.0f} ms/token, "
@@ -746,12 +764,16 @@ def pair(a, b, what):
         print(f"{what}: {x:.2f} vs {y:.2f} tok/s = {x / y:.3f} (mean of {len(hyp[a]['runs'])} and "
               f"{len(hyp[b]['runs'])} alternated runs: {runs(a)} vs {runs(b)})")
 if "dense-tg128" in hyp:
-    h = hyp["dense-tg128"]["measured_tokens_per_second"]
-    for case in ("dense-all-gpu", "dense-all-gpu-t1"):
+    hr = hyp["dense-tg128"]
+    h = hr["measured_tokens_per_second"]
+    for case in ("dense-tg", "dense-tg-t1", "dense-all-gpu", "dense-all-gpu-t1"):
         b = lb.get(case, {}).get("decode")
         if b:
-            print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / llama-bench {b['args']} "
-                  f"{b['avg_ts']:.2f} = {h / b['avg_ts']:.3f}")
+            rounds = ""
+            if len(b["runs"]) == len(hr["runs"]) > 1:
+                rounds = " (by round: " + ", ".join(f"{x / y:.3f}" for x, y in zip(hr["runs"], b["runs"])) + ")"
+            print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / llama-bench {case} ({b['args']}) "
+                  f"{b['avg_ts']:.2f} = {h / b['avg_ts']:.3f}{rounds}")
 pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
 pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
 serve = os.path.join(os.path.dirname(sys.argv[2]), "serve.jsonl")

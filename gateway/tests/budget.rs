@@ -46,10 +46,14 @@ fn two_models_under_a_budget_that_fits_one_fully_keep_answering_and_the_hot_one_
     let hot_path = common::smollm2();
     let dir = std::env::temp_dir().join(format!("hypura-budget-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let cold_path: PathBuf = dir.join("smollm2-moe.gguf");
     // 20 experts: half of them cached leaves room for the hot one in full
     // beside the cold one's smallest cache (two layers: one per decoding context).
-    synth::derive_moe_from_dense(&hot_path, &cold_path, 20, 2, 0.01, 7).unwrap();
+    let cold_path: PathBuf = synth::cached::link_into(
+        &synth::cached::derived_moe(&hot_path, 20, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe.gguf",
+    )
+    .unwrap();
     let (hot, cold) = (footprint(&hot_path), footprint(&cold_path));
 
     // The cold one loads first, half cached (partial), and leaves the hot

@@ -226,8 +226,12 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
     let hot_path = common::smollm2();
     let dir = std::env::temp_dir().join(format!("hypura-dashboards-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let cold_path = dir.join("smollm2-moe.gguf");
-    synth::derive_moe_from_dense(&hot_path, &cold_path, 16, 2, 0.01, 7).unwrap();
+    let cold_path = synth::cached::link_into(
+        &synth::cached::derived_moe(&hot_path, 16, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe.gguf",
+    )
+    .unwrap();
     let (hot, cold) = (footprint(&hot_path), footprint(&cold_path));
     // As in tests/budget.rs: room for the cold one partly cached and the hot
     // one streaming; once the cold one is demoted, room for the hot one in full.

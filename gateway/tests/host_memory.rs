@@ -37,8 +37,12 @@ fn a_streaming_run_peaks_within_its_ram_budget_plus_the_stated_overhead() {
     let dir = std::env::temp_dir().join(format!("hypura-host-memory-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // SmolLM2 with 16 experts per layer: 760 MiB of experts to stream.
-    let moe = dir.join("smollm2-moe16.gguf");
-    synth::derive_moe_from_dense(&common::smollm2(), &moe, 16, 2, 0.01, 7).unwrap();
+    let moe = synth::cached::link_into(
+        &synth::cached::derived_moe(&common::smollm2(), 16, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe16.gguf",
+    )
+    .unwrap();
 
     // This machine's profile, with the host overhead it reports.
     let profile = hypura(&dir)

@@ -35,13 +35,10 @@ fn scratch() -> &'static Path {
     })
 }
 
-/// A sparse model-sized file of `spec` (written once per test process).
+/// A sparse model-sized file of `spec` (written once and kept), as `name`.
 fn sparse(name: &str, spec: SynthSpec) -> PathBuf {
-    let path = scratch().join(name);
-    if !path.exists() {
-        synth::write_sparse(&spec, &path).expect("write sparse GGUF");
-    }
-    path
+    let kept = synth::cached::sparse_model(&spec).expect("write sparse GGUF");
+    synth::cached::link_into(&kept, scratch(), name).unwrap()
 }
 
 fn mixtral() -> PathBuf {
@@ -273,8 +270,12 @@ fn bench_reports_measured_beside_predicted_in_each_mode() {
     // also the file the profile's disk probe reads.
     let dir = scratch().join("bench");
     std::fs::create_dir_all(&dir).unwrap();
-    let moe = dir.join("smollm2-moe.gguf");
-    synth::derive_moe_from_dense(&smollm2, &moe, 8, 2, 0.01, 7).unwrap();
+    let moe = synth::cached::link_into(
+        &synth::cached::derived_moe(&smollm2, 8, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe.gguf",
+    )
+    .unwrap();
     let profile = this_machine(&dir);
 
     let r = bench(&smollm2, &profile, &[]);

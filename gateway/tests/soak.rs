@@ -13,8 +13,12 @@ fn a_short_soak_passes_and_reports_what_it_injected() {
     let dir = std::env::temp_dir().join(format!("hypura-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let smol = common::smollm2();
-    let moe = dir.join("smollm2-moe.gguf");
-    synth::derive_moe_from_dense(&smol, &moe, 8, 2, 0.01, 7).unwrap();
+    let moe = synth::cached::link_into(
+        &synth::cached::derived_moe(&smol, 8, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe.gguf",
+    )
+    .unwrap();
     let report = dir.join("soak.json");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/soak.py");
     let output = Command::new("python3")

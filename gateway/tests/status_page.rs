@@ -74,8 +74,12 @@ fn the_status_page_shows_each_model_as_api_ps_does() {
     let hot_path = common::smollm2();
     let dir = std::env::temp_dir().join(format!("hypura-status-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let cold_path = dir.join("smollm2-moe.gguf");
-    synth::derive_moe_from_dense(&hot_path, &cold_path, 16, 2, 0.01, 7).unwrap();
+    let cold_path = synth::cached::link_into(
+        &synth::cached::derived_moe(&hot_path, 16, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe.gguf",
+    )
+    .unwrap();
     let hot = StreamFootprint::of(&GgufFile::open(&hot_path).unwrap());
     let cold = StreamFootprint::of(&GgufFile::open(&cold_path).unwrap());
     // Room for the hot one in full, then the cold one streaming only.

@@ -55,8 +55,12 @@ fn cache_series(model: &str) -> (String, String) {
 fn a_generation_and_embeddings_at_once_keep_the_smallest_cache_within_its_budget() {
     let dir = std::env::temp_dir().join(format!("hypura-stream-cache-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let moe: PathBuf = dir.join("smollm2-moe.gguf");
-    synth::derive_moe_from_dense(&common::smollm2(), &moe, 8, 2, 0.01, 7).unwrap();
+    let moe: PathBuf = synth::cached::link_into(
+        &synth::cached::derived_moe(&common::smollm2(), 8, 2, 0.01, 7).unwrap(),
+        &dir,
+        "smollm2-moe.gguf",
+    )
+    .unwrap();
     let f = footprint(&moe);
     assert_eq!(f.minimum_cache_bytes, DECODING_CONTEXTS * f.layer_bytes);
     // Room for the smallest cache only (in the server's process: no

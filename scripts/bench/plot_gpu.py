@@ -22,7 +22,7 @@ PAIRS = [
     ("Llama-8B tg128\n(all GPU)", "dense-tg128", "dense-all-gpu"),
     ("Llama-8B tg128\nat depth 512", "dense-pp512-tg128", "dense-d512"),
     ("Mixtral-8x7B, 8 GiB GPU\n+ 12 GiB RAM", "mixtral-8g-12g", "mixtral-ncmoe*"),
-    ("Mixtral-8x7B, both in\none 12 GiB+overhead cgroup", "mixtral-8g-11.75g-cgroup", "mixtral-ncmoe*"),
+    ("Mixtral-8x7B, both in\none 12 GiB+overhead cgroup", "mixtral-8g-12g-cgroup", "mixtral-ncmoe*"),
 ]
 
 

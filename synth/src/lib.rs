@@ -5,6 +5,8 @@
 //! - `random.rs`: random valid weights in the shapes of real models ([`write`],
 //!   [`write_sparse`]), and a real MoE derived from a dense model
 //!   ([`derive_moe_from_dense`]).
+//! - `cached.rs`: those models written once and kept for later runs (the tests').
+pub mod cached;
 mod random;
 
 pub use random::{

@@ -30,6 +30,8 @@ pub enum SynthError {
     Source { path: PathBuf, reason: String },
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 }
 
 /// Model architecture of a synthetic model.

@@ -270,9 +270,7 @@ fn gpu_placements_are_measured_as_loaded() {
         eprintln!("skipped: no GPU in this build");
         return;
     }
-    let path =
-        std::env::temp_dir().join(format!("hypura-ctxmem-{}-llama.gguf", std::process::id()));
-    synth::write(&SynthSpec::tiny_llama().with_layers(4), &path).unwrap();
+    let path = synth::cached::model(&SynthSpec::tiny_llama().with_layers(4)).unwrap();
     let context = ContextParams {
         n_ctx: 512,
         n_seq_max: 2,

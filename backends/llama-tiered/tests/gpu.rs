@@ -19,20 +19,18 @@ fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hypura-gpu-{}-{name}", std::process::id()))
 }
 
-fn tiny(name: &str, spec: SynthSpec) -> PathBuf {
-    let path = temp_path(name);
-    synth::write(&spec, &path).expect("write synthetic model");
-    path
+fn tiny(spec: SynthSpec) -> PathBuf {
+    synth::cached::model(&spec).expect("write synthetic model")
 }
 
 fn tiny_llama() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| tiny("llama.gguf", SynthSpec::tiny_llama().with_layers(4)))
+    PATH.get_or_init(|| tiny(SynthSpec::tiny_llama().with_layers(4)))
 }
 
 fn tiny_mixtral() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| tiny("mixtral.gguf", SynthSpec::tiny_mixtral().with_layers(4)))
+    PATH.get_or_init(|| tiny(SynthSpec::tiny_mixtral().with_layers(4)))
 }
 
 /// The planner's placement of `path` with `mode` and `share` fixed.
@@ -346,13 +344,10 @@ fn only_a_model_wholly_on_the_gpu_decodes_single_tokens_on_one_host_thread() {
 fn the_decode_graphs_argmax_is_the_hosts() {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     let path = PATH.get_or_init(|| {
-        tiny(
-            "llama-32k.gguf",
-            SynthSpec {
-                n_vocab: 32_000,
-                ..SynthSpec::tiny_llama().with_layers(4)
-            },
-        )
+        tiny(SynthSpec {
+            n_vocab: 32_000,
+            ..SynthSpec::tiny_llama().with_layers(4)
+        })
     });
     let share = if gpu_devices().is_empty() {
         GpuShare::None

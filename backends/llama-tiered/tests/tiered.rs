@@ -19,32 +19,25 @@ fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hypura-tiered-{}-{name}", std::process::id()))
 }
 
-/// The SmolLM2-derived MoE (4 experts, 2 used), written once per test run.
+/// The SmolLM2-derived MoE (4 experts, 2 used), written once and kept.
 fn smollm2_moe() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let path = temp_path("smollm2-moe.gguf");
-        synth::derive_moe_from_dense(&test_models::smollm2(), &path, 4, 2, 0.01, 7)
-            .expect("derive MoE");
-        path
+        synth::cached::derived_moe(&test_models::smollm2(), 4, 2, 0.01, 7).expect("derive MoE")
     })
 }
 
 fn tiny_mixtral_q4k() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let path = temp_path("tiny-mixtral.gguf");
-        synth::write(&SynthSpec::tiny_mixtral().with_layers(4), &path).expect("write tiny mixtral");
-        path
+        synth::cached::model(&SynthSpec::tiny_mixtral().with_layers(4)).expect("write tiny mixtral")
     })
 }
 
 fn tiny_llama_q4k() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let path = temp_path("tiny-llama.gguf");
-        synth::write(&SynthSpec::tiny_llama().with_layers(4), &path).expect("write tiny llama");
-        path
+        synth::cached::model(&SynthSpec::tiny_llama().with_layers(4)).expect("write tiny llama")
     })
 }
 
@@ -476,12 +469,8 @@ fn promotion_fills_the_cache_and_demotion_drops_it_without_changing_tokens() {
 fn coactivation_statistics_survive_a_restart() {
     let cache = temp_path("coact-restart");
     // Its own model file, so no other test's statistics are found under its key.
-    let path = &temp_path("coact-mixtral.gguf");
-    synth::write(
-        &SynthSpec::tiny_mixtral().with_layers(4).with_seed(99),
-        path,
-    )
-    .unwrap();
+    let path =
+        &synth::cached::model(&SynthSpec::tiny_mixtral().with_layers(4).with_seed(99)).unwrap();
     let file = GgufFile::open(path).unwrap();
     let params = TieredParams {
         plan: Some(planned(&file, Mode::ExpertStreaming, None).unwrap()),
