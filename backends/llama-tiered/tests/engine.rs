@@ -125,32 +125,10 @@ fn device_greedy_chooses_the_host_argmax_and_only_for_plain_greedy() {
         device.device_greedy_name(0).as_deref(),
         Some("greedy-two-stage")
     );
-    let mut batch = Batch::new(tokens.len());
-    for (i, &t) in tokens.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();
-    }
-    host.decode(&batch).unwrap();
-    device.decode(&batch).unwrap();
-    let mut row = tokens.len() as i32 - 1;
-    for step in 0..24 {
-        let logits = host.logits(row).unwrap();
-        let argmax = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-        assert_eq!(
-            host.sampled_token(row),
-            None,
-            "the host context samples nothing"
-        );
-        assert_eq!(
-            device.sampled_token(row),
-            Some(argmax as i32),
-            "step {step}"
-        );
-        let mut one = Batch::new(1);
-        one.push(argmax as i32, tokens.len() as i32 + step, 0, true)
-            .unwrap();
-        host.decode(&one).unwrap();
-        device.decode(&one).unwrap();
-        row = 0;
+    let steps = test_models::greedy_side_by_side(&mut host, &mut device, &tokens, 24);
+    for (step, seen) in steps.iter().enumerate() {
+        assert_eq!(seen.host_sampled, None, "the host context samples nothing");
+        assert_eq!(seen.device_sampled, Some(seen.argmax), "step {step}");
     }
     assert!(!device.set_device_greedy(0, false));
     let mut one = Batch::new(1);

@@ -9,7 +9,7 @@ use hypura_scheduler::roles::{classify, TensorRole};
 use hypura_synth::{self as synth, SynthSpec};
 use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
-use llama_tiered::llama::{gpu_devices, Batch, ContextParams, SamplingParams};
+use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
 use llama_tiered::test_models;
 use llama_tiered::tiered::{
     gpu, GpuShare, Mode, Placement, PlannedLoad, Tier, TieredModel, TieredParams,
@@ -378,25 +378,14 @@ fn the_decode_graphs_argmax_is_the_hosts() {
     );
     let tokens =
         prompt::tokenize_raw(&model.model, "The history of the city of Paris begins").unwrap();
-    let mut batch = Batch::new(tokens.len());
-    for (i, &t) in tokens.iter().enumerate() {
-        batch.push(t, i as i32, 0, i + 1 == tokens.len()).unwrap();
-    }
-    host.decode(&batch).unwrap();
-    device.decode(&batch).unwrap();
-    let mut row = tokens.len() as i32 - 1;
-    for step in 0..24 {
-        let logits = host.logits(row).unwrap();
-        let argmax = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+    let steps = test_models::greedy_side_by_side(&mut host, &mut device, &tokens, 24);
+    for (step, seen) in steps.iter().enumerate() {
         // A largest logit: this synthetic model's output rows repeat, so
         // exact ties occur, and either side of one may win.
-        let token = device.sampled_token(row).expect("a device token") as usize;
-        assert_eq!(logits[token], logits[argmax], "step {step}");
-        let mut one = Batch::new(1);
-        one.push(argmax as i32, tokens.len() as i32 + step, 0, true)
-            .unwrap();
-        host.decode(&one).unwrap();
-        device.decode(&one).unwrap();
-        row = 0;
+        let token = seen.device_sampled.expect("a device token") as usize;
+        assert_eq!(
+            seen.logits[token], seen.logits[seen.argmax as usize],
+            "step {step}"
+        );
     }
 }

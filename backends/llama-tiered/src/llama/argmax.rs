@@ -138,8 +138,10 @@ unsafe extern "C" fn free(smpl: *mut sys::llama_sampler) {
     drop(Box::from_raw((*smpl).ctx as *mut DeviceArgmax));
 }
 
-/// Allocates and fills the token-id table in `buft`. Returns false (the
-/// chain then stays on the host) if it cannot.
+/// Allocates and fills the token-id table in `buft`, the buffer type of the
+/// device computing the logits. Where it cannot, `backend_apply` takes the
+/// one-stage argmax instead, as llama.cpp's greedy sampler does: either way
+/// the sampler runs in the graph (llama.cpp attaches it whatever this returns).
 unsafe extern "C" fn backend_init(
     smpl: *mut sys::llama_sampler,
     buft: sys::ggml_backend_buffer_type_t,
@@ -155,13 +157,13 @@ unsafe extern "C" fn backend_init(
         no_alloc: true,
     });
     if ctx.is_null() {
-        return false;
+        return true;
     }
     s.ctx = ctx;
     let ids = sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_I32, 1, s.cols, s.n_vocab / s.cols);
     let buffer = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
     if ids.is_null() || buffer.is_null() {
-        return false;
+        return true;
     }
     s.buffer = buffer;
     let table: Vec<i32> = (0..s.n_vocab as i32).collect();
