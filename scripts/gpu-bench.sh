@@ -701,13 +701,14 @@ by_case = {}
 for r in rows:
     if r["engine"] == "hypura":
         by_case.setdefault(r["case"], []).append(r)
+def mean_sd(xs):
+    m = sum(xs) / len(xs)
+    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 def merged(runs):
     h = dict(runs[-1])
     if len(runs) > 1:
         for key in ("prompt_tokens_per_second", "measured_tokens_per_second"):
-            xs = [r[key] for r in runs]
-            m = sum(xs) / len(xs)
-            h[key], h[key + "_sd"] = m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+            h[key], h[key + "_sd"] = mean_sd([r[key] for r in runs])
     h["runs"] = [r["measured_tokens_per_second"] for r in runs]
     return h
 hyp = {case: merged(runs) for case, runs in by_case.items()}
@@ -722,8 +723,7 @@ for (case, kind), runs in lb_runs.items():
     b = dict(runs[-1])
     xs = [r["avg_ts"] for r in runs]
     if len(xs) > 1:
-        m = sum(xs) / len(xs)
-        b["avg_ts"], b["stddev_ts"] = m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+        b["avg_ts"], b["stddev_ts"] = mean_sd(xs)
     b["runs"] = xs
     lb.setdefault(case, {})[kind] = b
 # Which llama-bench case each hypura case stands beside.

@@ -8,7 +8,10 @@ use std::sync::{Arc, OnceLock};
 // Re-exported so engine tests find every test model in one place.
 pub use hypura_gguf::testing::{models_dir, smollm2};
 
-use crate::llama::{Batch, Context, Model, ModelParams};
+use crate::engine::generate::{generate, GenerateParams};
+use crate::engine::prompt;
+use crate::llama::{Batch, Context, ContextParams, Model, ModelParams, SamplingParams};
+use crate::tiered::TieredModel;
 
 /// SmolLM2 loaded once per test process (llama.cpp's default load), shared by tests.
 pub fn smollm2_model() -> Arc<Model> {
@@ -65,4 +68,28 @@ pub fn greedy_side_by_side(
         row = 0;
     }
     seen
+}
+
+/// The greedy tokens of `n` steps after `text` (no template), in a new
+/// context of `model` (256 tokens, 2 threads).
+pub fn greedy_tokens(model: &TieredModel, text: &str, n: u32) -> Vec<i32> {
+    let mut ctx = model
+        .new_context(&ContextParams {
+            n_ctx: 256,
+            n_threads: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let tokens = prompt::tokenize_raw(&model.model, text).unwrap();
+    let params = GenerateParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens: Some(n),
+        stop: vec![],
+    };
+    generate(&mut ctx, 0, &tokens, &params, &mut |_| true)
+        .unwrap()
+        .tokens
 }

@@ -7,9 +7,8 @@ use std::sync::OnceLock;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::roles::{classify, TensorRole};
 use hypura_synth::{self as synth, SynthSpec};
-use llama_tiered::engine::generate::{generate, GenerateParams};
 use llama_tiered::engine::prompt;
-use llama_tiered::llama::{gpu_devices, ContextParams, SamplingParams};
+use llama_tiered::llama::{gpu_devices, ContextParams};
 use llama_tiered::test_models;
 use llama_tiered::tiered::{
     gpu, GpuShare, Mode, Placement, PlannedLoad, Tier, TieredModel, TieredParams,
@@ -204,26 +203,21 @@ fn no_gpu_share_means_no_offload() {
 }
 
 fn greedy(model: &TieredModel, n: u32) -> Vec<i32> {
-    let mut ctx = model
-        .new_context(&ContextParams {
-            n_ctx: 256,
-            n_threads: 2,
-            ..Default::default()
-        })
-        .unwrap();
-    let tokens =
-        prompt::tokenize_raw(&model.model, "The history of the city of Paris begins").unwrap();
-    let params = GenerateParams {
-        sampling: SamplingParams {
-            temperature: 0.0,
+    test_models::greedy_tokens(model, "The history of the city of Paris begins", n)
+}
+
+/// `path` loaded with the planner's placement for `mode` and `share`.
+fn load_planned(path: &Path, mode: Mode, share: GpuShare) -> TieredModel {
+    TieredModel::load(
+        path,
+        &TieredParams {
+            plan: planned(path, mode, share),
+            no_repack: true,
+            cache_dir: Some(temp_path("cache")),
             ..Default::default()
         },
-        max_tokens: Some(n),
-        stop: vec![],
-    };
-    generate(&mut ctx, 0, &tokens, &params, &mut |_| true)
-        .unwrap()
-        .tokens
+    )
+    .unwrap()
 }
 
 #[test]
@@ -262,18 +256,7 @@ fn gpu_shares_decode_and_streaming_matches_ram_on_the_same_devices() {
     }
     let path = tiny_mixtral();
     let file = GgufFile::open(path).unwrap();
-    let load = |mode, gpu| {
-        TieredModel::load(
-            path,
-            &TieredParams {
-                plan: planned(path, mode, gpu),
-                no_repack: true,
-                cache_dir: Some(temp_path("cache")),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
+    let load = |mode, gpu| load_planned(path, mode, gpu);
     let ram = greedy(
         &load(
             Mode::FullResident,
@@ -298,16 +281,7 @@ fn only_a_model_wholly_on_the_gpu_decodes_single_tokens_on_one_host_thread() {
         } else {
             tiny_mixtral()
         };
-        let model = TieredModel::load(
-            path,
-            &TieredParams {
-                plan: planned(path, mode, share),
-                no_repack: true,
-                cache_dir: Some(temp_path("cache")),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let model = load_planned(path, mode, share);
         let ctx = model
             .new_context(&ContextParams {
                 n_ctx: 256,
@@ -354,16 +328,7 @@ fn the_decode_graphs_argmax_is_the_hosts() {
     } else {
         GpuShare::Layers(99)
     };
-    let model = TieredModel::load(
-        path,
-        &TieredParams {
-            plan: planned(path, Mode::FullResident, share),
-            no_repack: true,
-            cache_dir: Some(temp_path("cache")),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let model = load_planned(path, Mode::FullResident, share);
     let params = ContextParams {
         n_ctx: 256,
         n_threads: 2,

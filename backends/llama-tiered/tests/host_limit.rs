@@ -3,10 +3,7 @@
 //! binary: it reads this process's resident set, which other tests running
 //! beside it would move.
 use hypura_gguf::GgufFile;
-use llama_tiered::engine::generate::{generate, GenerateParams};
-use llama_tiered::engine::prompt;
 use llama_tiered::hwprobe::host::statm_rss_bytes;
-use llama_tiered::llama::{ContextParams, SamplingParams};
 use llama_tiered::test_models;
 use llama_tiered::tiered::{GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
 
@@ -14,25 +11,7 @@ const PROMPT: &str = "The history of the city of Paris begins";
 
 /// Greedy tokens of `n` steps after the prompt.
 fn greedy(m: &TieredModel, n: u32) -> Vec<i32> {
-    let mut ctx = m
-        .new_context(&ContextParams {
-            n_ctx: 256,
-            n_threads: 2,
-            ..Default::default()
-        })
-        .unwrap();
-    let tokens = prompt::tokenize_raw(&m.model, PROMPT).unwrap();
-    let params = GenerateParams {
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        max_tokens: Some(n),
-        stop: vec![],
-    };
-    generate(&mut ctx, 0, &tokens, &params, &mut |_| true)
-        .unwrap()
-        .tokens
+    test_models::greedy_tokens(m, PROMPT, n)
 }
 
 fn load(mode: Mode) -> TieredModel {

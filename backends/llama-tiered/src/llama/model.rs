@@ -72,9 +72,9 @@ pub struct Model {
     path: PathBuf,
     /// The STREAM buffer type its STREAM tensors live in; dropped after the model.
     _stream: Option<StreamBufferType>,
-    /// Every layer, the output layer included, computes on the GPU: the
-    /// host computes only the input embeddings' row lookup ([`Model::host_input_only`]).
-    host_input_only: bool,
+    /// The offload's `n_gpu_layers` when it keeps no tensor on the host and
+    /// nothing streams ([`Model::host_input_only`]).
+    gpu_layers_alone: Option<u32>,
 }
 
 /// llama.cpp's device and buffer-type settings for one load; the pointers
@@ -215,7 +215,7 @@ impl Model {
             EngineError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
         })?;
 
-        let all_on_gpu = params
+        let gpu_layers_alone = params
             .gpu
             .as_ref()
             .and_then(GpuOffload::layers_if_none_on_host);
@@ -252,9 +252,8 @@ impl Model {
                 raw,
                 path: path.to_path_buf(),
                 _stream: None,
-                host_input_only: false,
-            }
-            .with_host_input_only(all_on_gpu)),
+                gpu_layers_alone,
+            }),
             None if aborted_by_caller => Err(EngineError::Cancelled),
             None => Err(EngineError::Load {
                 path: path.to_path_buf(),
@@ -294,7 +293,7 @@ impl Model {
         let mut load_file = LoadFile::new(file, stream_ranges, tensor_starts)
             .map_err(|e| load_error(e.to_string()))?;
 
-        let all_on_gpu = gpu
+        let gpu_layers_alone = gpu
             .and_then(GpuOffload::layers_if_none_on_host)
             .filter(|_| stream_patterns.is_empty());
         let mut devices = DeviceSetup::new(gpu, Some((stream_patterns, stream_buft.handle())), 0)?;
@@ -325,9 +324,8 @@ impl Model {
             raw,
             path: path.to_path_buf(),
             _stream: Some(stream_buft),
-            host_input_only: false,
-        }
-        .with_host_input_only(all_on_gpu);
+            gpu_layers_alone,
+        };
         if let Some(e) = read_error {
             return Err(load_error(e.to_string()));
         }
@@ -394,7 +392,7 @@ impl Model {
             raw,
             path: path.to_path_buf(),
             _stream: stream,
-            host_input_only: false,
+            gpu_layers_alone: None,
         })
     }
 
@@ -425,18 +423,12 @@ impl Model {
 
     /// Whether the host computes nothing of a decode but the input
     /// embeddings' row lookup (llama.cpp keeps `token_embd` on the CPU):
-    /// every layer and the output layer are on the GPU, nothing is kept in
-    /// host memory against that, and nothing streams.
+    /// every layer and the output layer are on the GPU (more GPU layers than
+    /// repeating layers: the output layer counts as one more), nothing is
+    /// kept in host memory against that, and nothing streams.
     pub fn host_input_only(&self) -> bool {
-        self.host_input_only
-    }
-
-    /// Sets [`Model::host_input_only`] once loaded: the offload keeps no
-    /// tensor on the host and its `n_gpu_layers` (`gpu_layers`) exceeds the
-    /// repeating layers (the output layer counts as one more).
-    fn with_host_input_only(mut self, gpu_layers: Option<u32>) -> Model {
-        self.host_input_only = gpu_layers.is_some_and(|n| n as usize > self.n_layer());
-        self
+        self.gpu_layers_alone
+            .is_some_and(|n| n as usize > self.n_layer())
     }
 
     pub fn n_layer(&self) -> usize {
