@@ -484,8 +484,7 @@ gputest() {
   local t=$PWD/.devcarry/gpu-test
   [ -x "$t" ] || { [ -f "$t.xz" ] && xz -dc "$t.xz" >"$t" && chmod +x "$t"; } || { log "gputest: no test binary"; return 1; }
   log "gputest: backends/llama-tiered/tests/gpu.rs on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
-  # Under the switches the hypura binary turns on (llama_tiered::llama::ENV_DEFAULTS).
-  GGML_CUDA_GRAPH_OPT=${GGML_CUDA_GRAPH_OPT:-1} "$t" --test-threads 1 --nocapture >"$W/gputest.txt" 2>&1
+  "$t" --test-threads 1 --nocapture >"$W/gputest.txt" 2>&1
   local rc=$?
   grep -E "^test |skipped|test result|panicked" "$W/gputest.txt" | tee -a "$OUT/log.txt"
   log "gputest: rc $rc"
@@ -502,17 +501,12 @@ vsdense() {
   # tg128 in DENSE_ROUNDS (default 3) alternated rounds: one run of each
   # varies by about 1% from the next on this machine, as much as the two
   # differ. llama-bench with one thread too: hypura computes a one-token step
-  # on one host thread when only the input row lookup is on the host. And
-  # both with the other setting of GGML_CUDA_GRAPH_OPT, which hypura turns on
-  # by default (llama.cpp's concurrent streams for Q, K and V) and llama.cpp
-  # leaves off: what the setting gives each engine.
+  # on one host thread when only the input row lookup is on the host.
   local round
   for round in $(seq "${DENSE_ROUNDS:-3}"); do
     hb dense-tg128 "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
     lb dense-tg - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
     T=1 lb dense-tg-t1 - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
-    GGML_CUDA_GRAPH_OPT=1 lb dense-tg-graphopt - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
-    GGML_CUDA_GRAPH_OPT=0 hb dense-tg128-nographopt "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
   done
   hb dense-tg128-host-argmax "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5 --host-argmax
   hb dense-pp512-tg128 "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
@@ -772,7 +766,7 @@ def pair(a, b, what):
 if "dense-tg128" in hyp:
     hr = hyp["dense-tg128"]
     h = hr["measured_tokens_per_second"]
-    for case in ("dense-tg", "dense-tg-t1", "dense-tg-graphopt", "dense-all-gpu", "dense-all-gpu-t1"):
+    for case in ("dense-tg", "dense-tg-t1", "dense-all-gpu", "dense-all-gpu-t1"):
         b = lb.get(case, {}).get("decode")
         if b:
             rounds = ""
@@ -780,10 +774,6 @@ if "dense-tg128" in hyp:
                 rounds = " (by round: " + ", ".join(f"{x / y:.3f}" for x, y in zip(hr["runs"], b["runs"])) + ")"
             print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / llama-bench {case} ({b['args']}) "
                   f"{b['avg_ts']:.2f} = {h / b['avg_ts']:.3f}{rounds}")
-if "dense-tg128-nographopt" in hyp and "dense-tg-graphopt" in lb:
-    print(f"GGML_CUDA_GRAPH_OPT: hypura on/off {hyp['dense-tg128']['measured_tokens_per_second'] / hyp['dense-tg128-nographopt']['measured_tokens_per_second']:.3f}, "
-          f"llama-bench on/off {lb['dense-tg-graphopt']['decode']['avg_ts'] / lb['dense-tg']['decode']['avg_ts']:.3f}")
-pair("dense-tg128", "dense-tg128-nographopt", "single stream, hypura with / without GGML_CUDA_GRAPH_OPT")
 pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
 pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
 serve = os.path.join(os.path.dirname(sys.argv[2]), "serve.jsonl")

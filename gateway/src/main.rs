@@ -7,8 +7,6 @@
 use clap::Parser;
 
 fn main() {
-    // Before any thread starts: llama.cpp's switches hypura turns on by default.
-    llama_tiered::llama::set_env_defaults();
     // The log subscriber is installed by `dispatch`: `serve` chooses its format.
     let args = hypura::cli::Cli::parse();
     if let Err(e) = hypura::cli::dispatch(args) {

@@ -26,44 +26,6 @@ fn hypura(args: &[&str]) -> Output {
         .expect("run hypura")
 }
 
-/// The `engine_env` of `hypura bench` on SmolLM2 (4 + 4 tokens, CPU),
-/// with `GGML_CUDA_GRAPH_OPT` set to `value` or unset.
-fn bench_engine_env(profile: &Path, value: Option<&str>) -> Value {
-    let smollm2 = common::smollm2();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hypura"));
-    command
-        .args([
-            "bench",
-            smollm2.to_str().unwrap(),
-            "--json",
-            "--tokens",
-            "4",
-        ])
-        .args([
-            "--prompt-tokens",
-            "4",
-            "--threads",
-            "2",
-            "--gpu-budget",
-            "0",
-        ])
-        .arg("--profile")
-        .arg(profile)
-        .env("HYPURA_CACHE_DIR", scratch().join("cache"))
-        .env_remove("GGML_CUDA_GRAPH_OPT");
-    if let Some(value) = value {
-        command.env("GGML_CUDA_GRAPH_OPT", value);
-    }
-    let out = command.output().expect("run hypura");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    report["engine_env"].clone()
-}
-
 fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -357,19 +319,6 @@ fn bench_reports_measured_beside_predicted_in_each_mode() {
     assert!(
         r["stream"]["nvme_bytes_per_token"].as_f64().unwrap() > 0.0,
         "{r}"
-    );
-}
-
-/// hypura turns on llama.cpp's concurrent CUDA streams unless the user chose;
-/// `bench` reports the setting in force.
-#[test]
-fn the_engine_switches_are_on_by_default_and_the_users_choice_is_kept() {
-    // Any profile does: the run is on the CPU (`--gpu-budget 0`).
-    let profile = h200();
-    assert_eq!(bench_engine_env(&profile, None)["GGML_CUDA_GRAPH_OPT"], "1");
-    assert_eq!(
-        bench_engine_env(&profile, Some("0"))["GGML_CUDA_GRAPH_OPT"],
-        "0"
     );
 }
 

@@ -224,7 +224,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "argmax": if m.device_argmax { "device" } else { "host" },
         "device_sampler": m.device_sampler,
         "threads": { "one_token": m.threads.0, "batch": m.threads.1 },
-        "engine_env": llama_tiered::llama::env_settings().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
         "prompt_tokens": m.prompt_tokens,
         "prompt_tokens_per_second": prompt_rate,
         "prompt_tokens_per_second_sd": prompt_sd,

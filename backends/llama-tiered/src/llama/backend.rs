@@ -20,36 +20,6 @@ pub fn init() {
     });
 }
 
-/// llama.cpp switches, read from the environment, that hypura turns on unless
-/// the user has set them (to `0` to keep llama.cpp's own default):
-///
-/// - `GGML_CUDA_GRAPH_OPT=1`: inside a CUDA graph, the CUDA backend runs the
-///   branches that fork from one node and join again (a one-token step's Q, K
-///   and V projections) on concurrent streams. It is opt-in in llama.cpp
-///   (`ggml_cuda_graph_optimize`); the kernels and their results are the same,
-///   only their order on the GPU changes. No effect without a CUDA GPU.
-pub const ENV_DEFAULTS: &[(&str, &str)] = &[("GGML_CUDA_GRAPH_OPT", "1")];
-
-/// Sets each of [`ENV_DEFAULTS`] the user has not set. Call it first in
-/// `main`, before any other thread exists: it writes the process
-/// environment, which other threads may be reading (the backends read these
-/// variables once, on first use). Child processes inherit the values.
-pub fn set_env_defaults() {
-    for (name, value) in ENV_DEFAULTS {
-        if std::env::var_os(name).is_none() {
-            std::env::set_var(name, value);
-        }
-    }
-}
-
-/// The values in force of [`ENV_DEFAULTS`]' variables, for reports.
-pub fn env_settings() -> Vec<(&'static str, Option<String>)> {
-    ENV_DEFAULTS
-        .iter()
-        .map(|(name, _)| (*name, std::env::var(name).ok()))
-        .collect()
-}
-
 thread_local! {
     /// This thread's llama.cpp log lines, collected while [`capture_log`] runs.
     static CAPTURED: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };

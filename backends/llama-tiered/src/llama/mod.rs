@@ -22,7 +22,7 @@ mod state;
 mod stream;
 
 pub use backend::init as init_backend;
-pub use backend::{env_settings, gpu_devices, set_env_defaults, GpuDevice, ENV_DEFAULTS};
+pub use backend::{gpu_devices, GpuDevice};
 pub use context::{default_threads, Batch, Context, ContextMemory, ContextParams, PerfTimings};
 pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
 pub use model::{GpuOffload, LoadMode, Model, ModelParams};
