@@ -2,7 +2,7 @@
 # hypura's GPU tier against plain llama.cpp on a CUDA machine without Rust.
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
-#                                     beside llama.cpp's own tools: tools vsdense nsysdense batched vsserver cached
+#                                     beside llama.cpp's own tools: tools vsdense vsloop nsysdense batched vsserver cached
 #                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
 #                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
@@ -512,6 +512,39 @@ vsdense() {
   hb dense-pp512-tg128 "$DENSE" --prompt-tokens 512 --tokens 128 --repetitions 5
 }
 
+# Single stream against llama.cpp choosing tokens itself: llama-bench's tg128
+# decodes without choosing any (it feeds one token over and over), so beside
+# it and hypura, in alternated rounds, the plain llama.cpp loop
+# (scripts/bench/llama_decode_bench.c, 129 greedy tokens, 5 runs after a
+# warm-up) taking each argmax on the host from the copied logits, llama.cpp's
+# usual way, and with llama.cpp's own greedy sampler inside the decode graph.
+vsloop() {
+  [ -x "$LB" ] || { log "vsloop: no plain loop (it needs .devcarry/llama.cpp.tar.gz)"; return 1; }
+  local round
+  for round in $(seq "${DENSE_ROUNDS:-3}"); do
+    hb dense-tg128 "$DENSE" --prompt-tokens 1 --tokens 128 --repetitions 5
+    lb dense-tg - "$DENSE" -ngl 99 -p 0 -n 128 -r 5
+    loop dense-loop-host "$DENSE"
+    LOOP_SAMPLER=device loop dense-loop-device "$DENSE"
+  done
+}
+
+# loop CASE MODEL: the plain llama.cpp loop, all layers on the GPU; one row in vs.jsonl.
+loop() {
+  local case=$1 model=$2
+  late "llama.cpp loop $case" && return 0
+  log "llama.cpp loop $case (${LOOP_SAMPLER:-host} argmax)"
+  LOOP_WARMUP=1 LOOP_REPS=5 "$LB" "$model" "$PROMPT" 129 "$T" 99 read >"$W/loop.json" 2>"$W/err.txt" \
+    || { log "FAILED: llama.cpp loop $case"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
+  python3 - "$case" "$W/loop.json" >>"$VS" <<'EOF2'
+import json, sys
+case, j = sys.argv[1], json.load(open(sys.argv[2]))
+print(json.dumps({"case": case, "engine": "llama.cpp loop", "sampler": j["sampler"],
+                  "tokens_per_second": j["tokens_per_second"], "runs": j["runs"], "tokens": j["tokens"][:16]}))
+EOF2
+  tail -1 "$VS" | tee -a "$OUT/log.txt"
+}
+
 # Where the time of one decode step goes, hypura against llama-bench (tg64,
 # Llama-8B shape on the GPU), from nsys's kernel and CUDA API summaries.
 nsysdense() {
@@ -774,6 +807,19 @@ if "dense-tg128" in hyp:
                 rounds = " (by round: " + ", ".join(f"{x / y:.3f}" for x, y in zip(hr["runs"], b["runs"])) + ")"
             print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / llama-bench {case} ({b['args']}) "
                   f"{b['avg_ts']:.2f} = {h / b['avg_ts']:.3f}{rounds}")
+loops = {}
+for r in rows:
+    if r["engine"] == "llama.cpp loop":
+        loops.setdefault(r["case"], []).append(r["tokens_per_second"])
+for case, xs in loops.items():
+    m, s = mean_sd(xs) if len(xs) > 1 else (xs[0], 0.0)
+    line = f"single stream, the plain llama.cpp loop {case}: {m:.2f} ± {s:.2f} tok/s ({len(xs)} rounds)"
+    if "dense-tg128" in hyp:
+        hr = hyp["dense-tg128"]
+        line += f"; hypura tg128 / it = {hr['measured_tokens_per_second'] / m:.3f}"
+        if len(hr["runs"]) == len(xs) > 1:
+            line += " (by round: " + ", ".join(f"{x / y:.3f}" for x, y in zip(hr["runs"], xs)) + ")"
+    print(line)
 pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
 pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
 serve = os.path.join(os.path.dirname(sys.argv[2]), "serve.jsonl")

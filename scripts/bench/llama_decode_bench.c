@@ -2,6 +2,13 @@
 // hypura against: tokenize, decode the prompt, then greedy-decode N tokens one
 // at a time, timing the prompt and the generation separately. Built against
 // the same static llama.cpp libraries hypura links, with the same flags.
+//
+// Environment:
+//   LOOP_SAMPLER=device  take the argmax with llama.cpp's own greedy sampler
+//                        inside the decode graph (its backend sampling), not on
+//                        the host from the copied logits
+//   LOOP_WARMUP=1        first an untimed run of the prompt and 8 tokens
+//                        (first-use costs out of the figures, as llama-bench)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,31 +72,65 @@ int main(int argc, char ** argv) {
     int n_prompt = llama_tokenize(vocab, prompt, (int) strlen(prompt), tokens, 4096, true, true);
     if (n_prompt <= 0) { fprintf(stderr, "tokenize failed\n"); return 1; }
     int n_vocab = llama_vocab_n_tokens(vocab);
-
-    double t0 = now_s();
-    if (llama_decode(ctx, llama_batch_get_one(tokens, n_prompt)) != 0) return 1;
-    double t_prompt = now_s() - t0;
-
-    int generated = 0;
-    double t_first = 0, t1 = now_s();
-    llama_token next = 0;
-    llama_token * out = calloc(n_gen > 0 ? n_gen : 1, sizeof(llama_token));
-    for (; generated < n_gen; generated++) {
-        const float * logits = llama_get_logits_ith(ctx, -1);
-        int best = 0;
-        for (int i = 1; i < n_vocab; i++) if (logits[i] > logits[best]) best = i;
-        next = best;
-        out[generated] = best;
-        if (generated == 0) t_first = now_s();
-        if (generated + 1 == n_gen) { generated++; break; }
-        if (llama_decode(ctx, llama_batch_get_one(&next, 1)) != 0) return 1;
+    const char * sampler_env = getenv("LOOP_SAMPLER");
+    const int on_device = sampler_env && strcmp(sampler_env, "device") == 0;
+    if (on_device) {
+        struct llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        if (!llama_set_sampler(ctx, 0, chain)) { fprintf(stderr, "no backend sampling here\n"); return 1; }
     }
-    double t_gen = now_s() - t_first;
-    (void) t1;
-    // Same accounting as hypura's `tokens_per_second`: tokens after the first
-    // (which comes from the prompt's logits) over the time spent decoding them.
-    printf("{\"prompt_tokens\":%d,\"prompt_tokens_per_second\":%.2f,\"generated_tokens\":%d,\"tokens_per_second\":%.2f,\"tokens\":[",
-           n_prompt, n_prompt / t_prompt, generated, (generated - 1) / t_gen);
+    const char * warmup_env = getenv("LOOP_WARMUP");
+    if (warmup_env && atoi(warmup_env)) {
+        if (llama_decode(ctx, llama_batch_get_one(tokens, n_prompt)) != 0) return 1;
+        for (int k = 0; k < 8; k++) {
+            llama_token t = on_device ? llama_get_sampled_token_ith(ctx, -1) : 0;
+            if (llama_decode(ctx, llama_batch_get_one(&t, 1)) != 0) return 1;
+        }
+        llama_synchronize(ctx);
+        llama_memory_clear(llama_get_memory(ctx), true);
+    }
+
+    // LOOP_REPS runs from an empty KV cache; the figures are their means.
+    const char * reps_env = getenv("LOOP_REPS");
+    const int reps = reps_env && atoi(reps_env) > 0 ? atoi(reps_env) : 1;
+    double prompt_sum = 0, gen_sum = 0, runs[64];
+    int generated = 0;
+    llama_token * out = calloc(n_gen > 0 ? n_gen : 1, sizeof(llama_token));
+    for (int rep = 0; rep < reps; rep++) {
+        if (rep > 0) llama_memory_clear(llama_get_memory(ctx), true);
+        double t0 = now_s();
+        if (llama_decode(ctx, llama_batch_get_one(tokens, n_prompt)) != 0) return 1;
+        double t_prompt = now_s() - t0;
+
+        generated = 0;
+        double t_first = 0;
+        llama_token next = 0;
+        for (; generated < n_gen; generated++) {
+            int best = 0;
+            if (on_device) {
+                best = llama_get_sampled_token_ith(ctx, -1);
+            } else {
+                const float * logits = llama_get_logits_ith(ctx, -1);
+                for (int i = 1; i < n_vocab; i++) if (logits[i] > logits[best]) best = i;
+            }
+            next = best;
+            out[generated] = best;
+            if (generated == 0) t_first = now_s();
+            if (generated + 1 == n_gen) { generated++; break; }
+            if (llama_decode(ctx, llama_batch_get_one(&next, 1)) != 0) return 1;
+        }
+        double t_gen = now_s() - t_first;
+        prompt_sum += n_prompt / t_prompt;
+        // Same accounting as hypura's `tokens_per_second`: tokens after the first
+        // (which comes from the prompt's logits) over the time spent decoding them.
+        runs[rep < 64 ? rep : 63] = (generated - 1) / t_gen;
+        gen_sum += runs[rep < 64 ? rep : 63];
+    }
+    printf("{\"prompt_tokens\":%d,\"prompt_tokens_per_second\":%.2f,\"generated_tokens\":%d,\"tokens_per_second\":%.2f,"
+           "\"sampler\":\"%s\",\"runs\":[",
+           n_prompt, prompt_sum / reps, generated, gen_sum / reps, on_device ? "device" : "host");
+    for (int r = 0; r < reps && r < 64; r++) printf(r ? ",%.2f" : "%.2f", runs[r]);
+    printf("],\"tokens\":[");
     for (int i = 0; i < generated; i++) printf(i ? ",%d" : "%d", out[i]);
     printf("]}\n");
     free(out);
