@@ -706,9 +706,12 @@ bigmodel() {
 # NCMOE layers (23: the most expert layers 8 GiB holds), mmap, in a cgroup of
 # 12 GiB; page cache dropped before each.
 vsmixtral() {
-  drop_caches
-  hb mixtral-8g-12g "$MOEFULL" --gpu-budget 8GiB --ram-budget 12GiB --prompt-tokens 16 \
-    --tokens "${MIX_TOKENS:-32}" --repetitions 1
+  # hypura outside any cgroup too, unless MIX_OUTSIDE=0.
+  if [ "${MIX_OUTSIDE:-1}" = 1 ]; then
+    drop_caches
+    hb mixtral-8g-12g "$MOEFULL" --gpu-budget 8GiB --ram-budget 12GiB --prompt-tokens 16 \
+      --tokens "${MIX_TOKENS:-32}" --repetitions 1
+  fi
   local n
   for n in ${NCMOE:-23}; do
     drop_caches
