@@ -20,6 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 # leaves its bar out.
 PAIRS = [
     ("Llama-8B tg128\n(all GPU)", "dense-tg128", "dense-tg|dense-all-gpu"),
+    ("Llama-8B, 128 tokens\nvs llama.cpp's loop,\nits greedy on the GPU", "dense-tg128", "loop:dense-loop-device"),
+    ("Llama-8B, 128 tokens\nvs llama.cpp's loop,\nargmax on the host", "dense-tg128", "loop:dense-loop-host"),
     ("Llama-8B tg128\nat depth 512", "dense-pp512-tg128", "dense-d512"),
     ("Mixtral-8x7B, 8 GiB GPU\n+ 12 GiB RAM", "mixtral-8g-12g", "mixtral-ncmoe*"),
     ("Mixtral-8x7B, both in\none 12 GiB+overhead cgroup", "mixtral-8g-12g-cgroup", "mixtral-ncmoe*"),
@@ -48,6 +50,9 @@ def main():
             runs.setdefault(("hypura", r["case"]), []).append(r["measured_tokens_per_second"])
         elif r["engine"] == "llama-bench" and r["kind"] == "decode":
             runs.setdefault(("llama-bench", r["case"]), []).append(r["avg_ts"])
+        elif r["engine"] == "llama.cpp loop":
+            # The plain llama.cpp loop (`gpu-bench.sh vsloop`): named `loop:CASE`.
+            runs.setdefault(("llama-bench", "loop:" + r["case"]), []).append(r["tokens_per_second"])
     mean = {key: sum(xs) / len(xs) for key, xs in runs.items()}
     hyp = {case: v for (engine, case), v in mean.items() if engine == "hypura"}
     lb = {case: v for (engine, case), v in mean.items() if engine == "llama-bench"}
@@ -64,7 +69,7 @@ def main():
         return None
 
     bars = [(label, hyp[h], llama(l)) for label, h, l in PAIRS if h in hyp and llama(l)]
-    fig, axes = plt.subplots(1, 2 if a.serve else 1, figsize=(13 if a.serve else 7, 5.2))
+    fig, axes = plt.subplots(1, 2 if a.serve else 1, figsize=(15 if a.serve else 9, 5.4))
     axes = axes if a.serve else [axes]
     ax = axes[0]
     if bars:
@@ -77,7 +82,7 @@ def main():
         ax.set_xticks(xs)
         ax.set_xticklabels([b[0] for b in bars], fontsize=8)
         ax.set_ylim(0, max(ratios) * 1.25)
-        ax.set_ylabel("hypura tok/s / llama-bench tok/s")
+        ax.set_ylabel("hypura tok/s / llama.cpp tok/s")
         ax.set_title("Decode, same file, same libraries (H200)")
     if a.serve:
         ax = axes[1]
