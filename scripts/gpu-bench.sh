@@ -750,7 +750,11 @@ def merged(runs):
 hyp = {case: merged(runs) for case, runs in by_case.items()}
 lb_runs = {}
 for r in rows:
-    if r["engine"] == "llama-bench":
+    if r["engine"] == "llama.cpp loop":
+        # The plain llama.cpp loop (`vsloop`): a decode case beside llama-bench's.
+        r = {**r, "kind": "decode", "avg_ts": r["tokens_per_second"], "args": f"{r['sampler']} argmax",
+             "stddev_ts": mean_sd(r["runs"])[1] if len(r["runs"]) > 1 else 0.0, "cgroup_peak_bytes": None}
+    if r["engine"] in ("llama-bench", "llama.cpp loop"):
         lb_runs.setdefault((r["case"], r["kind"]), []).append(r)
 # A llama-bench case run in several rounds: the mean of its rounds, the sd
 # between them; each round's rate in "runs".
@@ -792,7 +796,7 @@ for case, h in hyp.items():
               f"{st.get('resident_layer_skips_per_token', 0):.1f} layers/token not asked")
 for case, kinds in lb.items():
     for kind, b in kinds.items():
-        print(f"llama-bench {case} {kind}: {fmt(b['avg_ts'], b['stddev_ts'])} ({b['args']}; cgroup peak {b['cgroup_peak_bytes']})")
+        print(f"{b['engine']} {case} {kind}: {fmt(b['avg_ts'], b['stddev_ts'])} ({b['args']}; cgroup peak {b['cgroup_peak_bytes']})")
 def pair(a, b, what):
     if a in hyp and b in hyp:
         x, y = hyp[a]["measured_tokens_per_second"], hyp[b]["measured_tokens_per_second"]
@@ -802,27 +806,14 @@ def pair(a, b, what):
 if "dense-tg128" in hyp:
     hr = hyp["dense-tg128"]
     h = hr["measured_tokens_per_second"]
-    for case in ("dense-tg", "dense-tg-t1", "dense-all-gpu", "dense-all-gpu-t1"):
+    for case in ("dense-tg", "dense-tg-t1", "dense-loop-device", "dense-loop-host", "dense-all-gpu", "dense-all-gpu-t1"):
         b = lb.get(case, {}).get("decode")
         if b:
             rounds = ""
             if len(b["runs"]) == len(hr["runs"]) > 1:
                 rounds = " (by round: " + ", ".join(f"{x / y:.3f}" for x, y in zip(hr["runs"], b["runs"])) + ")"
-            print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / llama-bench {case} ({b['args']}) "
+            print(f"single stream, all on the GPU: hypura tg128 {h:.2f} / {b['engine']} {case} ({b['args']}) "
                   f"{b['avg_ts']:.2f} = {h / b['avg_ts']:.3f}{rounds}")
-loops = {}
-for r in rows:
-    if r["engine"] == "llama.cpp loop":
-        loops.setdefault(r["case"], []).append(r["tokens_per_second"])
-for case, xs in loops.items():
-    m, s = mean_sd(xs) if len(xs) > 1 else (xs[0], 0.0)
-    line = f"single stream, the plain llama.cpp loop {case}: {m:.2f} ± {s:.2f} tok/s ({len(xs)} rounds)"
-    if "dense-tg128" in hyp:
-        hr = hyp["dense-tg128"]
-        line += f"; hypura tg128 / it = {hr['measured_tokens_per_second'] / m:.3f}"
-        if len(hr["runs"]) == len(xs) > 1:
-            line += " (by round: " + ", ".join(f"{x / y:.3f}" for x, y in zip(hr["runs"], xs)) + ")"
-    print(line)
 pair("moe-cached-gpu400MiB", "moe-ram-gpu400MiB", "all-cached streaming / experts in RAM, with the GPU")
 pair("moe-cached-gpu0", "moe-ram-gpu0", "all-cached streaming / experts in RAM, CPU only")
 serve = os.path.join(os.path.dirname(sys.argv[2]), "serve.jsonl")
