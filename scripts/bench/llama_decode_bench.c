@@ -9,6 +9,9 @@
 //                        the host from the copied logits
 //   LOOP_WARMUP=1        first an untimed run of the prompt and 8 tokens
 //                        (first-use costs out of the figures, as llama-bench)
+//   LOOP_REPS=N          N timed runs (at most 64), each from an empty KV
+//                        cache: the figures are their means, each run's rate
+//                        in "runs"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,9 +93,9 @@ int main(int argc, char ** argv) {
         llama_memory_clear(llama_get_memory(ctx), true);
     }
 
-    // LOOP_REPS runs from an empty KV cache; the figures are their means.
     const char * reps_env = getenv("LOOP_REPS");
-    const int reps = reps_env && atoi(reps_env) > 0 ? atoi(reps_env) : 1;
+    int reps = reps_env && atoi(reps_env) > 0 ? atoi(reps_env) : 1;
+    if (reps > 64) reps = 64;
     double prompt_sum = 0, gen_sum = 0, runs[64];
     int generated = 0;
     llama_token * out = calloc(n_gen > 0 ? n_gen : 1, sizeof(llama_token));
@@ -123,13 +126,13 @@ int main(int argc, char ** argv) {
         prompt_sum += n_prompt / t_prompt;
         // Same accounting as hypura's `tokens_per_second`: tokens after the first
         // (which comes from the prompt's logits) over the time spent decoding them.
-        runs[rep < 64 ? rep : 63] = (generated - 1) / t_gen;
-        gen_sum += runs[rep < 64 ? rep : 63];
+        runs[rep] = (generated - 1) / t_gen;
+        gen_sum += runs[rep];
     }
     printf("{\"prompt_tokens\":%d,\"prompt_tokens_per_second\":%.2f,\"generated_tokens\":%d,\"tokens_per_second\":%.2f,"
            "\"sampler\":\"%s\",\"runs\":[",
            n_prompt, prompt_sum / reps, generated, gen_sum / reps, on_device ? "device" : "host");
-    for (int r = 0; r < reps && r < 64; r++) printf(r ? ",%.2f" : "%.2f", runs[r]);
+    for (int r = 0; r < reps; r++) printf(r ? ",%.2f" : "%.2f", runs[r]);
     printf("],\"tokens\":[");
     for (int i = 0; i < generated; i++) printf(i ? ",%d" : "%d", out[i]);
     printf("]}\n");
