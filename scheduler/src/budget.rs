@@ -26,6 +26,15 @@
 //! A model with requests in flight is never unloaded (a demotion to streaming
 //! is fine: it keeps answering, only slower). Pinned models are never demoted
 //! below their pin.
+//!
+//! A request waiting for room never waits on an idle model: every model with
+//! nothing in flight yields to it at once (demoted, or unloaded), whatever
+//! its heat or priority; heat and priority only order the victims, and
+//! decide between busy models for promotions. When only busy models hold the
+//! room it needs, they are marked *draining* for it: they take no new
+//! request (those wait too) until it is in, so each waits at most for the
+//! work running when it came, plus the loads. Waiters get room in the order
+//! they came (a later one leaves room for the earlier ones).
 use std::fmt;
 use std::time::Duration;
 
@@ -262,12 +271,19 @@ struct ModelState {
     level: Residency,
     /// Set while a move runs: where it goes.
     moving_to: Option<Residency>,
+    /// A request for this model waits for its memory since then (the
+    /// first ask; cleared once one is admitted).
+    waiting_since: Option<Duration>,
+    /// The last time a waiting request for it asked: older than
+    /// [`WAITING_FRESH`], the waiter is taken to have given up.
+    waiting_asked: Option<Duration>,
+    /// A request for that model waits for this one's memory, asked at that
+    /// time: no new request gets in here until it is admitted (or stops
+    /// asking for [`WAITING_FRESH`]).
+    drain_for: Option<(ModelId, Duration)>,
     /// A promotion to this level failed (e.g. the full placement did not
     /// load): no promotion to it or above until the model is unloaded.
     failed_at: Option<Residency>,
-    /// When a request for it last had to wait for room (cleared once one
-    /// is admitted).
-    waiting_since: Option<Duration>,
     in_flight: usize,
     /// Requests per half-life, decayed ([`BudgetPolicy::heat`]).
     heat: f64,
@@ -373,6 +389,8 @@ impl BudgetPolicy {
             moving_to: None,
             failed_at: None,
             waiting_since: None,
+            waiting_asked: None,
+            drain_for: None,
             in_flight: 0,
             heat: 0.0,
             heat_at: Duration::ZERO,
@@ -424,24 +442,38 @@ impl BudgetPolicy {
     /// [`Admission::Load`] the request counts as in flight until
     /// [`BudgetPolicy::finish`]; on `Wait` and `Reject` it does not.
     ///
-    /// An unloaded model is loaded at the highest residency that fits now,
-    /// streaming at least: the request starts soon and [`BudgetPolicy::tick`]
-    /// promotes the model later if it stays hot. When not even streaming
-    /// fits, colder idle models are demoted ([`Admission::Wait`]).
+    /// An unloaded model is loaded at the highest residency that fits now
+    /// (leaving room for the requests that waited before), streaming at
+    /// least: the request starts soon and [`BudgetPolicy::tick`] promotes the
+    /// model later if it stays hot. When not even streaming fits, idle models
+    /// yield at once and busy ones are demoted to streaming, or marked
+    /// draining when only their unloading would make room
+    /// ([`Admission::Wait`]; module docs). A waiting caller asks again after
+    /// every change, and at least every [`WAITING_FRESH`].
     pub fn request(&mut self, id: ModelId, now: Duration) -> Admission {
+        // Whatever this model's waiter marked draining before is planned anew.
+        self.clear_drains_for(id);
         let model = &self.models[id];
         if model.moving_to == Some(Residency::Unloaded) {
             // Being unloaded: load it again once that is done.
-            return Admission::Wait { moves: Vec::new() };
+            return self.wait(id, now, Vec::new());
         }
         if model.level > Residency::Unloaded || model.moving_to.is_some() {
+            if let Some(waiter) = self.draining(id, now) {
+                // In line behind the request it drains for.
+                let after = self.models[waiter].waiting_since.unwrap_or(now);
+                let admission = self.wait(id, now, Vec::new());
+                let since = &mut self.models[id].waiting_since;
+                *since = (*since).max(Some(after + Duration::from_nanos(1)));
+                return admission;
+            }
             self.count_request(id, now);
             return Admission::Ready;
         }
         if !model.spec.streaming.fits_in(self.budget) {
             return Admission::Reject(too_big(&model.spec, self.budget));
         }
-        let room = self.room();
+        let room = self.room().saturating_sub(self.waiting_before(id, now));
         for level in [Residency::Full, Residency::Partial, Residency::Streaming] {
             if self.spec(id).footprint(level).fits_in(room) && self.may_hold(id, level) {
                 self.count_request(id, now);
@@ -453,8 +485,52 @@ impl BudgetPolicy {
         let moves = self
             .make_room(id, Residency::Streaming, now, true)
             .unwrap_or_default();
-        self.models[id].waiting_since = Some(now);
+        self.wait(id, now, moves)
+    }
+
+    /// Marks a request for `id` waiting (asked at `now`).
+    fn wait(&mut self, id: ModelId, now: Duration, moves: Vec<Move>) -> Admission {
+        let model = &mut self.models[id];
+        let fresh = model
+            .waiting_asked
+            .is_some_and(|at| now.saturating_sub(at) <= WAITING_FRESH);
+        if !fresh {
+            model.waiting_since = Some(now);
+        }
+        model.waiting_asked = Some(now);
         Admission::Wait { moves }
+    }
+
+    /// The model whose waiting request (still asking) drains `id`.
+    fn draining(&self, id: ModelId, now: Duration) -> Option<ModelId> {
+        self.models[id]
+            .drain_for
+            .filter(|&(_, at)| now.saturating_sub(at) <= WAITING_FRESH)
+            .map(|(waiter, _)| waiter)
+    }
+
+    fn clear_drains_for(&mut self, waiter: ModelId) {
+        for m in &mut self.models {
+            if m.drain_for.is_some_and(|(w, _)| w == waiter) {
+                m.drain_for = None;
+            }
+        }
+    }
+
+    /// Whether a request for `id` waits for room now (asked within
+    /// [`WAITING_FRESH`]), and for how long.
+    pub fn waiting_for(&self, id: ModelId, now: Duration) -> Option<Duration> {
+        let m = &self.models[id];
+        let asked = m.waiting_asked?;
+        (now.saturating_sub(asked) <= WAITING_FRESH)
+            .then(|| now.saturating_sub(m.waiting_since.unwrap_or(asked)))
+    }
+
+    /// The models marked draining for a request waiting for room.
+    pub fn draining_models(&self, now: Duration) -> Vec<ModelId> {
+        (0..self.models.len())
+            .filter(|&id| self.draining(id, now).is_some())
+            .collect()
     }
 
     fn count_request(&mut self, id: ModelId, now: Duration) {
@@ -465,6 +541,8 @@ impl BudgetPolicy {
         model.last_used = now;
         model.in_flight += 1;
         model.waiting_since = None;
+        model.waiting_asked = None;
+        self.clear_drains_for(id);
     }
 
     /// How long `id` stays loaded after its last request from now on
@@ -524,6 +602,7 @@ impl BudgetPolicy {
         model.moving_to = None;
         if mv.to == Residency::Unloaded {
             model.failed_at = None;
+            model.drain_for = None;
         }
     }
 
@@ -647,15 +726,37 @@ impl BudgetPolicy {
     /// waiter asks again at least every [`WAITING_FRESH`]; older marks are
     /// of requests given up.
     fn waiting_need(&self, now: Duration) -> Footprint {
-        self.models
-            .iter()
-            .filter(|m| m.level == Residency::Unloaded && m.moving_to.is_none())
-            .filter(|m| {
-                m.waiting_since
-                    .is_some_and(|at| now.saturating_sub(at) <= WAITING_FRESH)
-            })
-            .map(|m| m.spec.streaming)
+        (0..self.models.len())
+            .filter(|&o| self.waits_for_room(o, now))
+            .map(|o| self.models[o].spec.streaming)
             .fold(Footprint::ZERO, Footprint::add)
+    }
+
+    /// What the requests for other models that have waited for room longer
+    /// than any for `id` need to stream: room `id` leaves them (first come,
+    /// first served).
+    fn waiting_before(&self, id: ModelId, now: Duration) -> Footprint {
+        let mine = match self.waiting_for(id, now) {
+            Some(_) => self.models[id].waiting_since,
+            None => None,
+        };
+        let before = |o: ModelId| match (self.models[o].waiting_since, mine) {
+            (_, None) => true,
+            (Some(theirs), Some(mine)) => (theirs, o) < (mine, id),
+            (None, Some(_)) => false,
+        };
+        (0..self.models.len())
+            .filter(|&o| o != id && self.waits_for_room(o, now) && before(o))
+            .map(|o| self.models[o].spec.streaming)
+            .fold(Footprint::ZERO, Footprint::add)
+    }
+
+    /// Whether a request waits (and still asks) for room to load `id`.
+    fn waits_for_room(&self, id: ModelId, now: Duration) -> bool {
+        let m = &self.models[id];
+        m.level == Residency::Unloaded
+            && m.moving_to.is_none()
+            && self.waiting_for(id, now).is_some()
     }
 
     /// Heat plus a tie-breaking nudge by priority and queue.
@@ -667,7 +768,8 @@ impl BudgetPolicy {
     }
 
     /// Demotions of other models that leave room for `id` to move to `to`
-    /// (what the move holds beyond what `id` holds now): empty when there is
+    /// (what the move holds beyond what `id` holds now, and for a request
+    /// what the requests that waited before it need): empty when there is
     /// room already, `None` when they would not suffice or none can start
     /// now; the moves are started.
     ///
@@ -675,7 +777,9 @@ impl BudgetPolicy {
     /// placement loaded beside its full one). The plan first keeps to moves
     /// that all fit the room there is now; if that does not suffice, it
     /// starts what fits of the plan that would, and leaves the rest for a
-    /// later call, once the others have freed theirs.
+    /// later call, once the others have freed theirs. For a request that
+    /// only busy models' unloading would let in, see
+    /// [`BudgetPolicy::drain_for`].
     fn make_room(
         &mut self,
         id: ModelId,
@@ -684,10 +788,12 @@ impl BudgetPolicy {
         for_request: bool,
     ) -> Option<Vec<Move>> {
         let mut need = self.models[id].extra_to(to);
-        if !for_request {
+        need = need.add(if for_request {
+            self.waiting_before(id, now)
+        } else {
             // A promotion leaves room for the requests waiting to get in.
-            need = need.add(self.waiting_need(now));
-        }
+            self.waiting_need(now)
+        });
         if need.fits_in(self.room()) {
             return Some(Vec::new());
         }
@@ -701,7 +807,9 @@ impl BudgetPolicy {
         if let Some(plan) = self.plan_room(&want, room, &[], false) {
             return Some(self.start_moves(plan));
         }
-        let plan = self.plan_room(&want, None, &[], false)?;
+        let Some(plan) = self.plan_room(&want, None, &[], false) else {
+            return for_request.then(|| self.drain_for(&want));
+        };
         let mut spare = self.room();
         let (now_fits, later): (Vec<_>, Vec<_>) = plan.into_iter().partition(|&(v, to)| {
             let extra = self.models[v].extra_to(to);
@@ -733,6 +841,65 @@ impl BudgetPolicy {
         Some(self.start_moves(first))
     }
 
+    /// A request that every idle model and every busy one streaming would
+    /// not let in: marks the fewest busy models whose unloading would
+    /// (lowest priority, then coldest, first) draining for it — they take
+    /// no new request until it is in, and their memory goes once their work
+    /// in flight ends — and starts what idle models can give now.
+    fn drain_for(&mut self, want: &Want) -> Vec<Move> {
+        let (id, now) = (want.id, want.now);
+        let idle = |p: &BudgetPolicy, v: ModelId| p.models[v].in_flight == 0;
+        let idle_plan: Vec<(ModelId, Residency)> = self
+            .plan_room(want, None, &[], true)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&(v, _)| idle(self, v))
+            .collect();
+        let mut freed = self.room();
+        for &(v, to) in &idle_plan {
+            let m = &self.models[v];
+            freed = freed.add(
+                m.spec
+                    .footprint(m.level)
+                    .saturating_sub(m.spec.footprint(to)),
+            );
+        }
+        let mut busy: Vec<ModelId> = (0..self.models.len())
+            .filter(|&v| v != id && !idle(self, v))
+            .filter(|&v| self.models[v].level > self.models[v].spec.pin)
+            .collect();
+        busy.sort_by(|&a, &b| {
+            let (ma, mb) = (&self.models[a], &self.models[b]);
+            ma.spec
+                .priority
+                .cmp(&mb.spec.priority)
+                .then(self.rank(a, now).total_cmp(&self.rank(b, now)))
+        });
+        let mut drained = Vec::new();
+        for v in busy {
+            if want.need.fits_in(freed) {
+                break;
+            }
+            let m = &self.models[v];
+            let pin = m.spec.pin.min(m.level);
+            freed = freed.add(m.charged().saturating_sub(m.spec.footprint(pin)));
+            drained.push(v);
+        }
+        if want.need.fits_in(freed) {
+            for v in drained {
+                self.models[v].drain_for = Some((id, now));
+            }
+        }
+        let room = Some(self.room());
+        let now_plan: Vec<(ModelId, Residency)> = self
+            .plan_room(want, room, &[], true)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&(v, _)| idle(self, v))
+            .collect();
+        self.start_moves(now_plan)
+    }
+
     fn start_moves(&mut self, plan: Vec<(ModelId, Residency)>) -> Vec<Move> {
         plan.into_iter()
             .map(|(v, to)| self.start_move(v, to))
@@ -745,11 +912,14 @@ impl BudgetPolicy {
     /// `keep` are left alone. With `best_effort`, what there is even when
     /// it does not suffice.
     ///
-    /// For a request (`for_request`), any model may be demoted to streaming
-    /// (it keeps answering), and a model colder by the promote margin or
-    /// idle past `demote_after` may be unloaded if nothing is in flight. For
-    /// a promotion, only such cold models are demoted, never unloaded. Each
-    /// victim goes down only as far as needed; lowest priority, then lowest
+    /// For a request (`for_request`), in this order: idle models (nothing
+    /// in flight) are demoted, then unloaded (an idle model in a separate
+    /// full placement is unloaded rather than moved to its streaming one:
+    /// that would make the request wait for a load), whatever their heat,
+    /// then busy models are demoted to streaming (they keep answering). For
+    /// a promotion, only models colder by the promote margin or idle past
+    /// `demote_after` are demoted, never unloaded. Each victim goes down
+    /// only as far as needed; within a stage lowest priority, then lowest
     /// rank, first.
     fn plan_room(
         &self,
@@ -771,18 +941,6 @@ impl BudgetPolicy {
                 m.in_flight == 0 && now.saturating_sub(m.last_used) >= self.config.demote_after;
             colder || idle
         };
-        // An idle model (of no higher priority) in a separate full
-        // placement with no room to load its streaming one beside: for a
-        // request, unloading it is the way down (it loads again, streaming,
-        // on its next request).
-        let stuck_full = |v: ModelId| {
-            let m = &self.models[v];
-            let down = Residency::Streaming.max(m.floor());
-            m.spec.reloads(m.level, down)
-                && m.in_flight == 0
-                && m.spec.priority <= my_priority
-                && !m.extra_to(down).fits_in(self.room())
-        };
         let mut victims: Vec<ModelId> = (0..self.models.len())
             .filter(|&v| v != id && !keep.contains(&v) && self.models[v].moving_to.is_none())
             .collect();
@@ -793,32 +951,34 @@ impl BudgetPolicy {
                 .cmp(&mb.spec.priority)
                 .then(self.rank(a, now).total_cmp(&self.rank(b, now)))
         });
-        // Demotions to streaming first, then unloads; a victim planned in
-        // the first pass may be taken further down in the second.
+        let stages: &[Stage] = if for_request {
+            &[Stage::IdleDemote, Stage::IdleUnload, Stage::BusyDemote]
+        } else {
+            &[Stage::ColdDemote]
+        };
+        // A victim planned in one stage may be taken further down in an
+        // unloading one.
         let mut plan: Vec<(ModelId, Residency)> = Vec::new();
-        for unload in [false, true] {
+        for &stage in stages {
             for &v in &victims {
                 if need.fits_in(freed) {
                     break;
                 }
                 let planned = plan.iter().position(|&(p, _)| p == v);
-                if planned.is_some() && !unload {
+                if planned.is_some() && stage != Stage::IdleUnload {
                     continue;
                 }
                 let m = &self.models[v];
-                let lowest = if unload {
-                    if !(for_request && (cold(v) || stuck_full(v))) {
-                        continue;
-                    }
-                    m.floor()
-                } else {
-                    if !(for_request || cold(v)) {
-                        continue;
-                    }
-                    Residency::Streaming.max(m.floor())
+                let idle = m.in_flight == 0;
+                let lowest = match stage {
+                    Stage::IdleDemote if idle => Residency::Streaming.max(m.floor()),
+                    Stage::IdleUnload if idle => m.floor(),
+                    Stage::BusyDemote if !idle => Residency::Streaming.max(m.floor()),
+                    Stage::ColdDemote if cold(v) => Residency::Streaming.max(m.floor()),
+                    _ => continue,
                 };
                 let from = planned.map_or(m.level, |i| plan[i].1);
-                if from <= lowest {
+                if from <= lowest || (stage == Stage::IdleDemote && m.spec.reloads(from, lowest)) {
                     continue;
                 }
                 // What a move to `l` holds while it runs, beyond what the
@@ -884,6 +1044,19 @@ struct Want {
     need: Footprint,
     now: Duration,
     for_request: bool,
+}
+
+/// Which victims a step of [`BudgetPolicy::plan_room`] may move, and how far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Idle models, down to streaming (no separate placement loaded).
+    IdleDemote,
+    /// Idle models, down to their floor (unloaded unless pinned).
+    IdleUnload,
+    /// Busy models, down to streaming.
+    BusyDemote,
+    /// For a promotion: models colder by the margin or idle long, down to streaming.
+    ColdDemote,
 }
 
 fn too_big(spec: &ModelSpec, budget: Footprint) -> String {
@@ -1362,17 +1535,19 @@ mod tests {
     }
 
     #[test]
-    fn when_nothing_can_be_demoted_a_request_waits_then_gets_in() {
+    fn a_request_waits_only_for_a_busy_model_and_then_gets_in_at_once() {
         // Each model alone takes the whole budget even when streaming.
         let mut p = policy(4, vec![spec("a", 4, 4), spec("b", 4, 4)]);
         admit(&mut p, 0, secs(0));
-        // "a" is busy: "b" must wait, nothing is demoted below streaming.
+        // "a" is busy: "b" must wait, nothing is demoted below streaming;
+        // "a" drains for it: a new request for "a" waits behind "b".
         assert_eq!(p.request(1, secs(1)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.draining_models(secs(1)), vec![0]);
+        assert_eq!(p.request(0, secs(1)), Admission::Wait { moves: vec![] });
+        assert!(p.waiting_for(1, secs(1)).is_some());
         p.finish(0, secs(2));
-        // Idle but not past demote_after nor colder by the margin: wait.
-        assert_eq!(p.request(1, secs(3)), Admission::Wait { moves: vec![] });
-        // Once "a" has been idle long enough it makes way.
-        let Admission::Wait { moves } = p.request(1, secs(200)) else {
+        // Idle, however hot: it makes way at once.
+        let Admission::Wait { moves } = p.request(1, secs(2)) else {
             panic!()
         };
         assert_eq!(
@@ -1384,7 +1559,36 @@ mod tests {
             }]
         );
         apply(&mut p, &moves);
-        assert!(matches!(p.request(1, secs(200)), Admission::Load { .. }));
+        assert!(matches!(p.request(1, secs(2)), Admission::Load { .. }));
+        assert_eq!(p.waiting_for(1, secs(2)), None);
+        assert!(p.draining_models(secs(2)).is_empty());
+    }
+
+    #[test]
+    fn idle_models_yield_to_a_request_at_once_whatever_their_heat() {
+        // The scenario in small: two models used just now and idle
+        // hold the room a third needs.
+        let mut p = policy(
+            10,
+            vec![
+                spec("tinyllama", 3, 4),
+                spec("tinymoe", 3, 4),
+                spec("smol", 3, 4),
+            ],
+        );
+        for t in 0..5 {
+            admit(&mut p, 0, secs(t));
+            p.finish(0, secs(t));
+            admit(&mut p, 1, secs(t));
+            p.finish(1, secs(t));
+        }
+        let Admission::Wait { moves } = p.request(2, secs(5)) else {
+            panic!("no room yet")
+        };
+        assert!(!moves.is_empty(), "an idle model yields at once");
+        apply(&mut p, &moves);
+        assert!(matches!(p.request(2, secs(5)), Admission::Load { .. }));
+        assert_within_budget(&p);
     }
 
     #[test]
