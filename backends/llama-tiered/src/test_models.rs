@@ -88,6 +88,7 @@ pub fn greedy_tokens(model: &TieredModel, text: &str, n: u32) -> Vec<i32> {
         },
         max_tokens: Some(n),
         stop: vec![],
+        cache_prompt: true,
     };
     generate(&mut ctx, 0, &tokens, &params, &mut |_| true)
         .unwrap()

@@ -23,6 +23,7 @@ fn config(n_parallel: u32) -> BatchConfig {
         n_batch: 512,
         n_threads: 2,
         queue_limit: 16,
+        prompt_cache: Default::default(),
     }
 }
 
@@ -31,6 +32,7 @@ fn greedy(max_tokens: u32) -> GenerateParams {
         sampling: SamplingParams::greedy(),
         max_tokens: Some(max_tokens),
         stop: vec![],
+        cache_prompt: true,
     }
 }
 

@@ -27,6 +27,7 @@ fn greedy(max_tokens: u32) -> GenerateParams {
         sampling: SamplingParams::greedy(),
         max_tokens: Some(max_tokens),
         stop: vec![],
+        cache_prompt: true,
     }
 }
 
@@ -314,6 +315,7 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
             sampling,
             max_tokens: Some(24),
             stop: vec![],
+            cache_prompt: true,
         };
         generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true)
             .unwrap()
@@ -360,6 +362,7 @@ fn absurd_sampling_options_are_rejected() {
             sampling,
             max_tokens: Some(2),
             stop: vec![],
+            cache_prompt: true,
         };
         let err =
             generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true).unwrap_err();
@@ -383,6 +386,7 @@ fn repeat_penalty_changes_greedy_output() {
         sampling,
         max_tokens: Some(8),
         stop: vec![],
+        cache_prompt: true,
     };
     let penalized = generate(&mut context(&model, 1), 0, &tokens, &params, &mut |_| true).unwrap();
     assert_ne!(plain.tokens, penalized.tokens);

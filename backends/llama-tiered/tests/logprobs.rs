@@ -27,6 +27,7 @@ fn engine(model: &Arc<Model>) -> BatchEngine {
         n_batch: 512,
         n_threads: 2,
         queue_limit: 4,
+        prompt_cache: Default::default(),
     };
     BatchEngine::start(Arc::clone(model), config).unwrap()
 }
@@ -211,6 +212,7 @@ fn penalised(sampling: SamplingParams, top_logprobs: u32) -> GenerateParams {
         },
         max_tokens: Some(16),
         stop: vec![],
+        cache_prompt: true,
     }
 }
 
@@ -289,6 +291,7 @@ fn logprobs_only_when_asked_and_not_for_a_stop_string() {
         sampling: SamplingParams::greedy(),
         max_tokens: Some(8),
         stop: vec![],
+        cache_prompt: true,
     };
     let streamed = run(&engine, &prompt, plain.clone());
     assert!(streamed.logprobs.is_empty());

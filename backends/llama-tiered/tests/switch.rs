@@ -24,6 +24,7 @@ fn config() -> BatchConfig {
         n_batch: 512,
         n_threads: 2,
         queue_limit: 16,
+        prompt_cache: Default::default(),
     }
 }
 
@@ -62,6 +63,7 @@ fn requests(model: &Model) -> Vec<GenerateRequest> {
         },
         max_tokens: Some(max_tokens),
         stop: vec![],
+        cache_prompt: true,
     };
     let schema = r#"{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]}"#;
     let grammar = json_schema_to_grammar(schema).unwrap();

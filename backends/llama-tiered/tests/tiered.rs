@@ -279,6 +279,7 @@ fn bytes_read_equal_the_slices_that_missed() {
         sampling: SamplingParams::greedy(),
         max_tokens: Some(16),
         stop: vec![],
+        cache_prompt: true,
     };
     generate(&mut c, 0, &tokens, &params, &mut |_| true).unwrap();
     let stats = m.stats();
@@ -377,6 +378,7 @@ fn streamed_model_runs_in_a_shared_context() {
         sampling: SamplingParams::greedy(),
         max_tokens: Some(8),
         stop: vec![],
+        cache_prompt: true,
     };
     let out = generate(&mut c, 0, &tokens, &params, &mut |_| true).unwrap();
     assert!(out.text.starts_with(" Paris."), "{:?}", out.text);

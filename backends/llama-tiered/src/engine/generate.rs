@@ -8,7 +8,7 @@ use crate::error::EngineError;
 use crate::llama::{Batch, Context, Model, Sampler, SamplingParams};
 
 /// What to generate.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GenerateParams {
     pub sampling: SamplingParams,
     /// Most tokens to generate (`None` = until end of generation or a full context).
@@ -16,6 +16,22 @@ pub struct GenerateParams {
     /// Generation ends before the first occurrence of any of these strings,
     /// which is not returned (matched on text, so also across token boundaries).
     pub stop: Vec<String>,
+    /// The batch engine may start from a cached prefix of the prompt and
+    /// keeps this conversation's KV for a later turn (llama-server's
+    /// `cache_prompt`, on by default). Off: the prompt is read whole and its
+    /// KV forgotten at the end.
+    pub cache_prompt: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            sampling: SamplingParams::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            cache_prompt: true,
+        }
+    }
 }
 
 /// Why generation ended.
@@ -33,7 +49,10 @@ pub enum FinishReason {
 /// Wall-clock timings of one generation, measured around llama.cpp calls.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Timings {
+    /// Prompt tokens evaluated (the prompt less its cached prefix).
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prompt cache, not evaluated.
+    pub cached_prompt_tokens: usize,
     pub prompt_eval_seconds: f64,
     pub generated_tokens: usize,
     pub eval_seconds: f64,
@@ -319,6 +338,11 @@ impl Sequence {
         (self.n_prompt + self.tokens.len()).saturating_sub(1) as i32
     }
 
+    /// Every token sampled so far, in order.
+    pub(crate) fn tokens(&self) -> &[i32] {
+        &self.tokens
+    }
+
     /// Tokens sampled so far.
     pub(crate) fn n_generated(&self) -> usize {
         self.tokens.len()
@@ -341,7 +365,7 @@ impl Sequence {
                 on_piece(&rest, released);
             }
         }
-        timings.prompt_tokens = self.n_prompt;
+        timings.prompt_tokens = self.n_prompt - timings.cached_prompt_tokens.min(self.n_prompt);
         timings.generated_tokens = self.tokens.len();
         Completion {
             text: self.text.into_text(),

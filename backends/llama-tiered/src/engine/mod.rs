@@ -35,17 +35,23 @@
 //! - `worker`: the decode thread: slots, one batch per step, sampling, finishing requests.
 //! - `switch`: [`BatchEngine::switch_model`], moving every sequence onto another load.
 //! - `embed`: [`BatchEngine::embed`], in its own small context.
+//! - [`prompt_cache`]: KV kept between requests (slots, RAM, NVMe) so a
+//!   conversation's next turn decodes only its new tokens; `reuse`: how the
+//!   worker picks a slot and restores a prefix.
 //! - [`generate`]: one sequence's decode loop (stop strings, UTF-8, end of generation,
 //!   timings), also usable alone on a context.
 //! - [`prompt`]: messages or raw text → token ids.
 mod embed;
 pub mod generate;
 pub mod prompt;
+pub mod prompt_cache;
 mod queue;
+mod reuse;
 mod switch;
 mod worker;
 
 pub use embed::EMBED_N_CTX;
+pub use prompt_cache::{PromptCacheConfig, PromptCacheStatus};
 pub use queue::{
     BatchConfig, BatchEngine, BatchStatus, EventSink, GenerateRequest, GenerationEvent, RequestId,
     MAX_PARALLEL,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::embed::{embed_context, Embedder};
 use super::generate::{check_prompt, Completion, GenerateParams, Sequence, TokenLogprobs};
+use super::prompt_cache::{self, PromptCacheConfig, PromptCacheStatus};
 use super::switch::Switch;
 use super::worker::Worker;
 use crate::error::EngineError;
@@ -35,6 +36,9 @@ pub struct BatchConfig {
     /// Requests waiting for a slot beyond which [`BatchEngine::submit`]
     /// fails with [`EngineError::QueueFull`].
     pub queue_limit: usize,
+    /// The RAM and NVMe tiers of the prompt cache (the slots always keep
+    /// finished conversations' KV until they are needed).
+    pub prompt_cache: PromptCacheConfig,
 }
 
 impl Default for BatchConfig {
@@ -45,6 +49,7 @@ impl Default for BatchConfig {
             n_batch: 512,
             n_threads: 0,
             queue_limit: 64,
+            prompt_cache: PromptCacheConfig::default(),
         }
     }
 }
@@ -172,6 +177,7 @@ pub struct BatchStatus {
     /// KV cache cells holding tokens now, all slots together (of
     /// `n_parallel × n_ctx_per_seq`).
     pub kv_cells_used: u64,
+    pub prompt_cache: PromptCacheStatus,
 }
 
 /// A continuous-batching engine over one model: cheap to clone, shareable
@@ -226,6 +232,8 @@ pub(super) struct State {
     pub(super) accepting: bool,
     /// A switch of model for the worker to make before its next step.
     pub(super) switch: Option<Switch>,
+    /// A new RAM limit for the prompt cache, for the worker to apply.
+    pub(super) prompt_cache_ram_bytes: Option<u64>,
 }
 
 #[derive(Default)]
@@ -238,6 +246,7 @@ pub(super) struct Counters {
     pub(super) failed: AtomicU64,
     /// A gauge: KV cells holding tokens of the slots now (set by the worker).
     pub(super) kv_cells: AtomicU64,
+    pub(super) prompt_cache: prompt_cache::Counters,
 }
 
 impl Counters {
@@ -252,6 +261,8 @@ pub(super) struct Queued {
     pub(super) prompt: Vec<i32>,
     pub(super) sequence: Sequence,
     pub(super) sink: EventSink,
+    /// [`GenerateParams::cache_prompt`].
+    pub(super) cache_prompt: bool,
     /// The model its sequence was made with (rebound after a switch).
     /// Declared after `sequence`, so dropped after its sampler.
     pub(super) model: Arc<Model>,
@@ -291,6 +302,7 @@ impl BatchEngine {
                 cancelled: HashSet::new(),
                 accepting: true,
                 switch: None,
+                prompt_cache_ram_bytes: None,
             }),
             wake: Condvar::new(),
             counters: Counters::default(),
@@ -358,6 +370,7 @@ impl BatchEngine {
         state.queue.push_back(Queued {
             id,
             model,
+            cache_prompt: request.params.cache_prompt,
             prompt: request.prompt,
             sequence,
             sink,
@@ -410,7 +423,16 @@ impl BatchEngine {
             requests_failed_total: get(&c.failed),
             shutting_down: !accepting,
             kv_cells_used: get(&c.kv_cells),
+            prompt_cache: c.prompt_cache.snapshot(),
         }
+    }
+
+    /// Sets the bytes the prompt cache's RAM tier may hold (the memory
+    /// budget's share for it); the worker evicts down to it before its
+    /// next step.
+    pub fn set_prompt_cache_ram_bytes(&self, bytes: u64) {
+        self.inner.shared.lock().prompt_cache_ram_bytes = Some(bytes);
+        self.inner.shared.wake.notify_all();
     }
 
     /// The model decoded now (another after [`BatchEngine::switch_model`]).

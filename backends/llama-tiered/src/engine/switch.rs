@@ -97,7 +97,8 @@ impl Worker {
     /// worker stays on its context and nothing changed.
     pub(super) fn switch(&mut self, mut ctx: Context) -> Result<(), EngineError> {
         for seq in 0..self.slots.len() {
-            if self.slots[seq].is_some() {
+            // Idle slots' kept conversations move too.
+            if self.slots[seq].is_some() || self.holds_kept(seq) {
                 let state = self.ctx.seq_state(seq as i32)?;
                 ctx.set_seq_state(seq as i32, &state)?;
             }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::generate::{FinishReason, Next, Sequence, Timings, TokenLogprobs};
 use super::queue::{BatchConfig, Counters, EventSink, GenerationEvent, Queued, RequestId, Shared};
+use super::reuse::{Kept, Tiers};
 use super::switch::Switch;
 use crate::error::EngineError;
 use crate::llama::{Batch, Context};
@@ -18,6 +19,10 @@ pub(super) struct Slot {
     pub(super) prompt: Vec<i32>,
     /// Prompt tokens already in the KV cache.
     pub(super) n_prompt_decoded: usize,
+    /// Prompt tokens the prompt cache gave (not evaluated).
+    pub(super) n_cached: usize,
+    /// Whether this request's KV may stay for a later one.
+    pub(super) cache_prompt: bool,
     /// The sampled token to decode next, once the prompt is in.
     pub(super) next_token: Option<i32>,
     /// Prompt tokens in the current batch.
@@ -34,13 +39,17 @@ impl Slot {
         prompt: Vec<i32>,
         sequence: Sequence,
         sink: EventSink,
+        n_cached: usize,
+        cache_prompt: bool,
     ) -> Slot {
         Slot {
             id,
             sink,
             sequence,
             prompt,
-            n_prompt_decoded: 0,
+            n_prompt_decoded: n_cached,
+            n_cached,
+            cache_prompt,
             next_token: None,
             step_prompt_tokens: 0,
             step_row: None,
@@ -62,6 +71,16 @@ impl Slot {
             self.sequence.next_pos().max(0) as usize
         }
     }
+
+    /// The tokens whose KV this sequence holds, in position order.
+    pub(super) fn kv_tokens(&self) -> Vec<i32> {
+        let n = self.kv_cells();
+        let from_prompt = n.min(self.prompt.len());
+        let mut tokens = self.prompt[..from_prompt].to_vec();
+        let generated = self.sequence.tokens();
+        tokens.extend_from_slice(&generated[..(n - from_prompt).min(generated.len())]);
+        tokens
+    }
 }
 
 /// The worker thread's state: the context and the slots (index = sequence id).
@@ -70,6 +89,9 @@ pub(super) struct Worker {
     pub(super) ctx: Context,
     pub(super) batch: Batch,
     pub(super) slots: Vec<Option<Slot>>,
+    /// What each idle slot's KV still holds ([`super::reuse`]).
+    pub(super) kept: Vec<Kept>,
+    pub(super) tiers: Tiers,
     pub(super) n_batch: usize,
 }
 
@@ -97,11 +119,18 @@ impl Drop for ExitGuard {
 
 impl Worker {
     pub(super) fn new(shared: Arc<Shared>, ctx: Context, config: &BatchConfig) -> Worker {
+        let tiers = Tiers::new(
+            &config.prompt_cache,
+            ctx.model().path(),
+            config.n_ctx_per_seq,
+        );
         Worker {
             shared,
             ctx,
             batch: Batch::new(config.n_batch as usize),
             slots: (0..config.n_parallel).map(|_| None).collect(),
+            kept: (0..config.n_parallel).map(|_| Kept::default()).collect(),
+            tiers,
             n_batch: config.n_batch as usize,
         }
     }
@@ -116,6 +145,7 @@ impl Worker {
             let gauge = &self.shared.counters.kv_cells;
             gauge.store(kv_cells as u64, std::sync::atomic::Ordering::Relaxed);
         }
+        self.flush();
     }
 
     /// Drops cancelled requests and fills free slots from the queue, blocking
@@ -124,6 +154,7 @@ impl Worker {
     pub(super) fn wait_for_work(&mut self) -> bool {
         let mut admitted = Vec::new();
         let mut dropped = Vec::new();
+        let mut ram_limit = None;
         let (keep_running, switch) = {
             let mut state = self.shared.lock();
             let keep_running = loop {
@@ -139,19 +170,21 @@ impl Worker {
                     }
                 }
                 state.cancelled.clear();
-                for (seq, slot) in self.slots.iter().enumerate() {
-                    if slot.is_some() {
-                        continue;
-                    }
+                let n_free = self.slots.iter().filter(|s| s.is_none()).count();
+                while admitted.len() < n_free {
                     let Some(q) = state.queue.pop_front() else {
                         break;
                     };
                     state.active.insert(q.id);
-                    admitted.push((seq, q));
+                    admitted.push(q);
+                }
+                if let Some(bytes) = state.prompt_cache_ram_bytes.take() {
+                    ram_limit = Some(bytes);
                 }
                 let busy = !admitted.is_empty() || self.slots.iter().any(Option::is_some);
-                // Dropped slots still need their KV cleared (outside the lock).
-                if busy || !dropped.is_empty() || state.switch.is_some() {
+                // Dropped slots still need their KV kept or cleared (outside the lock).
+                let chores = !dropped.is_empty() || ram_limit.is_some();
+                if busy || chores || state.switch.is_some() {
                     break true;
                 }
                 if !state.accepting && state.queue.is_empty() {
@@ -166,15 +199,24 @@ impl Worker {
             (keep_running, state.switch.take())
         };
         for (seq, slot) in dropped {
-            self.ctx.clear_seq(seq as i32, -1);
+            // Cancelled between two steps: its KV is whole, and the next
+            // turn of that conversation can start from it.
+            self.keep_after(seq, &slot, true);
             Counters::add(&self.shared.counters.cancelled, 1);
             drop(slot);
+        }
+        if let Some(bytes) = ram_limit {
+            self.set_ram_limit(bytes);
         }
         if let Some(Switch { ctx, done }) = switch {
             let _ = done.send(self.switch(ctx));
         }
-        for (seq, mut q) in admitted {
-            self.ctx.clear_seq(seq as i32, -1);
+        let mut free: Vec<usize> = (0..self.slots.len())
+            .filter(|&seq| self.slots[seq].is_none())
+            .collect();
+        for mut q in admitted {
+            let seq = self.choose_slot(&q.prompt, q.cache_prompt, &free);
+            free.retain(|&s| s != seq);
             if !Arc::ptr_eq(&q.model, self.ctx.model()) {
                 // Queued before a switch: its sampler knows the old model.
                 if let Err(e) = q.sequence.rebind(self.ctx.model()) {
@@ -184,18 +226,21 @@ impl Worker {
                     continue;
                 }
             }
+            let n_cached = self.prepare_slot(seq, &q.prompt, q.cache_prompt);
             let Queued {
                 id,
                 prompt,
                 sequence,
                 sink,
+                cache_prompt,
                 ..
             } = q;
             // Kept as it is while consecutive requests in a slot agree:
             // each change costs llama.cpp a graph reservation.
             self.ctx
                 .set_device_greedy(seq as i32, sequence.wants_device_greedy());
-            let slot = self.slots[seq].insert(Slot::new(id, prompt, sequence, sink));
+            let slot = Slot::new(id, prompt, sequence, sink, n_cached, cache_prompt);
+            let slot = self.slots[seq].insert(slot);
             if !send(&mut slot.sink, GenerationEvent::Started) {
                 self.finish(seq, FinishReason::Cancelled);
             }
@@ -275,6 +320,13 @@ impl Worker {
     pub(super) fn after_decode(&mut self, elapsed: Duration) {
         let shared = Arc::clone(&self.shared);
         let counters = &shared.counters;
+        let step_prompt: usize = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|s| s.step_prompt_tokens)
+            .sum();
+        self.measured_prefill(step_prompt, elapsed.as_secs_f64());
         for seq in 0..self.slots.len() {
             let Some(slot) = self.slots[seq].as_mut() else {
                 continue;
@@ -312,7 +364,7 @@ impl Worker {
 
     /// Frees a slot and, unless the request was cancelled, sends its result.
     pub(super) fn finish(&mut self, seq: usize, reason: FinishReason) {
-        let Some(slot) = self.release(seq) else {
+        let Some(slot) = self.release(seq, true) else {
             return;
         };
         let counters = &self.shared.counters;
@@ -322,6 +374,7 @@ impl Worker {
         }
         Counters::add(&counters.completed, 1);
         let timings = Timings {
+            cached_prompt_tokens: slot.n_cached,
             prompt_eval_seconds: slot.prompt_eval.as_secs_f64(),
             eval_seconds: slot.eval.as_secs_f64(),
             ..Default::default()
@@ -337,7 +390,7 @@ impl Worker {
 
     /// One sequence failed (its sampler): it gets the error and its slot back.
     pub(super) fn fail(&mut self, seq: usize, error: EngineError) {
-        if let Some(mut slot) = self.release(seq) {
+        if let Some(mut slot) = self.release(seq, false) {
             Counters::add(&self.shared.counters.failed, 1);
             send(&mut slot.sink, GenerationEvent::Error(error));
         }
@@ -351,17 +404,19 @@ impl Worker {
             if !self.slots[seq].as_ref().is_some_and(Slot::in_batch) {
                 continue;
             }
-            if let Some(mut slot) = self.release(seq) {
+            // What a failed decode left in the KV is not known: not kept.
+            if let Some(mut slot) = self.release(seq, false) {
                 Counters::add(&self.shared.counters.failed, 1);
                 send(&mut slot.sink, GenerationEvent::Error(copy_error(error)));
             }
         }
     }
 
-    /// Empties slot `seq` and its KV cache; the slot is free for the next step.
-    pub(super) fn release(&mut self, seq: usize) -> Option<Slot> {
+    /// Empties slot `seq`, the slot is free for the next step; its KV stays
+    /// for a later turn when `kv_valid` and its request allowed it.
+    pub(super) fn release(&mut self, seq: usize, kv_valid: bool) -> Option<Slot> {
         let slot = self.slots[seq].take()?;
-        self.ctx.clear_seq(seq as i32, -1);
+        self.keep_after(seq, &slot, kv_valid);
         self.shared.lock().active.remove(&slot.id);
         Some(slot)
     }
@@ -416,6 +471,7 @@ mod tests {
             n_batch: 64,
             n_threads: 2,
             queue_limit: 4,
+            prompt_cache: Default::default(),
         };
         let engine = BatchEngine::start(Arc::clone(&model), config).unwrap();
         let request = GenerateRequest {
@@ -424,6 +480,7 @@ mod tests {
                 sampling: SamplingParams::greedy(),
                 max_tokens: Some(16),
                 stop: vec![],
+                cache_prompt: true,
             },
         };
         // The sink holds the worker on its first event while the abort flag is set.
@@ -490,6 +547,7 @@ mod tests {
             n_batch: 128,
             n_threads: 2,
             queue_limit: 4,
+            prompt_cache: Default::default(),
         };
         let engine = BatchEngine::start(Arc::clone(&model), config).unwrap();
         let schema = |values: &str| {
@@ -512,6 +570,7 @@ mod tests {
                     },
                     max_tokens: Some(64),
                     stop: vec![],
+                    cache_prompt: true,
                 };
                 let request = GenerateRequest {
                     prompt: prompt.clone(),

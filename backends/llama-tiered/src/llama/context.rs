@@ -382,6 +382,27 @@ impl Context {
         }
     }
 
+    /// Forgets the KV cache of `seq` from position `from` on, keeping the
+    /// positions before it usable: false (and `seq` emptied) when the memory
+    /// cannot cut a sequence there (recurrent state), or when a sliding
+    /// window already dropped cells the kept prefix's next tokens would
+    /// attend to (as llama-server decides it).
+    pub fn trim_seq(&mut self, seq: i32, from: i32) -> bool {
+        let n_swa = self.model.n_swa().max(1) as i32;
+        // SAFETY: the context and its memory are alive.
+        let (pos_min, cut) = unsafe {
+            let mem = sys::llama_get_memory(self.raw.as_ptr());
+            let pos_min = sys::llama_memory_seq_pos_min(mem, seq);
+            (pos_min, sys::llama_memory_seq_rm(mem, seq, from, -1))
+        };
+        let window_intact = pos_min <= (from - n_swa).max(0);
+        if cut && window_intact {
+            return true;
+        }
+        self.clear_seq(seq, -1);
+        false
+    }
+
     /// Empties the whole KV cache.
     pub fn clear_all(&mut self) {
         // SAFETY: the context and its memory are alive.

@@ -416,6 +416,12 @@ impl Model {
         unsafe { sys::llama_model_n_ctx_train(self.raw.as_ptr()) }.max(0) as u32
     }
 
+    /// Sliding-window attention width (`0`: every layer sees the whole context).
+    pub fn n_swa(&self) -> u32 {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_n_swa(self.raw.as_ptr()) }.max(0) as u32
+    }
+
     pub fn n_embd(&self) -> usize {
         // SAFETY: the model is alive.
         unsafe { sys::llama_model_n_embd(self.raw.as_ptr()) }.max(0) as usize

@@ -1,0 +1,192 @@
+//! The RAM tier: sequence KV states (`llama_state_seq_get_data`) of
+//! conversations whose slot went to another one, under a byte limit,
+//! evicted least recently used first.
+//!
+//! An entry is a whole sequence's state, as llama.cpp exports it: its
+//! layout (cells, then per layer K and a transposed V) is llama.cpp's own,
+//! so entries are not split into token blocks that could be shared. What a
+//! radix tree would save is kept another way: an entry whose tokens are a
+//! prefix of a newer entry's is dropped when the newer one comes in (a
+//! conversation's later turn supersedes its earlier ones), and a lookup
+//! takes the entry with the longest common prefix, so one saved system
+//! prompt serves every conversation that begins with it.
+use std::sync::Arc;
+
+use super::common_prefix;
+
+/// A saved sequence: the tokens whose KV it holds, and that KV.
+pub(crate) struct Entry {
+    pub(crate) tokens: Vec<i32>,
+    pub(crate) state: Arc<Vec<u8>>,
+    last_used: u64,
+}
+
+/// Entries under a byte limit (their states' bytes).
+#[derive(Default)]
+pub(crate) struct RamTier {
+    entries: Vec<Entry>,
+    bytes: u64,
+    limit_bytes: u64,
+    clock: u64,
+}
+
+impl RamTier {
+    pub(crate) fn new(limit_bytes: u64) -> RamTier {
+        RamTier {
+            limit_bytes,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    /// The entry sharing the longest prefix with `prompt`, and that length
+    /// (ties: the smaller state, cheaper to restore).
+    pub(crate) fn best(&self, prompt: &[i32]) -> Option<(usize, usize)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common_prefix(&e.tokens, prompt)))
+            .filter(|&(_, n)| n > 0)
+            .max_by(|a, b| {
+                let size = |i: usize| std::cmp::Reverse(self.entries[i].state.len());
+                a.1.cmp(&b.1).then(size(a.0).cmp(&size(b.0)))
+            })
+    }
+
+    /// The bytes of entry `i`'s state.
+    pub(crate) fn state_bytes(&self, i: usize) -> u64 {
+        self.entries[i].state.len() as u64
+    }
+
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter()
+    }
+
+    /// Entry `i`, marked used now.
+    pub(crate) fn touch(&mut self, i: usize) -> &Entry {
+        self.clock += 1;
+        self.entries[i].last_used = self.clock;
+        &self.entries[i]
+    }
+
+    /// Keeps `state` for `tokens`; entries it supersedes (whose tokens are
+    /// a prefix of `tokens`) go. Returns what had to leave to make room,
+    /// least recently used first, for a lower tier; `state` itself when it
+    /// is larger than the whole tier.
+    pub(crate) fn insert(&mut self, tokens: Vec<i32>, state: Arc<Vec<u8>>) -> Vec<Entry> {
+        self.clock += 1;
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(&tokens))
+        {
+            // Already held, within a longer conversation.
+            e.last_used = self.clock;
+            return Vec::new();
+        }
+        let entry = Entry {
+            tokens,
+            state,
+            last_used: self.clock,
+        };
+        if entry.state.len() as u64 > self.limit_bytes {
+            return vec![entry];
+        }
+        let mut i = 0;
+        while i < self.entries.len() {
+            if entry.tokens.starts_with(&self.entries[i].tokens) {
+                let gone = self.entries.swap_remove(i);
+                self.bytes -= gone.state.len() as u64;
+            } else {
+                i += 1;
+            }
+        }
+        self.bytes += entry.state.len() as u64;
+        self.entries.push(entry);
+        self.evict_to(self.limit_bytes)
+    }
+
+    /// Sets the byte limit; returns the entries evicted to meet it.
+    pub(crate) fn set_limit(&mut self, limit_bytes: u64) -> Vec<Entry> {
+        self.limit_bytes = limit_bytes;
+        self.evict_to(limit_bytes)
+    }
+
+    fn evict_to(&mut self, limit_bytes: u64) -> Vec<Entry> {
+        let mut evicted = Vec::new();
+        while self.bytes > limit_bytes {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
+            else {
+                break;
+            };
+            let gone = self.entries.swap_remove(oldest);
+            self.bytes -= gone.state.len() as u64;
+            evicted.push(gone);
+        }
+        evicted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(n: usize) -> Arc<Vec<u8>> {
+        Arc::new(vec![7; n])
+    }
+
+    #[test]
+    fn lookup_takes_the_longest_common_prefix() {
+        let mut tier = RamTier::new(1000);
+        tier.insert(vec![1, 2, 3, 4], state(10));
+        tier.insert(vec![1, 2, 9], state(10));
+        tier.insert(vec![5, 6], state(10));
+        assert_eq!(tier.best(&[1, 2, 3, 4, 5]).map(|b| b.1), Some(4));
+        let (i, n) = tier.best(&[1, 2, 9, 9]).unwrap();
+        assert_eq!((tier.touch(i).tokens.as_slice(), n), (&[1, 2, 9][..], 3));
+        assert_eq!(tier.best(&[8]), None);
+    }
+
+    #[test]
+    fn a_later_turn_supersedes_the_earlier_and_is_not_stored_twice() {
+        let mut tier = RamTier::new(1000);
+        tier.insert(vec![1, 2], state(10));
+        tier.insert(vec![1, 2, 3, 4], state(20));
+        assert_eq!((tier.len(), tier.bytes()), (1, 20));
+        // A prefix of what is held adds nothing.
+        assert!(tier.insert(vec![1, 2, 3], state(15)).is_empty());
+        assert_eq!((tier.len(), tier.bytes()), (1, 20));
+    }
+
+    #[test]
+    fn eviction_is_least_recently_used_and_keeps_the_limit() {
+        let mut tier = RamTier::new(30);
+        tier.insert(vec![1], state(10));
+        tier.insert(vec![2], state(10));
+        tier.insert(vec![3], state(10));
+        let (i, _) = tier.best(&[1]).unwrap();
+        tier.touch(i);
+        let evicted = tier.insert(vec![4], state(10));
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(evicted[0].tokens, vec![2]);
+        assert_eq!(tier.bytes(), 30);
+        let evicted = tier.set_limit(15);
+        let gone: Vec<_> = evicted.iter().map(|e| e.tokens[0]).collect();
+        assert_eq!(gone, vec![3, 1]);
+        assert_eq!((tier.len(), tier.bytes()), (1, 10));
+        // Larger than the whole tier: handed straight down.
+        assert_eq!(tier.insert(vec![9], state(16)).len(), 1);
+        assert_eq!(tier.len(), 1);
+    }
+}

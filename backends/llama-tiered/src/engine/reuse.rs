@@ -1,0 +1,308 @@
+//! How the worker reuses KV between requests ([`super::prompt_cache`]): which
+//! free slot a request takes, what of its prompt is already computed there
+//! or can be restored from RAM or NVMe, and saving a slot's conversation
+//! before another takes its place.
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::prompt_cache::disk::DiskTier;
+use super::prompt_cache::ram::RamTier;
+use super::prompt_cache::{common_prefix, CacheKey, Costs, Counters, PromptCacheConfig, Tier};
+use super::worker::{Slot, Worker};
+
+/// Shorter shared prefixes do not count when choosing a slot: every prompt
+/// of a chat template shares a few tokens, not worth a conversation's slot.
+const MIN_PREFIX_TOKENS: usize = 16;
+/// A slot's conversation is saved before it is overwritten only when at
+/// least this many of its tokens would be lost.
+const MIN_SAVE_TOKENS: usize = 32;
+
+/// What an idle slot still holds: the tokens whose KV is in it.
+#[derive(Default)]
+pub(super) struct Kept {
+    pub(super) tokens: Vec<i32>,
+    /// The worker's clock when it was last used (`0`: never).
+    last_used: u64,
+}
+
+/// The tiers below the slots and the speeds that decide between them.
+pub(super) struct Tiers {
+    ram: RamTier,
+    disk: Option<DiskTier>,
+    costs: Costs,
+    clock: u64,
+}
+
+impl Tiers {
+    /// The RAM tier and, when configured, the NVMe tier of `model_path`
+    /// decoded with `n_ctx_per_seq` tokens a sequence. A folder that cannot
+    /// be opened leaves the engine without an NVMe tier (logged).
+    pub(super) fn new(
+        config: &PromptCacheConfig,
+        model_path: &std::path::Path,
+        n_ctx_per_seq: u32,
+    ) -> Tiers {
+        let disk = config
+            .disk_dir
+            .as_ref()
+            .filter(|_| config.disk_bytes > 0)
+            .and_then(|dir| {
+                // The KV layout: llama.cpp's default F16 K and V, one stream per sequence.
+                let context = format!("kv f16/f16 n_ctx_per_seq {n_ctx_per_seq}");
+                let opened = CacheKey::of(model_path, &context)
+                    .and_then(|key| DiskTier::open(dir, key, config.disk_bytes));
+                opened
+                    .map_err(|e| tracing::warn!("prompt cache: no NVMe tier ({})", e.kind()))
+                    .ok()
+            });
+        Tiers {
+            ram: RamTier::new(config.ram_bytes),
+            disk,
+            costs: Costs::new(config.disk_read_bytes_per_second),
+            clock: 0,
+        }
+    }
+
+    fn saves(&self) -> bool {
+        self.ram.limit_bytes() > 0 || self.disk.is_some()
+    }
+
+    /// Keeps a saved state in RAM and writes it through to NVMe.
+    fn keep(&mut self, tokens: Vec<i32>, state: Arc<Vec<u8>>) {
+        if let Some(disk) = &self.disk {
+            disk.write(tokens.clone(), Arc::clone(&state));
+        }
+        // What RAM evicts is already on NVMe (or was dropped by a full disk).
+        drop(self.ram.insert(tokens, state));
+    }
+
+    fn publish(&self, counters: &Counters) {
+        use std::sync::atomic::Ordering::Relaxed;
+        counters.ram_bytes.store(self.ram.bytes(), Relaxed);
+        counters.ram_entries.store(self.ram.len() as u64, Relaxed);
+        counters.ram_limit.store(self.ram.limit_bytes(), Relaxed);
+        let (files, bytes) = self.disk.as_ref().map_or((0, 0), DiskTier::usage);
+        counters.disk_entries.store(files as u64, Relaxed);
+        counters.disk_bytes.store(bytes, Relaxed);
+    }
+}
+
+/// Where a prompt's cached prefix comes from.
+enum Source {
+    Slot(usize),
+    Ram(usize, usize),
+    Disk(usize, usize),
+}
+
+impl Worker {
+    /// The free slot for `prompt`: the one sharing the longest prefix with
+    /// it, else the least recently used (an empty one first).
+    pub(super) fn choose_slot(&self, prompt: &[i32], use_cache: bool, free: &[usize]) -> usize {
+        let score = |seq: usize| {
+            let kept = &self.kept[seq];
+            let shared = common_prefix(&kept.tokens, prompt);
+            let shared = if use_cache && shared >= MIN_PREFIX_TOKENS {
+                shared
+            } else {
+                0
+            };
+            (shared, std::cmp::Reverse(kept.last_used))
+        };
+        free.iter()
+            .copied()
+            .max_by_key(|&seq| score(seq))
+            .unwrap_or(0)
+    }
+
+    /// Makes slot `seq` hold the longest prefix of `prompt` it can get at a
+    /// gain (its own KV, or a state restored from RAM or NVMe) and returns
+    /// its length; at least the last prompt token is always left to decode.
+    /// The slot's previous conversation is saved first when it would be lost.
+    pub(super) fn prepare_slot(&mut self, seq: usize, prompt: &[i32], use_cache: bool) -> usize {
+        let kept = std::mem::take(&mut self.kept[seq].tokens);
+        let counters = &Arc::clone(&self.shared).counters.prompt_cache;
+        Counters::add(&counters.query_tokens, prompt.len() as u64);
+        let limit = prompt.len().saturating_sub(1);
+        if !use_cache {
+            self.save(seq, &kept, 0);
+            self.ctx.clear_seq(seq as i32, -1);
+            return 0;
+        }
+        let in_slot = common_prefix(&kept, prompt).min(limit);
+        let source = self.best_source(prompt, limit, in_slot);
+        let (cached, tier) = match source {
+            Source::Slot(n) => {
+                self.save(seq, &kept, n);
+                (self.keep_prefix(seq, n), Tier::Slot)
+            }
+            Source::Ram(i, n) => {
+                self.save(seq, &kept, 0);
+                let state = Arc::clone(&self.tiers.ram.touch(i).state);
+                (self.restore(seq, &state, n, Tier::Ram), Tier::Ram)
+            }
+            Source::Disk(i, n) => {
+                self.save(seq, &kept, 0);
+                let read = Instant::now();
+                let loaded = self.tiers.disk.as_ref().and_then(|d| d.read(i));
+                let cached = match loaded {
+                    Some((tokens, state)) => {
+                        let seconds = read.elapsed().as_secs_f64();
+                        self.tiers
+                            .costs
+                            .measured_restore(Tier::Disk, state.len() as u64, seconds);
+                        let cached = self.restore(seq, &state, n, Tier::Disk);
+                        // Back in RAM: the next turn restores from there.
+                        if cached > 0 && self.tiers.ram.limit_bytes() > 0 {
+                            drop(self.tiers.ram.insert(tokens, Arc::new(state)));
+                        }
+                        cached
+                    }
+                    None => {
+                        self.ctx.clear_seq(seq as i32, -1);
+                        0
+                    }
+                };
+                (cached, Tier::Disk)
+            }
+        };
+        if cached > 0 {
+            Counters::add(&counters.hit_tokens, cached as u64);
+            let counter = match tier {
+                Tier::Slot => &counters.hits_slot,
+                Tier::Ram => &counters.restores_ram,
+                Tier::Disk => &counters.restores_disk,
+            };
+            Counters::add(counter, 1);
+        }
+        self.tiers.publish(counters);
+        cached
+    }
+
+    /// The source with the longest usable prefix, where reading it beats
+    /// recomputing what it adds over the slot's own.
+    fn best_source(&self, prompt: &[i32], limit: usize, in_slot: usize) -> Source {
+        let mut best = Source::Slot(in_slot);
+        let mut best_n = in_slot;
+        if let Some((i, n)) = self.tiers.ram.best(prompt) {
+            let n = n.min(limit);
+            let bytes = self.tiers.ram.state_bytes(i);
+            if n > best_n && self.tiers.costs.restore_wins(Tier::Ram, bytes, n - in_slot) {
+                best = Source::Ram(i, n);
+                best_n = n;
+            }
+        }
+        if let Some((i, n, bytes)) = self.tiers.disk.as_ref().and_then(|d| d.best(prompt)) {
+            let n = n.min(limit);
+            if n > best_n
+                && self
+                    .tiers
+                    .costs
+                    .restore_wins(Tier::Disk, bytes, n - in_slot)
+            {
+                best = Source::Disk(i, n);
+            }
+        }
+        best
+    }
+
+    /// Keeps the first `n` tokens of slot `seq`'s KV; what it kept.
+    fn keep_prefix(&mut self, seq: usize, n: usize) -> usize {
+        if n == 0 {
+            self.ctx.clear_seq(seq as i32, -1);
+            return 0;
+        }
+        if self.ctx.trim_seq(seq as i32, n as i32) {
+            n
+        } else {
+            0
+        }
+    }
+
+    /// Loads `state` into slot `seq` and keeps its first `n` tokens.
+    fn restore(&mut self, seq: usize, state: &[u8], n: usize, tier: Tier) -> usize {
+        let started = Instant::now();
+        if let Err(e) = self.ctx.set_seq_state(seq as i32, state) {
+            tracing::warn!("prompt cache: a saved state did not load ({e}): recomputing");
+            self.ctx.clear_seq(seq as i32, -1);
+            return 0;
+        }
+        let cached = self.keep_prefix(seq, n);
+        let seconds = started.elapsed().as_secs_f64();
+        if tier == Tier::Ram {
+            self.tiers
+                .costs
+                .measured_restore(tier, state.len() as u64, seconds);
+        }
+        let micros = &self.shared.counters.prompt_cache.restore_micros;
+        Counters::add(micros, started.elapsed().as_micros() as u64);
+        cached
+    }
+
+    /// Saves slot `seq`'s conversation (`kept`, its KV tokens) into the
+    /// lower tiers when keeping only `keep` of its tokens would lose enough.
+    fn save(&mut self, seq: usize, kept: &[i32], keep: usize) {
+        if !self.tiers.saves() || kept.len().saturating_sub(keep) < MIN_SAVE_TOKENS {
+            return;
+        }
+        match self.ctx.seq_state(seq as i32) {
+            Ok(state) if !state.is_empty() => {
+                Counters::add(&self.shared.counters.prompt_cache.saves, 1);
+                self.tiers.keep(kept.to_vec(), Arc::new(state));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("prompt cache: could not save a sequence: {e}"),
+        }
+    }
+
+    /// What slot `seq` holds once `slot` leaves it: its KV tokens when its
+    /// request allowed caching, else nothing (and its KV is cleared).
+    pub(super) fn keep_after(&mut self, seq: usize, slot: &Slot, kv_valid: bool) {
+        self.tiers.clock += 1;
+        if kv_valid && slot.cache_prompt {
+            self.kept[seq] = Kept {
+                tokens: slot.kv_tokens(),
+                last_used: self.tiers.clock,
+            };
+        } else {
+            self.ctx.clear_seq(seq as i32, -1);
+            self.kept[seq] = Kept::default();
+        }
+    }
+
+    /// A decode step read `tokens` prompt tokens in `seconds`.
+    pub(super) fn measured_prefill(&mut self, tokens: usize, seconds: f64) {
+        self.tiers.costs.measured_prefill(tokens, seconds);
+    }
+
+    /// Applies a new RAM limit (the memory budget moved).
+    pub(super) fn set_ram_limit(&mut self, bytes: u64) {
+        drop(self.tiers.ram.set_limit(bytes));
+        self.tiers.publish(&self.shared.counters.prompt_cache);
+    }
+
+    /// At shutdown: what only the slots hold goes to NVMe, so a restarted
+    /// server finds it.
+    pub(super) fn flush(&mut self) {
+        let Some(disk) = self.tiers.disk.as_ref() else {
+            return;
+        };
+        for seq in 0..self.kept.len() {
+            if self.kept[seq].tokens.len() < MIN_SAVE_TOKENS {
+                continue;
+            }
+            if let Ok(state) = self.ctx.seq_state(seq as i32) {
+                disk.write_now(self.kept[seq].tokens.clone(), &state);
+            }
+        }
+        // Entries a busy writer skipped (one already written is not written again).
+        for entry in self.tiers.ram.entries() {
+            disk.write_now(entry.tokens.clone(), &entry.state);
+        }
+        self.tiers.publish(&self.shared.counters.prompt_cache);
+    }
+
+    /// Whether slot `seq` holds a finished conversation's KV.
+    pub(super) fn holds_kept(&self, seq: usize) -> bool {
+        !self.kept[seq].tokens.is_empty()
+    }
+}

@@ -1,0 +1,266 @@
+//! The prompt cache against real llama.cpp: a conversation's later turn
+//! decodes only its new tokens (from its slot, from RAM, from NVMe) and
+//! gives exactly the tokens a cold run of the same prompt gives.
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hypura_synth as synth;
+use llama_tiered::engine::generate::{Completion, GenerateParams};
+use llama_tiered::engine::prompt;
+use llama_tiered::engine::{
+    BatchConfig, BatchEngine, GenerateRequest, GenerationEvent, PromptCacheConfig,
+};
+use llama_tiered::llama::{Model, ModelParams, SamplingParams};
+use llama_tiered::test_models;
+
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A system prompt of several hundred tokens, as agents send.
+fn system_text() -> String {
+    (0..40)
+        .map(|i| {
+            format!("Rule {i}: answer briefly, cite the file you read, and never invent a path. ")
+        })
+        .collect()
+}
+
+fn config(n_parallel: u32, prompt_cache: PromptCacheConfig) -> BatchConfig {
+    BatchConfig {
+        n_parallel,
+        n_ctx_per_seq: 2048,
+        n_batch: 256,
+        n_threads: 2,
+        queue_limit: 16,
+        prompt_cache,
+    }
+}
+
+fn greedy(max_tokens: u32, cache_prompt: bool) -> GenerateParams {
+    GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(max_tokens),
+        stop: vec![],
+        cache_prompt,
+    }
+}
+
+fn run(engine: &BatchEngine, prompt: &[i32], cache_prompt: bool) -> Completion {
+    let (tx, rx) = mpsc::channel();
+    let request = GenerateRequest {
+        prompt: prompt.to_vec(),
+        params: greedy(12, cache_prompt),
+    };
+    engine
+        .submit(request, Box::new(move |e| tx.send(e).is_ok()))
+        .unwrap();
+    done(&rx)
+}
+
+fn done(rx: &Receiver<GenerationEvent>) -> Completion {
+    loop {
+        match rx.recv_timeout(DEADLINE).expect("an outcome") {
+            GenerationEvent::Done(c) => return c,
+            GenerationEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+}
+
+fn tokens(model: &Model, text: &str) -> Vec<i32> {
+    prompt::tokenize_raw(model, text).unwrap()
+}
+
+/// A conversation's turns: each the previous prompt, its reply, and a new question.
+fn turns(model: &Model, engine: &BatchEngine, questions: &[&str]) -> Vec<(Vec<i32>, Completion)> {
+    let mut prompt = tokens(model, &system_text());
+    let mut out = Vec::new();
+    for q in questions {
+        prompt.extend(tokens(model, &format!("\nUser: {q}\nAssistant:"))[1..].iter());
+        let reply = run(engine, &prompt, true);
+        out.push((prompt.clone(), reply.clone()));
+        prompt.extend(&reply.tokens);
+    }
+    out
+}
+
+/// A cold run of `prompt`: an engine of its own, nothing cached.
+fn cold(model: &Arc<Model>, prompt: &[i32]) -> Completion {
+    let engine = BatchEngine::start(Arc::clone(model), config(1, Default::default())).unwrap();
+    run(&engine, prompt, false)
+}
+
+#[test]
+fn a_later_turn_decodes_only_its_new_tokens_and_matches_a_cold_run() {
+    let model = test_models::smollm2_model();
+    let engine = BatchEngine::start(Arc::clone(&model), config(2, Default::default())).unwrap();
+    let questions = ["Which file holds the config?", "And the tests?", "Thanks."];
+    let history = turns(&model, &engine, &questions);
+    let (first, reply) = &history[0];
+    assert_eq!(reply.timings.cached_prompt_tokens, 0);
+    assert_eq!(reply.timings.prompt_tokens, first.len());
+    for (k, (prompt, reply)) in history.iter().enumerate().skip(1) {
+        let (previous, previous_reply) = &history[k - 1];
+        // The previous prompt and every reply token but the last (never decoded).
+        let held = previous.len() + previous_reply.tokens.len() - 1;
+        assert_eq!(reply.timings.cached_prompt_tokens, held, "turn {k}");
+        assert_eq!(reply.timings.prompt_tokens, prompt.len() - held, "turn {k}");
+        assert_eq!(reply.tokens, cold(&model, prompt).tokens, "turn {k}");
+    }
+    let status = engine.status().prompt_cache;
+    assert_eq!(status.slot_hits_total, 2);
+    let asked: usize = history.iter().map(|(p, _)| p.len()).sum();
+    assert_eq!(status.query_tokens_total, asked as u64);
+
+    // A prompt that leaves the conversation in its middle keeps what it shares.
+    let (prompt, _) = &history[2];
+    let mut edited = prompt[..prompt.len() / 2].to_vec();
+    edited.extend(tokens(&model, " Something else entirely.")[1..].iter());
+    let reply = run(&engine, &edited, true);
+    assert_eq!(reply.timings.cached_prompt_tokens, prompt.len() / 2);
+    assert_eq!(reply.tokens, cold(&model, &edited).tokens);
+
+    // Opting out reads the whole prompt.
+    let reply = run(&engine, prompt, false);
+    assert_eq!(reply.timings.cached_prompt_tokens, 0);
+    assert_eq!(reply.timings.prompt_tokens, prompt.len());
+}
+
+#[test]
+fn two_users_on_one_slot_alternate_through_the_ram_tier() {
+    let model = test_models::smollm2_model();
+    let cache = PromptCacheConfig {
+        ram_bytes: 256 << 20,
+        ..Default::default()
+    };
+    let engine = BatchEngine::start(Arc::clone(&model), config(1, cache)).unwrap();
+    let alice = tokens(&model, &format!("{}\nUser: I am Alice.", system_text()));
+    let bob = tokens(&model, "A different conversation about the weather in Lisbon, which is mild in winter and warm from May. \
+        The user asks about the best month to travel, the sea temperature and which beaches are reachable by train.");
+    let a1 = run(&engine, &alice, true);
+    let b1 = run(&engine, &bob, true);
+    // Alice's next turn: her slot went to Bob, her state waits in RAM.
+    let mut alice2 = alice.clone();
+    alice2.extend(&a1.tokens);
+    alice2.extend(tokens(&model, "\nUser: What was my name?")[1..].iter());
+    let a2 = run(&engine, &alice2, true);
+    let held = alice.len() + a1.tokens.len() - 1;
+    assert_eq!(a2.timings.cached_prompt_tokens, held);
+    assert_eq!(a2.tokens, cold(&model, &alice2).tokens);
+    // Bob's too.
+    let mut bob2 = bob.clone();
+    bob2.extend(&b1.tokens);
+    bob2.extend(tokens(&model, " And in autumn?")[1..].iter());
+    let b2 = run(&engine, &bob2, true);
+    assert_eq!(
+        b2.timings.cached_prompt_tokens,
+        bob.len() + b1.tokens.len() - 1
+    );
+    assert_eq!(b2.tokens, cold(&model, &bob2).tokens);
+
+    let status = engine.status().prompt_cache;
+    assert_eq!(status.ram_restores_total, 2, "{status:?}");
+    assert!(status.saves_total >= 2, "{status:?}");
+    assert!(status.ram_bytes > 0 && status.ram_bytes <= 256 << 20);
+
+    // A smaller budget evicts down to it.
+    engine.set_prompt_cache_ram_bytes(0);
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while engine.status().prompt_cache.ram_bytes > 0 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(engine.status().prompt_cache.ram_limit_bytes, 0);
+}
+
+/// A copy of SmolLM2 under a folder of the test's own (a model "replaced on disk").
+fn copy_of_smollm2(dir: &Path) -> PathBuf {
+    let path = dir.join("smollm2.gguf");
+    std::fs::copy(test_models::smollm2(), &path).unwrap();
+    path
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hypura-pc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn load(path: &Path) -> Arc<Model> {
+    Arc::new(Model::load(path, ModelParams::default()).unwrap())
+}
+
+#[test]
+fn a_conversation_survives_a_restart_on_nvme_and_a_replaced_model_never_loads_it() {
+    let dir = scratch("disk");
+    let model_path = copy_of_smollm2(&dir);
+    let cache = PromptCacheConfig {
+        ram_bytes: 0,
+        disk_dir: Some(dir.join("kv")),
+        disk_bytes: 1 << 30,
+        disk_read_bytes_per_second: 0,
+    };
+    let alice = {
+        let model = load(&model_path);
+        tokens(&model, &format!("{}\nUser: I am Alice.", system_text()))
+    };
+    let a1 = {
+        let model = load(&model_path);
+        let engine = BatchEngine::start(Arc::clone(&model), config(1, cache.clone())).unwrap();
+        let a1 = run(&engine, &alice, true);
+        engine.shutdown();
+        // Written when the engine stopped (only the slot held it).
+        assert_eq!(engine.status().prompt_cache.disk_entries, 1);
+        a1
+    };
+    let mut alice2 = alice.clone();
+    alice2.extend(&a1.tokens);
+    alice2.extend(tokens(&load(&model_path), "\nUser: What was my name?")[1..].iter());
+    let model = load(&model_path);
+    let engine = BatchEngine::start(Arc::clone(&model), config(1, cache.clone())).unwrap();
+    let a2 = run(&engine, &alice2, true);
+    assert_eq!(
+        a2.timings.cached_prompt_tokens,
+        alice.len() + a1.tokens.len() - 1
+    );
+    assert_eq!(engine.status().prompt_cache.disk_restores_total, 1);
+    assert_eq!(a2.tokens, cold(&model, &alice2).tokens);
+    engine.shutdown();
+    drop((engine, model));
+
+    // The file replaced (another write, a new modification time): nothing loads.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&model_path, std::fs::read(test_models::smollm2()).unwrap()).unwrap();
+    let model = load(&model_path);
+    let engine = BatchEngine::start(Arc::clone(&model), config(1, cache)).unwrap();
+    let again = run(&engine, &alice2, true);
+    assert_eq!(again.timings.cached_prompt_tokens, 0);
+    assert_eq!(engine.status().prompt_cache.disk_restores_total, 0);
+    assert_eq!(again.tokens, a2.tokens);
+    engine.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SmolLM2 made a MoE (4 experts, 2 used, real routing).
+fn smollm2_moe() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        synth::cached::derived_moe(&test_models::smollm2(), 4, 2, 0.01, 7).expect("derive MoE")
+    })
+}
+
+#[test]
+fn a_later_turn_on_a_moe_matches_a_cold_run() {
+    let model = load(smollm2_moe());
+    let engine = BatchEngine::start(Arc::clone(&model), config(1, Default::default())).unwrap();
+    let history = turns(
+        &model,
+        &engine,
+        &["Which file holds the config?", "And the tests?"],
+    );
+    let (prompt, reply) = &history[1];
+    assert!(reply.timings.cached_prompt_tokens > history[0].0.len());
+    assert_eq!(reply.tokens, cold(&model, prompt).tokens);
+}
