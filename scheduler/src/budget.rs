@@ -837,8 +837,12 @@ impl BudgetPolicy {
             };
             self.plan_room(&toward, room, &[v], true)
                 .filter(|plan| !plan.is_empty())
-        })?;
-        Some(self.start_moves(first))
+        });
+        match first {
+            Some(first) => Some(self.start_moves(first)),
+            // Nothing can start toward it now: the busy models drain.
+            None => for_request.then(|| self.drain_for(&want)),
+        }
     }
 
     /// A request that every idle model and every busy one streaming would
