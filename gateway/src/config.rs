@@ -30,6 +30,10 @@ pub const DEFAULT_KEEP_ALIVE: KeepAlive = KeepAlive::For(std::time::Duration::fr
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Most tokens of a reply whose request sets no limit (the context caps it too).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// RAM each model's prompt cache keeps beyond its slots.
+pub const DEFAULT_PROMPT_CACHE_RAM: u64 = 1 << 30;
+/// Disk the prompt cache's files take, all models together.
+pub const DEFAULT_PROMPT_CACHE_DISK: u64 = 8 << 30;
 
 /// The file as written: every key optional, unknown keys refused.
 #[derive(Debug, Default, Deserialize)]
@@ -93,6 +97,10 @@ pub struct ServerSection {
     pub in_process: Option<bool>,
     /// Most tokens of a reply whose request sets no limit.
     pub default_max_tokens: Option<u32>,
+    /// RAM each model's prompt cache may keep beyond its slots.
+    pub prompt_cache_ram: Option<Text>,
+    /// Bytes the prompt cache's files may take on disk, all models together.
+    pub prompt_cache_disk: Option<Text>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -156,6 +164,8 @@ pub struct Config {
     pub models_dir: Option<PathBuf>,
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
+    pub prompt_cache_ram_bytes: Option<u64>,
+    pub prompt_cache_disk_bytes: Option<u64>,
     pub metrics_open_on_loopback: Option<bool>,
     /// Run every model in the server's process, not in runner processes.
     pub in_process: Option<bool>,
@@ -311,6 +321,14 @@ impl ConfigFile {
             ram_budget_bytes: s
                 .ram_budget
                 .map(|t| size("server.ram_budget", &t))
+                .transpose()?,
+            prompt_cache_ram_bytes: s
+                .prompt_cache_ram
+                .map(|t| size("server.prompt_cache_ram", &t))
+                .transpose()?,
+            prompt_cache_disk_bytes: s
+                .prompt_cache_disk
+                .map(|t| size("server.prompt_cache_disk", &t))
                 .transpose()?,
             metrics_open_on_loopback: s.metrics_open_on_loopback,
             in_process: s.in_process,
@@ -468,7 +486,8 @@ mod tests {
              `demote_after`, `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
-             `pull_max_bytes`, `in_process`, `default_max_tokens` (line 3)"
+             `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \
+             `prompt_cache_disk` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

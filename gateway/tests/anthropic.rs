@@ -86,7 +86,7 @@ fn whole(s: &Server) {
     // A system prompt (as blocks) is the system message: the prompt is the chat route's.
     let r = post_json(
         s,
-        json!({"model": MODEL, "max_tokens": 1, "messages": question(),
+        json!({"model": MODEL, "max_tokens": 1, "messages": question(), "cache_prompt": false,
             "system": [{"type": "text", "text": "You are a "}, {"type": "text", "text": "geography teacher."}]}),
         200,
     );

@@ -40,7 +40,7 @@ fn long_chats_lose_their_oldest_messages_on_both_dialects() {
     // Ollama: about 6,000 tokens in a 2,048-token window.
     let r = s.post(
         "/api/chat",
-        json!({"model": MODEL, "messages": messages, "stream": false,
+        json!({"model": MODEL, "messages": messages, "stream": false, "cache_prompt": false,
                "options": {"temperature": 0, "num_predict": 16}}),
     );
     assert_eq!(r.status(), 200);
@@ -62,7 +62,7 @@ fn long_chats_lose_their_oldest_messages_on_both_dialects() {
     let r = s.post(
         "/api/chat",
         json!({"model": MODEL, "messages": kept, "stream": false, "truncate": false,
-               "options": {"temperature": 0, "num_predict": 16}}),
+               "cache_prompt": false, "options": {"temperature": 0, "num_predict": 16}}),
     );
     assert_eq!(r.status(), 200);
     assert_eq!(truncated(&r), None);

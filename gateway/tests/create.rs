@@ -162,10 +162,14 @@ fn create_upload_serve_and_delete() {
         s.post_json("/api/create", terse, 200),
         json!({"status": "success"})
     );
-    let created = generate(&s, json!({"model": "smol-terse", "prompt": PROMPT}));
+    // Prompt lengths are compared: nothing read from the prompt cache.
+    let created = generate(
+        &s,
+        json!({"model": "smol-terse", "prompt": PROMPT, "cache_prompt": false}),
+    );
     let by_hand = generate(
         &s,
-        json!({"model": MODEL, "prompt": PROMPT, "system": system,
+        json!({"model": MODEL, "prompt": PROMPT, "system": system, "cache_prompt": false,
             "options": {"num_predict": 5, "temperature": 0}}),
     );
     assert_eq!(created["eval_count"], 5, "{created}");
@@ -210,15 +214,19 @@ fn create_upload_serve_and_delete() {
          PARAMETER temperature 0\n"
     );
     create_streamed(&s, json!({"name": "smol-plain", "modelfile": plain}));
-    let created = generate(&s, json!({"model": "smol-plain", "prompt": PROMPT}));
+    let created = generate(
+        &s,
+        json!({"model": "smol-plain", "prompt": PROMPT, "cache_prompt": false}),
+    );
     let by_hand = generate(
         &s,
-        json!({"model": MODEL, "prompt": PROMPT, "template": PLAIN_TEMPLATE,
+        json!({"model": MODEL, "prompt": PROMPT, "template": PLAIN_TEMPLATE, "cache_prompt": false,
             "options": {"num_predict": 4, "temperature": 0}}),
     );
     let chatml = generate(
         &s,
-        json!({"model": MODEL, "prompt": PROMPT, "options": {"num_predict": 4, "temperature": 0}}),
+        json!({"model": MODEL, "prompt": PROMPT, "cache_prompt": false,
+            "options": {"num_predict": 4, "temperature": 0}}),
     );
     assert_eq!(created["response"], by_hand["response"]);
     assert_eq!(created["prompt_eval_count"], by_hand["prompt_eval_count"]);

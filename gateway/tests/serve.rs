@@ -151,7 +151,7 @@ fn ollama_generate_and_chat() {
     let v = s.post_json(
         "/api/generate",
         json!({"model": MODEL, "prompt": "And of France?", "context": context, "stream": false,
-               "options": greedy(16)}),
+               "cache_prompt": false, "options": greedy(16)}),
         200,
     );
     assert!(v["prompt_eval_count"].as_u64().unwrap() > context.len() as u64);

@@ -174,6 +174,9 @@ pub struct MessagesRequest {
     /// `{"type": "auto" | "any" | "none"}` or `{"type": "tool", "name"}`.
     #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
+    /// hypura (llama-server's field): false reads the whole prompt and keeps
+    /// no KV of it. Default true.
+    pub cache_prompt: Option<bool>,
 }
 
 /// A content block of a reply.
@@ -193,9 +196,11 @@ pub enum ReplyBlock {
 
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct MessagesUsage {
+    /// Prompt tokens evaluated: as Anthropic counts, those read from the
+    /// cache are not among them (the prompt is both together).
     pub input_tokens: usize,
     pub output_tokens: usize,
-    /// Prompt tokens a cache held.
+    /// Prompt tokens the prompt cache held.
     pub cache_read_input_tokens: usize,
 }
 
@@ -387,6 +392,7 @@ pub fn messages_request(request: &MessagesRequest) -> Result<InferRequest> {
         stop: request.stop_sequences.clone().map(StopSpec::Many),
     };
     let mut params = sampling.to_params()?;
+    params.skip_prompt_cache = request.cache_prompt == Some(false);
     if let Some(top_k) = request.top_k {
         params.sampling.top_k = top_k;
     }
@@ -452,7 +458,7 @@ fn tool_blocks(outcome: &Outcome) -> Vec<ReplyBlock> {
 fn usage(outcome: &Outcome) -> MessagesUsage {
     let finished = &outcome.finished;
     MessagesUsage {
-        input_tokens: finished.prompt_tokens,
+        input_tokens: finished.prompt_eval_tokens.min(finished.prompt_tokens),
         output_tokens: finished.generated_tokens,
         cache_read_input_tokens: finished
             .prompt_tokens

@@ -77,6 +77,10 @@ pub struct TagModel {
     pub size: u64,
     pub digest: String,
     pub details: ModelDetails,
+    /// hypura: why the model can never run on this server (it needs more
+    /// memory than the budget); absent when it can.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -124,6 +128,8 @@ pub struct PsSlots {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PsResponse {
     pub models: Vec<PsModel>,
+    /// hypura: requests waiting for room in the memory budget to load their model.
+    pub waiting: crate::metrics::status::BudgetWaiting,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -184,6 +190,9 @@ pub struct GenerateRequest {
     pub logprobs: Option<bool>,
     /// With `logprobs`: also this many most likely tokens per position, 0-20.
     pub top_logprobs: Option<i64>,
+    /// hypura (llama-server's field): false reads the whole prompt and keeps
+    /// no KV of it for a later request. Default true.
+    pub cache_prompt: Option<bool>,
 }
 
 /// One chat message, Ollama style.
@@ -232,6 +241,9 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// With `logprobs`: also this many most likely tokens per position, 0-20.
     pub top_logprobs: Option<i64>,
+    /// hypura (llama-server's field): false reads the whole prompt and keeps
+    /// no KV of it for a later request. Default true.
+    pub cache_prompt: Option<bool>,
 }
 
 /// Fields of the last chunk (`done: true`).
@@ -434,6 +446,7 @@ pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = grammar;
     params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
+    params.skip_prompt_cache = request.cache_prompt == Some(false);
     let text = request.prompt.clone().unwrap_or_default();
     let context = request.context.clone().unwrap_or_default();
     let prompt = if text.is_empty() && context.is_empty() {
@@ -467,6 +480,7 @@ pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
     let mut params = params(request.options.as_ref())?;
     params.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
     params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
+    params.skip_prompt_cache = request.cache_prompt == Some(false);
     let messages = request.messages.as_deref().unwrap_or_default();
     let prompt = if messages.is_empty() {
         Prompt::Load
@@ -770,16 +784,18 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
         .into_iter()
         .map(|m| {
             let facts = m.facts();
-            (m.name, facts)
+            let unavailable = state.registry.unfit_reason_of(&m);
+            (m.name, facts, unavailable)
         })
-        .chain(remote)
-        .map(|(name, facts)| TagModel {
+        .chain(remote.map(|(name, facts)| (name, facts, None)))
+        .map(|(name, facts, unavailable)| TagModel {
             model: name.clone(),
             name,
             modified_at: rfc3339(facts.modified),
             size: facts.size_bytes,
             digest: facts.digest.clone(),
             details: details(&facts),
+            unavailable,
         })
         .collect();
     Json(TagsResponse { models })
@@ -800,7 +816,8 @@ pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
             .into_iter()
             .map(|(node, model, load)| remote_ps_model(node, model, load)),
     );
-    Json(PsResponse { models })
+    let waiting = crate::metrics::status::BudgetWaiting::of(&state.registry);
+    Json(PsResponse { models, waiting })
 }
 
 /// A model loaded on an upstream, as `/api/ps` lists it (`node` names the upstream).

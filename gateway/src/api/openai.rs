@@ -143,6 +143,10 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// With `logprobs: true`: also this many most likely tokens per position, 0-20.
     pub top_logprobs: Option<i64>,
+    /// llama-server's field: false reads the whole prompt and keeps no KV of
+    /// it for a later request (default true: a conversation's next turn
+    /// decodes only its new tokens).
+    pub cache_prompt: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -170,6 +174,8 @@ pub struct CompletionRequest {
     /// likely tokens per position, 0-20 (`choices[].logprobs`; the prompt's
     /// tokens, even with `echo`, have none).
     pub logprobs: Option<i64>,
+    /// llama-server's field: false reads the whole prompt and keeps no KV of it.
+    pub cache_prompt: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -177,6 +183,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt's tokens.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prompt cache (not evaluated).
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -402,6 +416,7 @@ pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     let mut params = sampling.to_params()?;
     params.sampling.grammar = grammar;
     params.sampling.top_logprobs = chat_logprobs(request.logprobs, request.top_logprobs)?;
+    params.skip_prompt_cache = request.cache_prompt == Some(false);
     let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);
     infer.tools = Some(ToolRequest {
         definitions: request.tools.clone().unwrap_or_default(),
@@ -443,6 +458,7 @@ pub fn completion_request(request: &CompletionRequest) -> Result<InferRequest> {
     let mut params = sampling.to_params()?;
     params.sampling.top_logprobs =
         validation::logprobs(request.logprobs.is_some(), "logprobs", request.logprobs)?;
+    params.skip_prompt_cache = request.cache_prompt == Some(false);
     Ok(InferRequest::new(
         &request.model,
         name,
@@ -485,10 +501,12 @@ pub fn embedding_request(request: EmbeddingRequest) -> Result<(EmbedRequest, boo
 pub fn usage(outcome: &Outcome) -> Usage {
     let prompt_tokens = outcome.finished.prompt_tokens;
     let completion_tokens = outcome.finished.generated_tokens;
+    let cached_tokens = prompt_tokens.saturating_sub(outcome.finished.prompt_eval_tokens);
     Usage {
         prompt_tokens,
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
+        prompt_tokens_details: PromptTokensDetails { cached_tokens },
     }
 }
 
@@ -526,11 +544,18 @@ fn total_usage(usages: impl IntoIterator<Item = Usage>) -> Usage {
             prompt_tokens: 0,
             completion_tokens: 0,
             total_tokens: 0,
+            prompt_tokens_details: PromptTokensDetails::default(),
         },
         |sum, u| Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: sum.completion_tokens + u.completion_tokens,
             total_tokens: u.prompt_tokens + sum.completion_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: sum
+                    .prompt_tokens_details
+                    .cached_tokens
+                    .max(u.prompt_tokens_details.cached_tokens),
+            },
         },
     )
 }

@@ -97,6 +97,9 @@ pub struct ResponsesRequest {
     /// Echoed in the response.
     #[schema(value_type = Object)]
     pub metadata: Option<Value>,
+    /// hypura (llama-server's field): false reads the whole prompt and keeps
+    /// no KV of it. Default true.
+    pub cache_prompt: Option<bool>,
 }
 
 /// One part of an output message: always `output_text`.
@@ -452,6 +455,7 @@ pub fn responses_request(request: &ResponsesRequest) -> Result<InferRequest> {
     };
     let mut params = sampling.to_params()?;
     params.sampling.grammar = grammar;
+    params.skip_prompt_cache = request.cache_prompt == Some(false);
     let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);
     infer.tools = Some(ToolRequest {
         definitions,

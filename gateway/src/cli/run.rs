@@ -223,6 +223,7 @@ fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
         sampling,
         max_tokens: Some(args.max_tokens),
         stop: args.stop.clone(),
+        cache_prompt: true,
     })
 }
 

@@ -88,6 +88,14 @@ pub struct ServeArgs {
     /// Host RAM all models together may use (`64GiB`, `512MiB`, bytes) [default: no limit].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     ram_budget: Option<u64>,
+    /// RAM each model's prompt cache may keep for conversations whose slot
+    /// went to another (`2GiB`, `0` = none) [default: 1GiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    prompt_cache_ram: Option<u64>,
+    /// Disk the prompt cache's files may take under ~/.cache/hypura/prompt-cache,
+    /// all models together; they outlive restarts (`0` = none) [default: 8GiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    prompt_cache_disk: Option<u64>,
     /// Plan placements with this saved hardware profile [default: the one `hypura profile`
     /// cached; without one, an estimate while this machine is measured in the background].
     #[arg(long, value_name = "FILE")]
@@ -115,6 +123,33 @@ pub struct ServeArgs {
     /// configuration file sets more). With upstreams, no local model is needed.
     #[arg(long, value_name = "URL")]
     upstream: Vec<String>,
+}
+
+/// The prompt cache's tiers below the slots: RAM per model, and files under
+/// the cache directory read at the disk speed the profile measured.
+fn prompt_cache(
+    args: &ServeArgs,
+    file: &Config,
+    profile: &ServerProfile,
+) -> llama_tiered::engine::PromptCacheConfig {
+    let disk_bytes = args
+        .prompt_cache_disk
+        .or(file.prompt_cache_disk_bytes)
+        .unwrap_or(config::DEFAULT_PROMPT_CACHE_DISK);
+    let disk_dir = llama_tiered::hwprobe::default_cache_dir()
+        .ok()
+        .map(|dir| dir.join("prompt-cache"))
+        .filter(|_| disk_bytes > 0);
+    let read_gbps = profile.get().disk.gbps_for(16 << 20, 1);
+    llama_tiered::engine::PromptCacheConfig {
+        ram_bytes: args
+            .prompt_cache_ram
+            .or(file.prompt_cache_ram_bytes)
+            .unwrap_or(config::DEFAULT_PROMPT_CACHE_RAM),
+        disk_dir,
+        disk_bytes,
+        disk_read_bytes_per_second: (read_gbps * 1e9) as u64,
+    }
 }
 
 /// A whole or fractional number of seconds, 0 or more.
@@ -150,6 +185,21 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("--otlp-endpoint: {e}"))?;
     // Kept to the end: dropped after the runtime, it sends the last spans.
     let _telemetry = telemetry::init(&telemetry)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // First thing: a SIGHUP during start-up must not end the server either.
+    let reloadable = Arc::new(std::sync::OnceLock::<Arc<Security>>::new());
+    {
+        let _in_runtime = runtime.enter();
+        server::handle_hangups(reload_keys(
+            args.config.clone(),
+            (args.api_key.clone(), args.admin_key.clone()),
+            Arc::clone(&reloadable),
+        ))
+        .context("handling SIGHUP")?;
+    }
     let parallel = args
         .parallel
         .or(file.parallel)
@@ -196,6 +246,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .default_max_tokens
             .or(file.default_max_tokens)
             .unwrap_or(config::DEFAULT_MAX_TOKENS),
+        prompt_cache: prompt_cache(&args, &file, &profile),
     });
     let upstreams = upstreams(&args.upstream, &file)?;
     let mut count = 0;
@@ -237,7 +288,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     default_roots.extend(file.models.iter().map(|m| m.path.clone()));
     let security = Security::new(
         SecuritySettings {
-            api_key: api_key.clone(),
+            api_key,
             admin_key: args.admin_key.or(file.security.admin_key.clone()),
             insecure_no_auth: args.insecure_no_auth || file.security.insecure_no_auth,
             default_roots,
@@ -253,11 +304,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(upstreams) = &upstreams {
         registry.attach_upstreams(Arc::clone(upstreams));
     }
+    let security = Arc::new(security);
+    let _ = reloadable.set(Arc::clone(&security));
     let state = AppState {
         registry: Arc::new(registry),
-        api_key: api_key.map(Arc::from),
         models_dir: models_dir.map(Arc::from),
-        security: Arc::new(security),
+        security,
         metrics_open_on_loopback: args.metrics_open_on_loopback
             || file.metrics_open_on_loopback.unwrap_or(false),
     };
@@ -271,10 +323,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Only once every model is registered: a server that fails to start
     // measures nothing.
     profile.measure_in_background();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     if let Some(upstreams) = upstreams {
         runtime.block_on(upstreams.first_probes(FIRST_PROBES_TIMEOUT));
         let _in_runtime = runtime.enter();
@@ -283,6 +331,38 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime
         .block_on(server::serve(addr, state, http))
         .with_context(|| format!("serving on {addr}"))
+}
+
+/// What SIGHUP reloads: the API and admin keys of the configuration file
+/// at `path` (flags, `flag_keys`, still override it), checked as at start;
+/// other settings take effect on the next start. Says what it did.
+fn reload_keys(
+    path: Option<PathBuf>,
+    flag_keys: (Option<String>, Option<String>),
+    security: Arc<std::sync::OnceLock<Arc<Security>>>,
+) -> impl Fn() -> String + Send + Sync + 'static {
+    move || {
+        let Some(security) = security.get() else {
+            return "the server is still starting: nothing reloaded".into();
+        };
+        let Some(path) = &path else {
+            return "no configuration file (--config) to read again: nothing reloaded".into();
+        };
+        let file = match config::load(path) {
+            Ok(file) => file,
+            Err(e) => return format!("{e:#}: the settings in use stay"),
+        };
+        let api = flag_keys.0.clone().or(file.api_key);
+        let admin = flag_keys.1.clone().or(file.security.admin_key);
+        match security.reload_keys(api, admin) {
+            Ok(changed) => format!(
+                "read {} again: the API keys {}; other settings take effect on the next start",
+                path.display(),
+                if changed { "changed" } else { "are unchanged" }
+            ),
+            Err(e) => format!("{}: {e}: the keys in use stay", path.display()),
+        }
+    }
 }
 
 /// How long start-up waits for the upstreams' first answers (their model lists).

@@ -183,6 +183,9 @@ pub struct KvCache {
     pub cells: u64,
     /// Bytes allocated for them (f16 keys and values).
     pub bytes: u64,
+    /// The prompt cache: counters since load, bytes and entries per tier.
+    #[serde(default)]
+    pub prompt_cache: llama_tiered::engine::PromptCacheStatus,
 }
 
 /// Counters of a model's weight streaming, cumulative since it was loaded:

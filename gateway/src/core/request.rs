@@ -68,6 +68,11 @@ pub struct GenerationParams {
     /// reloads it with that context, up to its training context
     /// ([`crate::pool::registry::Registry::acquire_with_context`]).
     pub num_ctx: Option<u32>,
+    /// The request asked not to use the prompt cache (llama-server's
+    /// `cache_prompt: false`): its prompt is read whole and its KV is not
+    /// kept afterwards.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skip_prompt_cache: bool,
 }
 
 /// What a model generates from: the part of an [`InferRequest`] a

@@ -136,6 +136,15 @@ pub enum ValidationError {
         pattern: String,
         reason: String,
     },
+    /// A schema whose conversion into a grammar would cost more than a
+    /// request may ([`crate::core::schema_cost`]).
+    #[error(
+        "{field}: the JSON Schema is too costly to turn into a grammar: {problem}: simplify it"
+    )]
+    SchemaTooCostly {
+        field: String,
+        problem: crate::core::schema_cost::CostProblem,
+    },
     /// The grammar a schema becomes is too large to compile per request.
     #[error(
         "{field}: the schema becomes a grammar of {bytes} bytes, more than the {limit} \
@@ -625,6 +634,7 @@ impl OllamaOptions {
                 .map(StopSpec::into_vec)
                 .unwrap_or_default(),
             num_ctx,
+            skip_prompt_cache: false,
         })
     }
 }
@@ -691,6 +701,7 @@ impl OpenAiSampling {
                 .map(StopSpec::into_vec)
                 .unwrap_or_default(),
             num_ctx: None,
+            skip_prompt_cache: false,
         })
     }
 }

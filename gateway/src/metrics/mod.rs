@@ -17,6 +17,7 @@
 //! generation, a model's eviction).
 pub mod http;
 pub mod inference_extension;
+pub mod prompt_cache;
 pub mod scrape;
 pub mod status;
 pub mod upstream;
@@ -118,6 +119,7 @@ pub struct Metrics {
     pub residency: IntGaugeVec,
     pub budget_limit: IntGaugeVec,
     pub budget_charged: IntGaugeVec,
+    pub budget_waiting: IntGaugeVec,
     pub moves: IntCounterVec,
     pub move_duration: HistogramVec,
     pub loaded_models: IntGauge,
@@ -139,6 +141,7 @@ pub struct Metrics {
     pub resident_memory: IntGauge,
     /// What each load's streaming counters were at the last look.
     pub(crate) ledger: scrape::StreamLedger,
+    pub prompt_cache: prompt_cache::PromptCacheMetrics,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -327,6 +330,12 @@ impl Metrics {
                 "Bytes the global budget charges now per tier (models, their contexts, moves under way).",
                 &["tier"],
             ),
+            budget_waiting: gauge(
+                &r,
+                "hypura_budget_waiting_requests",
+                "Requests waiting for room in the global memory budget to load their model.",
+                m,
+            ),
             moves: counter(
                 &r,
                 "hypura_model_moves_total",
@@ -436,6 +445,7 @@ impl Metrics {
                 g
             },
             ledger: scrape::StreamLedger::default(),
+            prompt_cache: prompt_cache::PromptCacheMetrics::new(&r),
             registry: r,
         };
         metrics
@@ -534,6 +544,14 @@ pub fn model_loaded(model: &str, took: Duration) {
         .observe(took.as_secs_f64());
 }
 
+/// Requests for `model` waiting for room in the global budget now.
+pub fn budget_waiting(model: &str, count: usize) {
+    metrics()
+        .budget_waiting
+        .with_label_values(&[&label(model)])
+        .set(count as i64);
+}
+
 /// Counts a model leaving memory (its engine finishes what is in flight).
 pub fn model_unloaded(model: &str) {
     metrics().moves.with_label_values(&[model, "unload"]).inc();
@@ -569,6 +587,7 @@ pub fn model_gone(model: &str, id: u64, last: Option<crate::core::backend::Strea
         m.ledger.observe(m, model, id, &last);
     }
     m.ledger.forget(id);
+    m.prompt_cache.forget(id);
 }
 
 /// Seconds since the Unix epoch.

@@ -108,6 +108,7 @@ fn read_pool(m: &Metrics, pool: &Registry) {
         family.reset();
     }
     m.kv_cache_usage.reset();
+    m.prompt_cache.reset_gauges();
     m.decode_rate.reset();
     super::inference_extension::reset();
     let loaded = pool.loaded_backends();
@@ -140,6 +141,8 @@ fn read_pool(m: &Metrics, pool: &Registry) {
                 .set(kv.bytes as i64);
             let usage = kv.cells_used as f64 / kv.cells.max(1) as f64;
             m.kv_cache_usage.with_label_values(&name).set(usage);
+            m.prompt_cache
+                .observe(&model.name, model.id, &kv.prompt_cache);
         }
         let memory = model.backend.memory();
         let tiers = memory.tier_bytes;

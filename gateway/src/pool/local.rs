@@ -115,6 +115,7 @@ impl ModelBackend for LocalBackend {
             cells_used: status.kv_cells_used,
             cells,
             bytes: cells * self.lease.kv_bytes_per_token,
+            prompt_cache: status.prompt_cache,
         })
     }
 }
@@ -294,6 +295,7 @@ fn submit(
         sampling: params.sampling.clone(),
         max_tokens: params.max_tokens,
         stop: params.stop.clone(),
+        cache_prompt: !params.skip_prompt_cache,
     };
     fit_to_context(prompt.len(), &mut generate.max_tokens, n_ctx)
         .map_err(|e| invalid(e.to_string()))?;

@@ -40,7 +40,7 @@ use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::hybrid;
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
 use crate::pool::residency::{
-    full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, Terms,
+    full_settings, streaming_settings, BudgetedModel, FullPlacement, GlobalBudget, InFlight, Terms,
 };
 use crate::telemetry::pool as spans;
 
@@ -69,6 +69,8 @@ pub struct EngineSettings {
     pub runners: Option<Arc<Runners>>,
     /// Most tokens a reply may take when its request sets no limit.
     pub default_max_tokens: u32,
+    /// Each model's prompt cache below its slots: RAM bytes, the NVMe folder and cap.
+    pub prompt_cache: llama_tiered::engine::PromptCacheConfig,
 }
 
 /// The residency floor of a model: the budget scheduler never demotes it below
@@ -540,17 +542,26 @@ impl std::ops::Deref for ModelLease {
 
 impl Drop for ModelLease {
     fn drop(&mut self) {
-        if !self.counted || self.model.active.fetch_sub(1, Ordering::SeqCst) != 1 {
+        if !self.counted {
             return;
         }
+        let last = self.model.active.fetch_sub(1, Ordering::SeqCst) == 1;
         let keep_alive = *lock(&self.model.keep_alive);
-        self.model.set_keep_alive(keep_alive);
+        if last {
+            self.model.set_keep_alive(keep_alive);
+        }
         if let Some((budget, id)) = &self.budget {
+            // Every lease was counted in flight by the policy: each one
+            // finishes (only the last finishing would leave the model busy
+            // for ever, never unloaded, and every waiter for its room stuck).
             budget.finish(*id);
-            if keep_alive.is_zero() {
+            if last && keep_alive.is_zero() {
                 let moves = budget.tick();
                 execute_moves(budget, &self.loaded, moves);
             }
+            return;
+        }
+        if !last {
             return;
         }
         // A read recomputes the entry's expiry, now that it is idle. A
@@ -574,6 +585,9 @@ pub struct Registry {
     cancel: tokio::sync::watch::Sender<bool>,
     /// Other servers models are routed to ([`crate::upstream`]), set once at start-up.
     upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
+    /// Model files served by name that can never run within the global
+    /// budget, and why (naming the minimum): listed, refused when asked for.
+    unfit: DashMap<Arc<PathBuf>, String>,
 }
 
 impl Registry {
@@ -608,6 +622,7 @@ impl Registry {
             budget,
             cancel: tokio::sync::watch::Sender::new(false),
             upstreams: std::sync::OnceLock::new(),
+            unfit: DashMap::new(),
         }
     }
 
@@ -674,9 +689,50 @@ impl Registry {
             policy,
             created: None,
         };
-        self.add_to_budget(&named)?;
+        if let Err(why) = self.add_to_budget(&named) {
+            // Listed all the same: a request for it is refused with why.
+            eprintln!("hypura: {why}: listed, and refused when asked for");
+            self.unfit
+                .insert(Arc::clone(named.source.local_path()), why);
+        }
         self.names.insert(name.key, named);
         Ok(())
+    }
+
+    /// Why the model named `name` can never run within the global budget
+    /// (`None`: it can, or there is no budget).
+    pub fn unfit_reason(&self, name: &ModelName) -> Option<String> {
+        self.unfit_reason_of(&self.resolve(name)?)
+    }
+
+    /// Why the model `named` can never run within the global budget.
+    pub fn unfit_reason_of(&self, named: &NamedModel) -> Option<String> {
+        self.unfit
+            .get(named.source.local_path())
+            .map(|why| why.clone())
+    }
+
+    /// Every model served by name that can never run within the budget,
+    /// with why, sorted by name.
+    pub fn unfit(&self) -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = self
+            .names
+            .iter()
+            .filter_map(|e| {
+                let why = self.unfit.get(e.source.local_path())?;
+                Some((e.name.clone(), why.clone()))
+            })
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// Requests waiting for room in the global budget now, per model name
+    /// (models with none left out; empty without a budget).
+    pub fn waiting_for_room(&self) -> Vec<(String, usize)> {
+        self.budget
+            .as_ref()
+            .map_or_else(Vec::new, |budget| budget.waiting())
     }
 
     /// Counts a model file in the global budget (if there is one): fails,
@@ -839,6 +895,12 @@ impl Registry {
         let mut named = self
             .resolve(name)
             .ok_or_else(|| PoolError::NotFound(requested.to_string()))?;
+        if let Some(why) = self.unfit.get(named.source.local_path()) {
+            return Err(PoolError::Rejected(format!(
+                "model '{requested}' cannot run on this server: {}",
+                why.value()
+            )));
+        }
         let configured = batch_config(&named, &self.settings).n_ctx_per_seq;
         let needed = context.unwrap_or(0).max(configured);
         if needed > configured {
@@ -859,8 +921,8 @@ impl Registry {
         let keep_alive = keep_alive.unwrap_or(default_keep_alive);
         let (model, budget) = match &self.budget {
             Some(budget) => {
-                let (model, id) = self.admit(budget, named, keep_alive).await?;
-                (model, Some((Arc::clone(budget), id)))
+                let (model, in_flight) = self.admit(budget, named, keep_alive).await?;
+                (model, Some(in_flight))
             }
             None => {
                 let loaded = self.loaded.clone();
@@ -886,6 +948,8 @@ impl Registry {
         };
         let load_duration = started.elapsed();
         model.active.fetch_add(1, Ordering::SeqCst);
+        // From here the lease finishes the request (no await in between).
+        let budget = budget.map(InFlight::into_parts);
         model.set_keep_alive(keep_alive);
         // A read recomputes the expiry: none while the lease lives.
         let _ = self.loaded.get(&model.path);
@@ -917,16 +981,20 @@ impl Registry {
     }
 
     /// Admission under the global budget: the model is loaded (streaming at
-    /// least) and counted in flight once this returns. Waits for room while
-    /// other models are busy, up to [`ADMISSION_TIMEOUT`].
+    /// least) and the request counted in flight once this returns (the
+    /// [`InFlight`] finishes it when dropped). Waits for room while other
+    /// models are busy, up to [`ADMISSION_TIMEOUT`], counted as waiting
+    /// meanwhile. Dropped at any await (a client gone), it leaves the books
+    /// right: a load it started is reported by the load's own thread.
     async fn admit(
         &self,
         budget: &Arc<GlobalBudget>,
         named: NamedModel,
         keep_alive: KeepAlive,
-    ) -> Result<(Arc<LoadedModel>, hypura_scheduler::budget::ModelId), PoolError> {
+    ) -> Result<(Arc<LoadedModel>, InFlight), PoolError> {
+        let path = Arc::clone(named.source.local_path());
         let id = budget
-            .model(named.source.local_path())
+            .model(&path)
             .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?
             .id;
         budget.set_keep_alive(
@@ -937,71 +1005,102 @@ impl Registry {
             },
         );
         let deadline = Instant::now() + ADMISSION_TIMEOUT;
+        let mut waiting = None;
         loop {
             let changed = budget.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             match budget.request(id) {
                 Admission::Ready => {
-                    match self.loaded.get(named.source.local_path()) {
+                    let in_flight = InFlight::admitted(budget, id);
+                    match self.loaded.get(&path) {
                         Some(model) if model.is_dead() => {
-                            let revived = self.revive(budget, &named).await;
-                            if revived.is_err() {
-                                budget.finish(id);
-                            }
-                            return revived.map(|model| (model, id));
+                            let model = self.revive(budget, &named).await?;
+                            return Ok((model, in_flight));
                         }
-                        Some(model) => return Ok((model, id)),
+                        Some(model) => return Ok((model, in_flight)),
+                        None if !budget.is_moving(id) => {
+                            // Loaded in the books but gone from the cache
+                            // (a pull replaced the file): load it again.
+                            let model = self.revive(budget, &named).await?;
+                            return Ok((model, in_flight));
+                        }
                         None => {}
                     }
-                    // Another request is loading it: wait for that load.
-                    budget.finish(id);
+                    // Another request is loading it: wait for that load
+                    // (its end is a change), not counted meanwhile.
+                    drop(in_flight);
+                    let loaded = budget.changed.notified();
+                    tokio::pin!(loaded);
+                    loaded.as_mut().enable();
+                    if !self.loaded.contains_key(&path) {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), loaded).await;
+                    }
+                    continue;
                 }
                 Admission::Load { mv } => {
-                    let level = mv.to;
-                    let loaded = self.loaded.clone();
-                    let settings = self.settings.clone();
-                    let key = Arc::clone(named.source.local_path());
-                    let budgeted = budget.model(named.source.local_path()).map(|m| (m, level));
-                    let named_for_load = named.clone();
-                    let span = tracing::Span::current();
-                    let result = tokio::task::spawn_blocking(move || {
-                        span.in_scope(|| {
-                            loaded.try_get_with(key, || load(&named_for_load, &settings, budgeted))
-                        })
-                    })
-                    .await;
-                    match result {
-                        Ok(Ok(model)) => {
-                            budget.move_done(mv);
-                            return Ok((model, id));
-                        }
-                        Ok(Err(e)) => {
-                            budget.move_failed(mv);
-                            budget.finish(id);
-                            return Err((*e).clone());
-                        }
-                        Err(e) => {
-                            budget.move_failed(mv);
-                            budget.finish(id);
-                            return Err(PoolError::Failed(format!("model load task failed: {e}")));
-                        }
-                    }
+                    let in_flight = InFlight::admitted(budget, id);
+                    let model = self.load_admitted(budget, &named, mv).await?;
+                    return Ok((model, in_flight));
                 }
-                Admission::Wait { moves } => execute_moves(budget, &self.loaded, moves),
+                Admission::Wait { moves } => {
+                    waiting.get_or_insert_with(|| budget.start_waiting(id));
+                    execute_moves(budget, &self.loaded, moves);
+                }
                 Admission::Reject(why) => return Err(PoolError::Rejected(why)),
             }
             if Instant::now() >= deadline {
+                let draining = budget.draining();
+                let held_by = if draining.is_empty() {
+                    "moves of other models are under way".to_string()
+                } else {
+                    format!("{} busy", draining.join(", "))
+                };
                 return Err(PoolError::NoRoom(format!(
-                    "no room in the memory budget for {} after {} s: other models are busy; retry later",
+                    "no room in the memory budget for {} after {} s ({held_by}); retry later",
                     named.name,
                     ADMISSION_TIMEOUT.as_secs()
                 )));
             }
             // Woken by a finished request or move; time alone can also make
-            // room (idle models become demotable), so look again each second.
+            // room (a waiter that gave up stops counting), so look again each second.
             let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
         }
+    }
+
+    /// Loads a model the policy admitted a request for with `mv`, and
+    /// reports the move on the loading thread, whatever becomes of the
+    /// request meanwhile (a move never reported would hold its charge, and
+    /// the model, for ever).
+    async fn load_admitted(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: &NamedModel,
+        mv: Move,
+    ) -> Result<Arc<LoadedModel>, PoolError> {
+        let loaded = self.loaded.clone();
+        let settings = self.settings.clone();
+        let key = Arc::clone(named.source.local_path());
+        let budgeted = budget.model(&key).map(|m| (m, mv.to));
+        let (named, budget) = (named.clone(), Arc::clone(budget));
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                span.in_scope(|| {
+                    loaded
+                        .try_get_with(key, || load(&named, &settings, budgeted))
+                        .map_err(|e| (*e).clone())
+                })
+            }))
+            .unwrap_or_else(|_| Err(PoolError::Failed("the model load panicked".into())));
+            match &result {
+                Ok(_) => budget.move_done(mv),
+                Err(_) => budget.move_failed(mv),
+            }
+            result
+        })
+        .await
+        .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
     }
 
     /// Reloads a model whose runner crashed, at its residency under the
@@ -1210,6 +1309,7 @@ fn batch_config(named: &NamedModel, settings: &EngineSettings) -> BatchConfig {
         n_batch: settings.n_batch.max(n_parallel),
         n_threads: settings.n_threads,
         queue_limit: settings.queue_limit,
+        prompt_cache: settings.prompt_cache.clone(),
     }
 }
 

@@ -31,6 +31,7 @@ pub fn contexts(path: &Path, mode: Mode) -> u64 {
         n_batch: BATCH,
         n_threads: 0,
         queue_limit: 1,
+        prompt_cache: Default::default(),
     };
     let plan = PlannedLoad::fixed(&file, mode, GpuShare::None, None).unwrap();
     let params = TieredParams {

@@ -58,6 +58,7 @@ pub fn load_spec(
             profile: (*settings.profile.get()).clone(),
             model_n_ctx_per_seq: named.policy.n_ctx_per_seq,
             model_n_parallel: named.policy.n_parallel,
+            prompt_cache: settings.prompt_cache.clone(),
         },
         budgeted: budgeted.map(|(model, level)| BudgetedSpec {
             level,
@@ -115,6 +116,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
         runners: None,
         // The gateway applies it before a request reaches the runner.
         default_max_tokens: u32::MAX,
+        prompt_cache: e.prompt_cache.clone(),
     };
     let budgeted = match spec.budgeted {
         None => None,

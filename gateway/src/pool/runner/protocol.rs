@@ -170,6 +170,8 @@ pub struct EngineSpec {
     pub profile: HardwareProfile,
     pub model_n_ctx_per_seq: Option<u32>,
     pub model_n_parallel: Option<u32>,
+    #[serde(default)]
+    pub prompt_cache: llama_tiered::engine::PromptCacheConfig,
 }
 
 /// A model's placements under the budget
