@@ -439,6 +439,14 @@ mod tests {
         assert_eq!(config.gpu_budget_bytes, None);
         assert_eq!(config.ram_budget_bytes, None);
         assert_eq!(
+            config.prompt_cache_ram_bytes,
+            Some(DEFAULT_PROMPT_CACHE_RAM)
+        );
+        assert_eq!(
+            config.prompt_cache_disk_bytes,
+            Some(DEFAULT_PROMPT_CACHE_DISK)
+        );
+        assert_eq!(
             config.telemetry,
             crate::telemetry::TelemetryConfig {
                 log_format: Some(crate::telemetry::LogFormat::Text),
