@@ -38,16 +38,15 @@ use crate::telemetry::http::HttpSpans;
 #[derive(Clone)]
 pub struct AppState {
     pub registry: Arc<Registry>,
-    /// When set, every route but `/`, `/api/version` and the docs needs
-    /// `Authorization: Bearer <key>`.
-    pub api_key: Option<Arc<str>>,
     /// Where `/api/pull` saves downloaded models (`None`: no directory could
     /// be found; pulling URLs then fails with a message that says how to set one).
     pub models_dir: Option<Arc<std::path::Path>>,
     /// `/metrics` answers loopback clients without the API key (a local
     /// Prometheus); others still need it.
     pub metrics_open_on_loopback: bool,
-    /// Origins, hosts, the admin key and what pulls may touch.
+    /// Origins, hosts, the keys (an API key set: every route but `/`,
+    /// `/api/version` and the docs needs `Authorization: Bearer <key>`) and
+    /// what pulls may touch.
     pub security: Arc<crate::security::Security>,
 }
 
@@ -261,16 +260,18 @@ async fn origin_guard(State(state): State<AppState>, request: Request, next: Nex
     }
 }
 
-/// The key of `Authorization: Bearer <key>`, or of `x-api-key` (Anthropic's
-/// clients), if sent.
+/// The key of `Authorization: Bearer <key>` (the scheme in any case, as
+/// RFC 9110 has it), or of `x-api-key` (Anthropic's clients), if sent.
 fn bearer(request: &Request) -> Option<&str> {
     let headers = request.headers();
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            v.trim_start()
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, key)| key)
         })
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim)
@@ -278,7 +279,8 @@ fn bearer(request: &Request) -> Option<&str> {
 
 /// The API key on every route but the open ones; the admin key (when set)
 /// on the routes that add or remove models, where the API key is not
-/// enough. The admin key opens every route.
+/// enough. The admin key opens every route; on a LAN bind with no API key
+/// it is the API key too (a LAN bind never leaves routes open by accident).
 async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
@@ -287,18 +289,18 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
     if state.metrics_open_on_loopback && path == "/metrics" && from_loopback(&request) {
         return next.run(request).await;
     }
+    let keys = state.security.keys.get();
     let presented = bearer(&request);
     let matches = |key: Option<&str>| {
         key.zip(presented)
             .is_some_and(|(k, p)| constant_time_eq(p.as_bytes(), k.as_bytes()))
     };
-    let admin_key = state.security.admin_key.as_deref();
-    let is_admin = matches(admin_key);
-    if admin_key.is_some() && crate::security::origin::is_admin_route(path) {
+    let is_admin = matches(keys.admin.as_deref());
+    if keys.admin.is_some() && crate::security::origin::is_admin_route(path) {
         if is_admin {
             return next.run(request).await;
         }
-        if presented.is_some() && (state.api_key.is_none() || matches(state.api_key.as_deref())) {
+        if presented.is_some() && (keys.api.is_none() || matches(keys.api.as_deref())) {
             return family_error(
                 path,
                 ApiError::Forbidden("this route needs the admin key".into()),
@@ -306,7 +308,8 @@ async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Re
         }
         return unauthorized(path, presented.is_some());
     }
-    if state.api_key.is_none() || is_admin || matches(state.api_key.as_deref()) {
+    let open = keys.api.is_none() && !(keys.admin.is_some() && state.security.lan_needs_key());
+    if open || is_admin || matches(keys.api.as_deref()) {
         return next.run(request).await;
     }
     unauthorized(path, presented.is_some())
@@ -401,6 +404,27 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
     tokio::task::spawn_blocking(move || registry.shutdown())
         .await
         .map_err(std::io::Error::other)?;
+    Ok(())
+}
+
+/// Takes SIGHUP over from its default disposition (ending the process at
+/// once, streams cut), so that a closed terminal or a `kill -HUP` meant to
+/// reload never stops the server: from this call on, each one is logged and
+/// `reload` runs on a blocking thread, its outcome logged. Call it inside
+/// the runtime, as early as possible.
+pub fn handle_hangups(reload: impl Fn() -> String + Send + Sync + 'static) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup())?;
+    let reload = Arc::new(reload);
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let reload = Arc::clone(&reload);
+            match tokio::task::spawn_blocking(move || reload()).await {
+                Ok(outcome) => eprintln!("hypura: SIGHUP: {outcome}"),
+                Err(e) => eprintln!("hypura: SIGHUP: reloading failed: {e}"),
+            }
+        }
+    });
     Ok(())
 }
 

@@ -41,6 +41,14 @@ pub fn runner(args: RunnerArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    {
+        // A hangup (the terminal of a server run in the foreground closed)
+        // reaches the runners too: they live and die with the server.
+        let _in_runtime = runtime.enter();
+        // Registered for good: dropping the listener keeps the handler.
+        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("handling SIGHUP")?;
+    }
     runtime
         .block_on(crate::pool::runner::host::serve(&args.socket))
         .with_context(|| format!("serving the server at {}", args.socket.display()))

@@ -22,8 +22,10 @@ use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SC
 use serde_json::{json, Map, Value};
 
 use crate::core::bounds::{self, BoundsProblem, GrammarProblem};
+use crate::core::convert::{self, ConvertError};
 use crate::core::error::ApiError;
 use crate::core::request::Prompt;
+use crate::core::schema_cost::{self, CostProblem};
 use crate::core::validation::ValidationError;
 
 /// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
@@ -65,18 +67,39 @@ pub fn json_object_grammar() -> Result<String, ApiError> {
     json_schema_to_grammar(JSON_OBJECT_SCHEMA).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-/// A JSON Schema → a grammar, or a 400 naming `field` and the problem.
+/// A JSON Schema → a grammar, or a 400 naming `field` and the problem. The
+/// schema's validity, bounds and conversion cost are checked first; the
+/// conversion runs off the async runtime ([`convert`]).
 pub fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
-    check_schema(schema, schema, "#").map_err(|fault| fault.into_error(field))?;
-    check_bounds(schema, "#").map_err(|fault| fault.into_error(field))?;
-    let grammar = json_schema_to_grammar(&schema.to_string()).map_err(|e| {
-        ValidationError::UnsupportedSchema {
+    check_all(schema).map_err(|fault| fault.into_error(field))?;
+    let grammar = convert::schema_to_grammar(schema.to_string()).map_err(|e| match e {
+        ConvertError::Rejected(message) => ValidationError::UnsupportedSchema {
             field: field.to_string(),
-            message: e.to_string(),
+            message,
         }
+        .into(),
+        e => convert_failed(e),
     })?;
     check_grammar_text(&grammar, field)?;
     Ok(grammar)
+}
+
+/// Every check of a schema before its conversion.
+fn check_all(schema: &Value) -> Result<(), SchemaFault> {
+    check_schema(schema, schema, "#")?;
+    check_bounds(schema, "#")?;
+    schema_cost::check(schema).map_err(|problem| match problem {
+        CostProblem::RefCycle(_) => SchemaFault::Invalid(format!("at #: {problem}")),
+        problem => SchemaFault::Cost(problem),
+    })
+}
+
+/// A conversion that did not run or finish: the server's state, not the schema's fault.
+fn convert_failed(e: ConvertError) -> ApiError {
+    match e {
+        ConvertError::Busy => ApiError::Unavailable(e.to_string()),
+        e => ApiError::Internal(e.to_string()),
+    }
 }
 
 /// The grammar's size and repetitions, before llama.cpp compiles it.
@@ -101,6 +124,8 @@ enum SchemaFault {
     Invalid(String),
     /// Bounds a grammar cannot hold ([`bounds`]).
     Bounds(BoundsProblem),
+    /// More than a conversion may cost ([`schema_cost`]).
+    Cost(CostProblem),
 }
 
 impl SchemaFault {
@@ -108,6 +133,7 @@ impl SchemaFault {
         let field = field.to_string();
         match self {
             SchemaFault::Invalid(message) => ValidationError::InvalidSchema { field, message },
+            SchemaFault::Cost(problem) => ValidationError::SchemaTooCostly { field, problem },
             SchemaFault::Bounds(BoundsProblem::Inverted {
                 path,
                 min_key,
@@ -425,16 +451,16 @@ pub fn prepare_tools(
 
 /// A grammar for a schema built from the tools' parameters: a bad one is
 /// the tools' fault.
-fn tool_grammar(schema: &str) -> Result<String, ValidationError> {
+fn tool_grammar(schema: &str) -> Result<String, ApiError> {
     let value: Value = serde_json::from_str(schema).unwrap_or(Value::Null);
-    check_schema(&value, &value, "#")
-        .and_then(|()| check_bounds(&value, "#"))
-        .map_err(|fault| match fault {
-            SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
-            bounds => bounds.into_error("tools"),
-        })?;
-    let grammar = json_schema_to_grammar(schema)
-        .map_err(|e| ValidationError::UnsupportedToolSchema(e.to_string()))?;
+    check_all(&value).map_err(|fault| match fault {
+        SchemaFault::Invalid(message) => ValidationError::InvalidToolSchema(message),
+        fault => fault.into_error("tools"),
+    })?;
+    let grammar = convert::schema_to_grammar(schema.to_string()).map_err(|e| match e {
+        ConvertError::Rejected(message) => ValidationError::UnsupportedToolSchema(message).into(),
+        e => convert_failed(e),
+    })?;
     check_grammar_text(&grammar, "tools")?;
     Ok(grammar)
 }

@@ -8,16 +8,15 @@
 //!   private addresses, no redirects elsewhere, a size cap, the GGUF header).
 //!
 //! Built once at start-up from the `[server]` keys and flags
-//! ([`SecuritySettings`]) and the address the server binds.
+//! ([`SecuritySettings`]) and the address the server binds; the keys
+//! ([`Keys`]) are read again on SIGHUP.
 pub mod origin;
 pub mod remote;
 pub mod roots;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-
-use anyhow::bail;
+use std::sync::{Arc, PoisonError, RwLock};
 
 pub use origin::OriginPolicy;
 pub use remote::PullPolicy;
@@ -27,9 +26,11 @@ pub use roots::ModelRoots;
 #[derive(Debug)]
 pub struct Security {
     pub origins: OriginPolicy,
-    /// When set, `/api/pull`, `/api/create`, `/api/copy` and `/api/delete`
-    /// need `Authorization: Bearer <admin key>`; the API key is not enough.
-    pub admin_key: Option<Arc<str>>,
+    /// The API key and the admin key.
+    pub keys: Keys,
+    /// The server binds a non-loopback address: a key is required (unless
+    /// `insecure_no_auth`), on reload too.
+    lan_needs_key: bool,
     pub roots: ModelRoots,
     pub pull: PullPolicy,
 }
@@ -65,18 +66,10 @@ impl Security {
     /// Checks the settings against the address the server binds: a
     /// non-loopback address needs an API key unless `insecure_no_auth`.
     pub fn new(settings: SecuritySettings, bind: SocketAddr) -> anyhow::Result<Security> {
-        let has_key = settings.api_key.as_deref().is_some_and(|k| !k.is_empty())
-            || settings.admin_key.as_deref().is_some_and(|k| !k.is_empty());
         let loopback = bind.ip().is_loopback();
-        if !loopback && !has_key && !settings.insecure_no_auth {
-            bail!(
-                "listening on {} (not a loopback address) lets anyone on the network use every \
-                 model: give an API key (--api-key, HYPURA_API_KEY or [server] api_key), or \
-                 --insecure-no-auth to serve without one",
-                bind.ip()
-            );
-        }
-        let admin_key = settings.admin_key.filter(|k| !k.is_empty()).map(Arc::from);
+        let lan_needs_key = !loopback && !settings.insecure_no_auth;
+        let keys = KeyPair::checked(settings.api_key, settings.admin_key, lan_needs_key)
+            .map_err(|e| anyhow::anyhow!(e.replace("{ip}", &bind.ip().to_string())))?;
         let roots = if settings.model_roots.is_empty() {
             settings.default_roots
         } else {
@@ -84,7 +77,8 @@ impl Security {
         };
         Ok(Security {
             origins: OriginPolicy::new(settings.allowed_origins, settings.allowed_hosts, loopback),
-            admin_key,
+            keys: Keys::new(keys),
+            lan_needs_key,
             roots: ModelRoots::new(&roots),
             pull: PullPolicy::new(
                 settings.pull_hosts,
@@ -94,15 +88,101 @@ impl Security {
         })
     }
 
+    /// Whether the server binds a non-loopback address and must not serve
+    /// it without a key.
+    pub fn lan_needs_key(&self) -> bool {
+        self.lan_needs_key
+    }
+
+    /// Replaces the keys (a configuration read again), checked as at
+    /// start; on an error the keys in use stay. Whether they changed.
+    pub fn reload_keys(&self, api: Option<String>, admin: Option<String>) -> Result<bool, String> {
+        let keys = KeyPair::checked(api, admin, self.lan_needs_key)
+            .map_err(|e| e.replace("{ip}", "a non-loopback address"))?;
+        Ok(self.keys.replace(keys))
+    }
+
     /// Open to local pages and loopback hosts only, no admin key, no model
     /// roots: what a server with default settings on 127.0.0.1 does.
     pub fn local_default() -> Security {
         Security {
             origins: OriginPolicy::new(Vec::new(), Vec::new(), true),
-            admin_key: None,
+            keys: Keys::new(KeyPair::default()),
+            lan_needs_key: false,
             roots: ModelRoots::new(&[]),
             pull: PullPolicy::new(Vec::new(), false, None),
         }
+    }
+}
+
+/// The keys in use, replaced whole when the configuration is read again.
+#[derive(Debug)]
+pub struct Keys(RwLock<KeyPair>);
+
+/// The API key (every route but the open ones) and the admin key (the
+/// routes that add or remove models; it opens every route).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPair {
+    pub api: Option<Arc<str>>,
+    pub admin: Option<Arc<str>>,
+}
+
+impl Keys {
+    pub fn new(keys: KeyPair) -> Keys {
+        Keys(RwLock::new(keys))
+    }
+
+    /// The keys now.
+    pub fn get(&self) -> KeyPair {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether `keys` differ from those it replaced.
+    fn replace(&self, keys: KeyPair) -> bool {
+        let mut current = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = *current != keys;
+        *current = keys;
+        changed
+    }
+}
+
+impl KeyPair {
+    /// The keys as given: empty is none; blank or padded with whitespace is
+    /// an error (a client's key is trimmed, so it could never match); a LAN
+    /// bind needs one (`{ip}` in the message stands for its address).
+    fn checked(
+        api: Option<String>,
+        admin: Option<String>,
+        lan_needs_key: bool,
+    ) -> Result<KeyPair, String> {
+        let key = |flag: &str, key: Option<String>| -> Result<Option<Arc<str>>, String> {
+            match key.filter(|k| !k.is_empty()) {
+                Some(k) if k.trim() != k => Err(format!(
+                    "the {flag} is blank or begins or ends with whitespace, so no client could \
+                     send it: give a key without surrounding spaces"
+                )),
+                k => Ok(k.map(Arc::from)),
+            }
+        };
+        let keys = KeyPair {
+            api: key(
+                "API key (--api-key, HYPURA_API_KEY or [server] api_key)",
+                api,
+            )?,
+            admin: key("admin key (--admin-key or [server] admin_key)", admin)?,
+        };
+        if lan_needs_key && keys.api.is_none() && keys.admin.is_none() {
+            return Err(
+                "listening on {ip} (not a loopback address) lets anyone on the network use every \
+                 model: give an API key (--api-key, HYPURA_API_KEY or [server] api_key), or \
+                 --insecure-no-auth to serve without one"
+                    .into(),
+            );
+        }
+        Ok(keys)
     }
 }
 
@@ -129,5 +209,35 @@ mod tests {
         assert!(Security::new(SecuritySettings::default(), local).is_ok());
         let v6: SocketAddr = "[::1]:0".parse().unwrap();
         assert!(Security::new(SecuritySettings::default(), v6).is_ok());
+    }
+
+    #[test]
+    fn blank_keys_are_refused_and_keys_reload() {
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        for blank in [" ", "k ", "\tk"] {
+            let settings = SecuritySettings {
+                api_key: Some(blank.into()),
+                ..SecuritySettings::default()
+            };
+            let err = Security::new(settings, local).unwrap_err().to_string();
+            assert!(err.contains("whitespace"), "{err}");
+        }
+        let lan: SocketAddr = "0.0.0.0:11434".parse().unwrap();
+        let security = Security::new(
+            SecuritySettings {
+                api_key: Some("k".into()),
+                ..SecuritySettings::default()
+            },
+            lan,
+        )
+        .unwrap();
+        assert_eq!(security.keys.get().api.as_deref(), Some("k"));
+        assert_eq!(security.reload_keys(Some("k".into()), None), Ok(false));
+        assert_eq!(security.reload_keys(Some("k2".into()), None), Ok(true));
+        assert_eq!(security.keys.get().api.as_deref(), Some("k2"));
+        // A reload cannot leave a LAN bind without a key, nor blank one.
+        assert!(security.reload_keys(None, None).is_err());
+        assert!(security.reload_keys(Some(" ".into()), None).is_err());
+        assert_eq!(security.keys.get().api.as_deref(), Some("k2"));
     }
 }

@@ -4,9 +4,12 @@
 //! The socket is read by one thread of its own ([`Connection::start`]), not
 //! by a task: the trait's synchronous calls (`status`, `memory`,
 //! `count_tokens`) wait for their reply without depending on the async
-//! runtime. Each call registers where its replies go; when the socket
-//! closes (the runner exited or crashed) every call still waiting gets a
-//! [`Msg::Failed`], so every stream in flight ends with an error event.
+//! runtime, and wait off it ([`off_runtime`]), with deadlines kept by the
+//! runner's [`RunnerProcess`] (a runner that stops answering is answered for
+//! from what it said last, then killed). Each call registers where its
+//! replies go; when the socket closes (the runner exited or crashed) every
+//! call still waiting gets a [`Msg::Failed`], so every stream in flight ends
+//! with an error event.
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -24,11 +27,9 @@ use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, KvCache, MemoryUse,
     ModelBackend, ModelFacts, Residency, StreamCounters,
 };
+use crate::core::blocking::off_runtime;
 use crate::core::request::{BackendRequest, EmbedBatch};
 use crate::pool::registry::ModelLease;
-
-/// How long a synchronous call (`status`, `memory`, `count_tokens`) waits.
-const SYNC_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a call's replies go.
 enum Waiter {
@@ -122,23 +123,32 @@ impl Connection {
         self.notify(Op::Cancel { call: id });
     }
 
-    fn forget(&self, id: u64) {
+    /// Sends `op`; its replies go to the receiver returned, read by the
+    /// caller with a deadline of its own ([`RunnerProcess`]'s calls).
+    pub fn ask(&self, op: Op) -> Result<(u64, std::sync::mpsc::Receiver<Msg>), BackendError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let id = self.send(op, Waiter::Sync(tx))?;
+        Ok((id, rx))
+    }
+
+    /// Stops delivering the replies of call `id`.
+    pub fn forget(&self, id: u64) {
         if let Ok(waiting) = &mut *lock(&self.waiting) {
             waiting.remove(&id);
         }
     }
 
-    /// Sends `op` and waits (blocking the thread) up to `timeout` for its reply.
+    /// Sends `op` and waits (blocking the thread, off the async runtime)
+    /// up to `timeout` for its reply.
     pub fn call_blocking(&self, op: Op, timeout: Option<Duration>) -> Msg {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let id = match self.send(op, Waiter::Sync(tx)) {
-            Ok(id) => id,
+        let (id, rx) = match self.ask(op) {
+            Ok(asked) => asked,
             Err(e) => return Msg::Failed(e),
         };
-        let reply = match timeout {
+        let reply = off_runtime(|| match timeout {
             Some(t) => rx.recv_timeout(t).ok(),
             None => rx.recv().ok(),
-        };
+        });
         reply.unwrap_or_else(|| {
             self.forget(id);
             Msg::Failed(BackendError::Failed(
@@ -233,6 +243,7 @@ impl ModelBackend for RunnerBackend {
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         async move {
             let runner = Arc::clone(&self.runner);
+            runner.check_answering()?;
             let (id, mut replies) = self.connection().call(Op::Generate(Box::new(request)))?;
             let guard = CancelOnDrop {
                 runner: Arc::clone(&runner),
@@ -264,35 +275,23 @@ impl ModelBackend for RunnerBackend {
         let op = Op::CountTokens {
             text: text.to_string(),
         };
-        match self.connection().call_blocking(op, Some(SYNC_CALL_TIMEOUT)) {
-            Msg::Count(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
+        self.runner.count(op)
     }
 
     fn prompt_tokens(&self, request: &BackendRequest) -> Result<usize, BackendError> {
-        let op = Op::PromptTokens(Box::new(request.clone()));
-        match self.connection().call_blocking(op, Some(SYNC_CALL_TIMEOUT)) {
-            Msg::Count(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
+        self.runner
+            .count(Op::PromptTokens(Box::new(request.clone())))
     }
 
     fn status(&self) -> BackendStatus {
-        match self
-            .connection()
-            .call_blocking(Op::Status, Some(SYNC_CALL_TIMEOUT))
-        {
-            Msg::Status(status) => status,
-            // A runner gone serves nothing.
-            _ => BackendStatus {
-                context_length: self.lease.n_ctx_per_seq,
-                active: 0,
-                queued: 0,
-                parallel: 0,
-                decode_tokens_per_second: None,
-            },
-        }
+        // A runner gone serves nothing.
+        self.runner.status().unwrap_or(BackendStatus {
+            context_length: self.lease.n_ctx_per_seq,
+            active: 0,
+            queued: 0,
+            parallel: 0,
+            decode_tokens_per_second: None,
+        })
     }
 
     fn facts(&self) -> ModelFacts {

@@ -7,6 +7,15 @@
 //! gateway's stderr and the last [`STDERR_TAIL_LINES`] are kept, so that a
 //! crash is logged with what the runner said last.
 //!
+//! A runner must answer in time: the quick calls (status, memory, counters)
+//! wait [`QUICK_CALL_TIMEOUT`], the token counts [`COUNT_CALL_TIMEOUT`], and
+//! a watchdog thread asks for its status every [`HEARTBEAT_INTERVAL`]. Once
+//! a call goes unanswered past its deadline the runner is *stalled*: later
+//! calls do not wait for it (the quick ones answer with what it said last,
+//! the others fail at once) until that call's reply comes; a runner stalled
+//! for [`KILL_STALLED_AFTER`] that missed [`KILL_AFTER_MISSES`] deadlines is
+//! killed, a crash like any other (its model reloads on its next request).
+//!
 //! Children never outlive the gateway: they are started from one
 //! long-lived thread ([`spawn_child`]) and set `PR_SET_PDEATHSIG` (SIGKILL)
 //! on themselves first thing (the signal follows the thread that forked
@@ -23,13 +32,28 @@ use std::time::{Duration, Instant};
 
 use super::client::Connection;
 use super::protocol::{LoadSpec, Msg, Op, VERSION};
-use crate::core::backend::{BackendError, KvCache, Residency, StreamCounters, TierBytes};
+use crate::core::backend::{
+    BackendError, BackendStatus, KvCache, Residency, StreamCounters, TierBytes,
+};
+use crate::core::blocking::off_runtime;
 
 /// Lines of a runner's stderr kept for its crash report.
 pub const STDERR_TAIL_LINES: usize = 20;
 
 /// How long a runner may take to connect and answer `hello`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a status, memory, streaming or KV cache call waits for its reply.
+pub const QUICK_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a token count (a prompt rendered and tokenized) waits.
+pub const COUNT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the watchdog asks a runner for its status.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a runner may leave a call unanswered before it is killed…
+pub const KILL_STALLED_AFTER: Duration = Duration::from_secs(20);
+/// …having missed this many deadlines meanwhile (so a single slow call
+/// never kills it).
+pub const KILL_AFTER_MISSES: u32 = 3;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -116,6 +140,28 @@ pub struct RunnerProcess {
     child: Arc<Mutex<Child>>,
     /// Set before the gateway stops the runner: its exit is no crash.
     stopping: Arc<AtomicBool>,
+    /// The call it left unanswered past its deadline, if any.
+    stall: Mutex<Option<Stall>>,
+    /// What it answered last, standing in for it while it is stalled.
+    last: Mutex<LastKnown>,
+}
+
+/// A call left unanswered past its deadline.
+struct Stall {
+    since: Instant,
+    /// Deadlines missed since: this call's and every call made meanwhile.
+    misses: u32,
+    /// Where that call's reply comes: the runner answers again.
+    reply: std::sync::mpsc::Receiver<Msg>,
+}
+
+/// A runner's last answers to the quick calls.
+#[derive(Default)]
+struct LastKnown {
+    status: Option<BackendStatus>,
+    memory: Option<TierBytes>,
+    streaming: Option<StreamCounters>,
+    kv_cache: Option<KvCache>,
 }
 
 impl RunnerProcess {
@@ -177,12 +223,17 @@ impl RunnerProcess {
             connection,
             child,
             stopping,
+            stall: Mutex::new(None),
+            last: Mutex::new(LastKnown::default()),
         });
         match runner
             .connection
             .call_blocking(Op::Hello { version: VERSION }, Some(START_TIMEOUT))
         {
-            Msg::Hello { version, .. } if version == VERSION => Ok(runner),
+            Msg::Hello { version, .. } if version == VERSION => {
+                watch_heartbeat(&runner);
+                Ok(runner)
+            }
             Msg::Failed(e) => Err(failed(&e)),
             other => Err(failed(&format!("unexpected hello: {other:?}"))),
         }
@@ -219,37 +270,169 @@ impl RunnerProcess {
         let _ = child.wait();
     }
 
-    /// Weight bytes per tier where the runner holds them now (`None`: it is gone).
+    /// Sends `op` and waits up to `timeout` for its reply, off the async
+    /// runtime. `None`: no reply in time, or the runner is stalled (then
+    /// nothing is sent and nothing waits); see the module's comment.
+    fn ask(&self, op: Op, timeout: Duration) -> Option<Msg> {
+        if self.stalled() {
+            return None;
+        }
+        let (id, reply) = match self.connection.ask(op) {
+            Ok(asked) => asked,
+            Err(e) => return Some(Msg::Failed(e)),
+        };
+        match off_runtime(|| reply.recv_timeout(timeout)) {
+            Ok(msg) => Some(msg),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Some(Msg::Failed(
+                BackendError::Failed("the model's runner process stopped".into()),
+            )),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let mut stall = lock(&self.stall);
+                match &mut *stall {
+                    Some(stall) => {
+                        stall.misses += 1;
+                        self.connection.forget(id);
+                    }
+                    None => {
+                        tracing::warn!(
+                            "{}: the runner (pid {}) did not answer within {} ms",
+                            self.name,
+                            self.pid,
+                            timeout.as_millis()
+                        );
+                        *stall = Some(Stall {
+                            since: Instant::now(),
+                            misses: 1,
+                            reply,
+                        });
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Whether the runner left a call unanswered past its deadline (and has
+    /// not answered it since); counts a missed deadline, and kills a runner
+    /// stalled too long.
+    fn stalled(&self) -> bool {
+        let mut guard = lock(&self.stall);
+        let Some(stall) = &mut *guard else {
+            return false;
+        };
+        if !matches!(
+            stall.reply.try_recv(),
+            Err(std::sync::mpsc::TryRecvError::Empty)
+        ) {
+            *guard = None;
+            return false;
+        }
+        stall.misses += 1;
+        let stalled_for = stall.since.elapsed();
+        if stalled_for >= KILL_STALLED_AFTER && stall.misses >= KILL_AFTER_MISSES {
+            let misses = stall.misses;
+            drop(guard);
+            self.declare_dead(stalled_for, misses);
+        }
+        true
+    }
+
+    /// Kills a runner that stopped answering: its socket closes, every call
+    /// in flight fails, the crash is counted and logged, and its model
+    /// reloads on its next request.
+    fn declare_dead(&self, stalled_for: Duration, misses: u32) {
+        tracing::error!(
+            "the runner of {} (pid {}) has not answered for {} s ({misses} deadlines missed):              killing it",
+            self.name,
+            self.pid,
+            stalled_for.as_secs()
+        );
+        // Locked only while the watch reaps it, which kills it too.
+        if let Ok(mut child) = self.child.try_lock() {
+            let _ = child.kill();
+        }
+    }
+
+    /// `Err` when the runner is stalled: work sent to it would only wait.
+    pub fn check_answering(&self) -> Result<(), BackendError> {
+        let since = lock(&self.stall).as_ref().map(|s| s.since.elapsed());
+        match since {
+            Some(since) if self.stalled() => Err(BackendError::Busy(format!(
+                "the runner process of model '{}' has not answered for {} s: send the request \
+                 again later (a runner that does not answer is restarted)",
+                self.name,
+                since.as_secs()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Its status now, or what it said last while it does not answer
+    /// (`None`: it is gone, or never answered).
+    pub fn status(&self) -> Option<BackendStatus> {
+        match self.ask(Op::Status, QUICK_CALL_TIMEOUT) {
+            Some(Msg::Status(status)) => {
+                lock(&self.last).status = Some(status.clone());
+                Some(status)
+            }
+            Some(_) => None,
+            None => lock(&self.last).status.clone(),
+        }
+    }
+
+    /// Tokens of a count (`CountTokens`, `PromptTokens`).
+    pub fn count(&self, op: Op) -> Result<usize, BackendError> {
+        self.check_answering()?;
+        match self.ask(op, COUNT_CALL_TIMEOUT) {
+            Some(Msg::Count(n)) => Ok(n),
+            Some(Msg::Failed(e)) => Err(e),
+            Some(other) => Err(BackendError::Failed(format!(
+                "the runner answered a token count with {other:?}"
+            ))),
+            None => Err(BackendError::Busy(format!(
+                "the runner process of model '{}' did not count the tokens within {} s: send \
+                 the request again later",
+                self.name,
+                COUNT_CALL_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    /// Weight bytes per tier where the runner holds them now, or last
+    /// (`None`: it is gone).
     pub fn memory(&self) -> Option<TierBytes> {
-        match self
-            .connection
-            .call_blocking(Op::Memory, Some(Duration::from_secs(5)))
-        {
-            Msg::Memory(tier_bytes) => Some(tier_bytes),
-            _ => None,
+        match self.ask(Op::Memory, QUICK_CALL_TIMEOUT) {
+            Some(Msg::Memory(tier_bytes)) => {
+                lock(&self.last).memory = Some(tier_bytes);
+                Some(tier_bytes)
+            }
+            Some(_) => None,
+            None => lock(&self.last).memory,
         }
     }
 
-    /// Its streaming counters since load (`None`: it never streamed, or it
-    /// is gone).
+    /// Its streaming counters since load, now or last (`None`: it never
+    /// streamed, or it is gone).
     pub fn streaming(&self) -> Option<StreamCounters> {
-        match self
-            .connection
-            .call_blocking(Op::Streaming, Some(Duration::from_secs(5)))
-        {
-            Msg::Streaming(counters) => counters,
-            _ => None,
+        match self.ask(Op::Streaming, QUICK_CALL_TIMEOUT) {
+            Some(Msg::Streaming(counters)) => {
+                lock(&self.last).streaming = counters.clone();
+                counters
+            }
+            Some(_) => None,
+            None => lock(&self.last).streaming.clone(),
         }
     }
 
-    /// Its KV cache now (`None`: it is gone).
+    /// Its KV cache now or last (`None`: it is gone).
     pub fn kv_cache(&self) -> Option<KvCache> {
-        match self
-            .connection
-            .call_blocking(Op::KvCache, Some(Duration::from_secs(5)))
-        {
-            Msg::KvCache(kv) => kv,
-            _ => None,
+        match self.ask(Op::KvCache, QUICK_CALL_TIMEOUT) {
+            Some(Msg::KvCache(kv)) => {
+                lock(&self.last).kv_cache = kv;
+                kv
+            }
+            Some(_) => None,
+            None => lock(&self.last).kv_cache,
         }
     }
 
@@ -300,6 +483,28 @@ impl RunnerProcess {
 impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Asks `runner` for its status every [`HEARTBEAT_INTERVAL`], so that one
+/// that stops answering is found (and killed) even when nothing else asks;
+/// ends with the runner.
+fn watch_heartbeat(runner: &Arc<RunnerProcess>) {
+    let runner = Arc::downgrade(runner);
+    let started = std::thread::Builder::new()
+        .name("runner-heartbeat".into())
+        .spawn(move || loop {
+            std::thread::sleep(HEARTBEAT_INTERVAL);
+            let Some(runner) = runner.upgrade() else {
+                return;
+            };
+            if runner.is_dead() || runner.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let _ = runner.status();
+        });
+    if let Err(e) = started {
+        tracing::warn!("no heartbeat for a runner: {e}");
     }
 }
 
