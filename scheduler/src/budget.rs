@@ -443,9 +443,11 @@ impl BudgetPolicy {
     /// [`BudgetPolicy::finish`]; on `Wait` and `Reject` it does not.
     ///
     /// An unloaded model is loaded at the highest residency that fits now
-    /// (leaving room for the requests that waited before), streaming at
-    /// least: the request starts soon and [`BudgetPolicy::tick`] promotes the
-    /// model later if it stays hot. When not even streaming fits, idle models
+    /// (leaving room for the requests that waited before), or that idle
+    /// models make room for at once (they yield to a request whatever their
+    /// heat), streaming at least: the request starts soon and
+    /// [`BudgetPolicy::tick`] promotes the model later if it stays hot.
+    /// When not even streaming fits, idle models
     /// yield at once and busy ones are demoted to streaming, or marked
     /// draining when only their unloading would make room
     /// ([`Admission::Wait`]; module docs). A waiting caller asks again after
@@ -473,13 +475,29 @@ impl BudgetPolicy {
         if !model.spec.streaming.fits_in(self.budget) {
             return Admission::Reject(too_big(&model.spec, self.budget));
         }
-        let room = self.room().saturating_sub(self.waiting_before(id, now));
+        let before = self.waiting_before(id, now);
+        let room = self.room().saturating_sub(before);
         for level in [Residency::Full, Residency::Partial, Residency::Streaming] {
-            if self.spec(id).footprint(level).fits_in(room) && self.may_hold(id, level) {
+            if !self.may_hold(id, level) {
+                continue;
+            }
+            let need = self.spec(id).footprint(level);
+            if need.fits_in(room) {
                 self.count_request(id, now);
                 return Admission::Load {
                     mv: self.start_move(id, level),
                 };
+            }
+            // Idle models make room for the most it can hold, at once.
+            let want = Want {
+                id,
+                need: need.add(before),
+                now,
+                stages: &[Stage::IdleDemote, Stage::IdleUnload],
+            };
+            if let Some(plan) = self.plan_room(&want, Some(self.room()), &[], false) {
+                let moves = self.start_moves(plan);
+                return self.wait(id, now, moves);
             }
         }
         let moves = self
@@ -801,7 +819,11 @@ impl BudgetPolicy {
             id,
             need,
             now,
-            for_request,
+            stages: if for_request {
+                FOR_REQUEST
+            } else {
+                FOR_PROMOTION
+            },
         };
         let room = Some(self.room());
         if let Some(plan) = self.plan_room(&want, room, &[], false) {
@@ -916,7 +938,7 @@ impl BudgetPolicy {
     /// `keep` are left alone. With `best_effort`, what there is even when
     /// it does not suffice.
     ///
-    /// For a request (`for_request`), in this order: idle models (nothing
+    /// By `want.stages`; for a request, in this order: idle models (nothing
     /// in flight) are demoted, then unloaded (an idle model in a separate
     /// full placement is unloaded rather than moved to its streaming one:
     /// that would make the request wait for a load), whatever their heat,
@@ -932,7 +954,7 @@ impl BudgetPolicy {
         keep: &[ModelId],
         best_effort: bool,
     ) -> Option<Vec<(ModelId, Residency)>> {
-        let (id, need, now, for_request) = (want.id, want.need, want.now, want.for_request);
+        let (id, need, now) = (want.id, want.need, want.now);
         let mut spare = spare;
         let mut freed = self.room();
         let my_rank = self.rank(id, now).max(1.0);
@@ -955,15 +977,10 @@ impl BudgetPolicy {
                 .cmp(&mb.spec.priority)
                 .then(self.rank(a, now).total_cmp(&self.rank(b, now)))
         });
-        let stages: &[Stage] = if for_request {
-            &[Stage::IdleDemote, Stage::IdleUnload, Stage::BusyDemote]
-        } else {
-            &[Stage::ColdDemote]
-        };
         // A victim planned in one stage may be taken further down in an
         // unloading one.
         let mut plan: Vec<(ModelId, Residency)> = Vec::new();
-        for &stage in stages {
+        for &stage in want.stages {
             for &v in &victims {
                 if need.fits_in(freed) {
                     break;
@@ -1041,14 +1058,19 @@ impl BudgetPolicy {
 pub const WAITING_FRESH: Duration = Duration::from_secs(5);
 
 /// Room [`BudgetPolicy::plan_room`] looks for: `need` more for model `id`,
-/// at `now`, for a request or a promotion.
+/// at `now`, for a request or a promotion, moving victims by `stages`.
 #[derive(Debug, Clone, Copy)]
 struct Want {
     id: ModelId,
     need: Footprint,
     now: Duration,
-    for_request: bool,
+    stages: &'static [Stage],
 }
+
+/// The victims a request may move, in order (idle ones first).
+const FOR_REQUEST: &[Stage] = &[Stage::IdleDemote, Stage::IdleUnload, Stage::BusyDemote];
+/// The victims a promotion may move.
+const FOR_PROMOTION: &[Stage] = &[Stage::ColdDemote];
 
 /// Which victims a step of [`BudgetPolicy::plan_room`] may move, and how far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1259,11 +1281,11 @@ mod tests {
         // Room for one model fully and the other streaming.
         let mut p = policy(8, vec![spec("hot", 2, 6), spec("cold", 2, 6)]);
         admit(&mut p, 1, secs(0));
-        p.finish(1, secs(1));
         assert_eq!(p.residency(1), Residency::Full);
         admit(&mut p, 0, secs(2));
-        // The cold one holds the room: hot starts streaming at once.
+        // The cold one holds the room, busy: hot starts streaming at once.
         assert_eq!(p.residency(0), Residency::Streaming);
+        p.finish(1, secs(2));
         p.finish(0, secs(2));
         let mut t = 2;
         for _ in 0..200 {
@@ -1322,10 +1344,10 @@ mod tests {
         // until both of its placements fit at once, then holds both.
         let mut p = policy(11, vec![separate("hot", 2, 6), spec("cold", 1, 6)]);
         admit(&mut p, 1, secs(0));
-        p.finish(1, secs(0));
         assert_eq!(p.residency(1), Residency::Full);
         admit(&mut p, 0, secs(1));
         assert_eq!(p.residency(0), Residency::Partial, "4 of the 6 left fit");
+        p.finish(1, secs(0));
         let mut t = 1;
         let mut seen_loading_beside = false;
         for _ in 0..100 {
@@ -1403,7 +1425,11 @@ mod tests {
     fn a_failed_promotion_is_not_tried_again_until_the_model_reloads() {
         let mut p = policy(11, vec![separate("a", 2, 6), spec("b", 1, 6)]);
         admit(&mut p, 1, secs(0));
+        // Loaded beside the busy "b": not full.
+        admit(&mut p, 0, secs(0));
+        assert!(p.residency(0) < Residency::Full);
         p.finish(1, secs(0));
+        p.finish(0, secs(0));
         let mut t = 0;
         let mut failed = None;
         // Busy and hot beside "b": promoted to full, and that load fails.
@@ -1442,8 +1468,8 @@ mod tests {
         // "c" holds 6 and cannot shrink; "a" is partial (4) and hot.
         let mut p = policy(10, vec![spec("a", 2, 6), spec("b", 5, 5), spec("c", 6, 6)]);
         admit(&mut p, 2, secs(0));
-        p.finish(2, secs(0));
         admit(&mut p, 0, secs(0));
+        p.finish(2, secs(0));
         p.finish(0, secs(0));
         assert_eq!(p.residency(0), Residency::Partial);
         // a busy; b waits; c (idle past demote_after) is unloaded for it.
