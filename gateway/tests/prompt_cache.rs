@@ -175,3 +175,52 @@ fn a_conversation_outlives_a_restart_on_disk() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A chat longer than the context: the oldest messages are dropped each
+/// turn, so only the system prompt may be shared with the last turn; what
+/// is reused still gives the cold run's answer.
+#[test]
+fn a_truncated_chat_reuses_what_it_shares_and_answers_as_a_cold_run() {
+    let dir = cache_dir("truncate");
+    let s = serve(
+        &dir,
+        &[
+            "--parallel",
+            "1",
+            "--context",
+            "1024",
+            "--prompt-cache-disk",
+            "0",
+        ],
+    );
+    let filler = "The river runs past the old mill and the stone bridge. ";
+    let mut messages = vec![json!({"role": "system", "content": system()})];
+    for i in 0..12 {
+        messages
+            .push(json!({"role": "user", "content": format!("Note {i}: {}", filler.repeat(3))}));
+        messages.push(json!({"role": "assistant", "content": format!("Noted {i}.")}));
+    }
+    for turn in 0..2 {
+        messages.push(json!({"role": "user", "content": format!("Question {turn}?")}));
+        let r = s.post(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 12}),
+        );
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("x-hypura-truncated-messages").is_some());
+        let reply: Value = r.json().unwrap();
+        let cold = chat(&s, &messages, false);
+        assert_eq!(
+            reply["choices"][0]["message"],
+            cold["choices"][0]["message"]
+        );
+        if turn == 1 {
+            let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
+            assert!(cached > 0, "{reply}");
+        }
+        messages.push(reply["choices"][0]["message"].clone());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
