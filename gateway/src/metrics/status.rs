@@ -26,7 +26,48 @@ pub struct StatusResponse {
     /// The global budget (absent without one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetStatus>,
+    /// Requests waiting for room in the budget to load their model.
+    pub waiting: BudgetWaiting,
+    /// Models served by name that can never run within the budget, and why.
+    pub unavailable: Vec<UnavailableModel>,
     pub version: &'static str,
+}
+
+/// Requests waiting for room in the global memory budget to load their
+/// model (none without a budget): `/api/ps`, `/api/status`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BudgetWaiting {
+    /// All of them.
+    pub total: usize,
+    /// Per model with any, by name.
+    pub models: Vec<WaitingModel>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WaitingModel {
+    pub name: String,
+    pub requests: usize,
+}
+
+impl BudgetWaiting {
+    pub fn of(registry: &crate::pool::registry::Registry) -> BudgetWaiting {
+        let models: Vec<WaitingModel> = registry
+            .waiting_for_room()
+            .into_iter()
+            .map(|(name, requests)| WaitingModel { name, requests })
+            .collect();
+        BudgetWaiting {
+            total: models.iter().map(|m| m.requests).sum(),
+            models,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnavailableModel {
+    pub name: String,
+    /// Why, naming the least memory it needs.
+    pub reason: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -42,6 +83,9 @@ pub struct ModelStatus {
     /// Counters since load (absent for a model that never streamed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub streaming: Option<StreamCounters>,
+    /// The prompt cache's counters since load and bytes per tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<llama_tiered::engine::PromptCacheStatus>,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,6 +116,7 @@ pub async fn data(State(state): State<AppState>) -> Json<StatusResponse> {
                 parallel: status.parallel,
                 decode_tokens_per_second: status.decode_tokens_per_second,
                 streaming: m.backend.streaming(),
+                prompt_cache: m.backend.kv_cache().map(|kv| kv.prompt_cache),
             }
         })
         .collect();
@@ -83,9 +128,16 @@ pub async fn data(State(state): State<AppState>) -> Json<StatusResponse> {
             gpu_charged_bytes: charged.gpu_bytes,
             ram_charged_bytes: charged.ram_bytes,
         });
+    let unavailable = registry
+        .unfit()
+        .into_iter()
+        .map(|(name, reason)| UnavailableModel { name, reason })
+        .collect();
     Json(StatusResponse {
         models,
         budget,
+        waiting: BudgetWaiting::of(registry),
+        unavailable,
         version: env!("CARGO_PKG_VERSION"),
     })
 }
