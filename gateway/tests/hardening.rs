@@ -354,8 +354,8 @@ fn sighup_reloads_keys_and_never_exits() {
 }
 
 /// LAN auth: a blank key is refused at start (it could never match), the
-/// Bearer scheme is case-insensitive, and an admin key alone guards every
-/// route of a LAN bind.
+/// Bearer scheme is case-insensitive, an admin key alone guards every route
+/// of a LAN bind, and a server on `0.0.0.0` checks `Host` (DNS rebinding).
 #[test]
 fn keys_are_checked_as_clients_send_them() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_hypura"))
@@ -410,4 +410,25 @@ fn keys_are_checked_as_clients_send_them() {
     assert_eq!(status(None), 401);
     assert_eq!(status(Some("other")), 401);
     assert_eq!(status(Some("admin")), 200);
+    // It listens on loopback too: a rebinding name is refused, LAN names not.
+    let with_host = |host: &str| {
+        let addr = local.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let request = format!(
+            "GET /api/tags HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer admin\r\n\
+             Connection: close\r\n\r\n"
+        );
+        std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stream), &mut line).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(with_host("evil.example"), "403");
+    assert_eq!(with_host("evil.example:11434"), "403");
+    assert_eq!(with_host("192.168.1.5:11434"), "200");
+    assert_eq!(with_host("box.local"), "200");
+    assert_eq!(with_host("localhost"), "200");
 }

@@ -76,7 +76,7 @@ impl Security {
             settings.model_roots
         };
         Ok(Security {
-            origins: OriginPolicy::new(settings.allowed_origins, settings.allowed_hosts, loopback),
+            origins: OriginPolicy::new(settings.allowed_origins, settings.allowed_hosts, bind.ip()),
             keys: Keys::new(keys),
             lan_needs_key,
             roots: ModelRoots::new(&roots),
@@ -106,7 +106,11 @@ impl Security {
     /// roots: what a server with default settings on 127.0.0.1 does.
     pub fn local_default() -> Security {
         Security {
-            origins: OriginPolicy::new(Vec::new(), Vec::new(), true),
+            origins: OriginPolicy::new(
+                Vec::new(),
+                Vec::new(),
+                std::net::Ipv4Addr::LOCALHOST.into(),
+            ),
             keys: Keys::new(KeyPair::default()),
             lan_needs_key: false,
             roots: ModelRoots::new(&[]),

@@ -12,12 +12,19 @@
 //! the browser knows, but its requests carry `Host: evil.example`. A server
 //! on a loopback address answers only loopback `Host`s (`localhost`,
 //! `*.localhost`, `127.0.0.0/8`, `::1`, any port), plus `[server]
-//! allowed_hosts`.
+//! allowed_hosts`. A server on every address (`0.0.0.0`, `::`) listens on
+//! loopback too, so it checks `Host` as well, answering besides those the
+//! names a LAN gives it: IP literals (no rebinding goes through them), this
+//! machine's host name (and `<it>.…`), and names under `.local`, `.lan`,
+//! `.internal`, `.home.arpa`.
 //!
 //! Local origins, allowed by default (Ollama's defaults): `http(s)://`
 //! `localhost`, `127.0.0.1`, `[::1]`, `0.0.0.0` on any port; `app://`,
 //! `file://`, `tauri://`, `vscode-webview://`, `vscode-file://` pages.
 use std::net::IpAddr;
+
+/// Suffixes of the names a LAN's own resolvers give (mDNS, home routers).
+const LAN_SUFFIXES: &[&str] = &[".local", ".lan", ".internal", ".home.arpa"];
 
 /// Schemes of desktop-app pages (Electron, Tauri, VS Code) allowed by default.
 const APP_SCHEMES: &[&str] = &["app", "file", "tauri", "vscode-webview", "vscode-file"];
@@ -79,17 +86,28 @@ pub struct OriginPolicy {
     extra_hosts: Vec<String>,
     /// Whether the `Host` header is checked at all.
     check_host: bool,
+    /// The server binds every address: LAN names are answered too (this
+    /// machine's host name, lower case, with them).
+    lan_names: Option<String>,
 }
 
 impl OriginPolicy {
-    /// `loopback`: the server binds a loopback address (the `Host` check is
-    /// on; elsewhere only when `hosts` are configured).
-    pub fn new(origins: Vec<String>, hosts: Vec<String>, loopback: bool) -> OriginPolicy {
-        let check_host = (loopback || !hosts.is_empty()) && !hosts.iter().any(|h| h == "*");
+    /// `bind`: the address the server binds. The `Host` check is on for a
+    /// loopback address and for every address (`0.0.0.0`, `::`, which
+    /// include loopback); elsewhere only when `hosts` are configured.
+    pub fn new(origins: Vec<String>, hosts: Vec<String>, bind: IpAddr) -> OriginPolicy {
+        let check_host = (bind.is_loopback() || bind.is_unspecified() || !hosts.is_empty())
+            && !hosts.iter().any(|h| h == "*");
+        let lan_names = bind.is_unspecified().then(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|name| name.trim().to_ascii_lowercase())
+                .unwrap_or_default()
+        });
         OriginPolicy {
             extra_origins: origins,
             extra_hosts: hosts,
             check_host,
+            lan_names,
         }
     }
 
@@ -129,10 +147,29 @@ impl OriginPolicy {
         let name = host_part(host.trim());
         is_loopback_name(name)
             || self
+                .lan_names
+                .as_deref()
+                .is_some_and(|machine| is_lan_name(name, machine))
+            || self
                 .extra_hosts
                 .iter()
                 .any(|p| glob_match(p, name) || glob_match(p, host))
     }
+}
+
+/// A name a LAN client may reach a server on every address by: an IP
+/// literal, `machine` (this host's name) or a name under it, or a name
+/// under one of [`LAN_SUFFIXES`].
+fn is_lan_name(name: &str, machine: &str) -> bool {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<IpAddr>().is_ok()
+        || (!machine.is_empty()
+            && (name == machine
+                || name
+                    .strip_prefix(machine)
+                    .is_some_and(|r| r.starts_with('.'))))
+        || LAN_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
 }
 
 /// Routes that change which models exist: they need the admin key when one is set.
@@ -149,7 +186,7 @@ mod tests {
 
     #[test]
     fn local_origins_pass_and_others_do_not() {
-        let p = OriginPolicy::new(Vec::new(), Vec::new(), true);
+        let p = OriginPolicy::new(Vec::new(), Vec::new(), LOOPBACK);
         for ok in [
             "http://localhost:3000",
             "https://localhost",
@@ -175,16 +212,16 @@ mod tests {
         }
         // A page of the server's own origin (a LAN address it serves on).
         assert!(p.origin_allowed("http://192.168.1.5:11434", Some("192.168.1.5:11434")));
-        let configured = OriginPolicy::new(vec!["https://*.example.com".into()], vec![], true);
+        let configured = OriginPolicy::new(vec!["https://*.example.com".into()], vec![], LOOPBACK);
         assert!(configured.origin_allowed("https://chat.example.com", None));
         assert!(!configured.origin_allowed("https://example.org", None));
-        let any = OriginPolicy::new(vec!["*".into()], vec![], true);
+        let any = OriginPolicy::new(vec!["*".into()], vec![], LOOPBACK);
         assert!(any.origin_allowed("https://evil.example", None));
     }
 
     #[test]
     fn loopback_servers_answer_loopback_hosts_only() {
-        let p = OriginPolicy::new(Vec::new(), Vec::new(), true);
+        let p = OriginPolicy::new(Vec::new(), Vec::new(), LOOPBACK);
         for ok in [
             "localhost",
             "localhost:11434",
@@ -206,13 +243,52 @@ mod tests {
         ] {
             assert!(!p.host_allowed(Some(bad)), "{bad}");
         }
-        let lan = OriginPolicy::new(Vec::new(), Vec::new(), false);
+        let lan = OriginPolicy::new(Vec::new(), Vec::new(), LAN);
         assert!(lan.host_allowed(Some("evil.example")));
-        let named = OriginPolicy::new(Vec::new(), vec!["box.lan".into()], false);
+        let named = OriginPolicy::new(Vec::new(), vec!["box.lan".into()], LAN);
         assert!(named.host_allowed(Some("box.lan:11434")));
         assert!(!named.host_allowed(Some("evil.example")));
-        let any = OriginPolicy::new(Vec::new(), vec!["*".into()], true);
+        let any = OriginPolicy::new(Vec::new(), vec!["*".into()], LOOPBACK);
         assert!(any.host_allowed(Some("evil.example")));
+    }
+
+    const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    const LAN: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 168, 1, 5));
+
+    /// `0.0.0.0` listens on loopback too: a rebinding name is refused there,
+    /// the names a LAN uses are not.
+    #[test]
+    fn servers_on_every_address_check_the_host_too() {
+        let every = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+        let p = OriginPolicy::new(Vec::new(), Vec::new(), every);
+        for ok in [
+            "localhost:11434",
+            "127.0.0.1",
+            "192.168.1.5:11434",
+            "[fe80::1]:11434",
+            "box.local",
+            "box.lan:11434",
+            "gpu.internal",
+            "box.home.arpa",
+        ] {
+            assert!(p.host_allowed(Some(ok)), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:11434",
+            "lan",
+            "local.evil.example",
+        ] {
+            assert!(!p.host_allowed(Some(bad)), "{bad}");
+        }
+        assert!(is_lan_name("box", "box") && is_lan_name("box.corp.example", "box"));
+        assert!(!is_lan_name("boxes.example", "box") && !is_lan_name("box.example", ""));
+        let v6 = OriginPolicy::new(
+            Vec::new(),
+            Vec::new(),
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        );
+        assert!(!v6.host_allowed(Some("evil.example")));
     }
 
     #[test]

@@ -31,6 +31,9 @@ use crate::core::blocking::off_runtime;
 use crate::core::request::{BackendRequest, EmbedBatch};
 use crate::pool::registry::ModelLease;
 
+/// How long writing one frame to a runner may block.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where a call's replies go.
 enum Waiter {
     Sync(std::sync::mpsc::Sender<Msg>),
@@ -69,6 +72,9 @@ impl Connection {
         name: &str,
         on_close: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<Connection>> {
+        // A runner that stops reading (stopped, hung) fills the socket: a
+        // write then fails instead of blocking for ever.
+        stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
         let reader = stream.try_clone()?;
         let waiting: Arc<Mutex<Waiting>> = Arc::new(Mutex::new(Ok(HashMap::new())));
         let connection = Arc::new(Connection {
@@ -100,7 +106,15 @@ impl Connection {
         let mut line = serde_json::to_vec(&Call { id, op })
             .map_err(|e| BackendError::Failed(format!("runner call: {e}")))?;
         line.push(b'\n');
-        if let Err(e) = lock(&self.writer).write_all(&line) {
+        let written = off_runtime(|| {
+            let mut writer = lock(&self.writer);
+            writer.write_all(&line).inspect_err(|_| {
+                // Part of a frame may have gone: the connection is over, and
+                // closing it ends the runner's calls (its crash path).
+                let _ = writer.shutdown(std::net::Shutdown::Both);
+            })
+        });
+        if let Err(e) = written {
             self.forget(id);
             return Err(BackendError::Failed(format!(
                 "the model's runner process cannot be reached: {e}"
