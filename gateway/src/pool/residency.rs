@@ -295,6 +295,54 @@ pub struct GlobalBudget {
     /// Woken after every move done and request finished: waiting requests
     /// ask again.
     pub changed: Notify,
+    /// Requests waiting for room now, per model ([`WaitingRequest`]).
+    waiting: Mutex<HashMap<ModelId, usize>>,
+}
+
+/// A request counted in flight by the policy: finished when dropped, unless
+/// handed to a lease ([`InFlight::into_parts`]). So a request given up at
+/// any await (a client gone while its model loads) never stays counted,
+/// which would keep its model busy, unloadable, for ever.
+pub struct InFlight {
+    budget: Option<Arc<GlobalBudget>>,
+    id: ModelId,
+}
+
+impl InFlight {
+    /// Counts nothing itself: call once the policy has admitted a request.
+    pub fn admitted(budget: &Arc<GlobalBudget>, id: ModelId) -> InFlight {
+        InFlight {
+            budget: Some(Arc::clone(budget)),
+            id,
+        }
+    }
+
+    /// The budget and model, for the lease that now finishes the request.
+    pub fn into_parts(mut self) -> (Arc<GlobalBudget>, ModelId) {
+        let budget = self.budget.take().expect("taken once");
+        (budget, self.id)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(budget) = self.budget.take() {
+            budget.finish(self.id);
+        }
+    }
+}
+
+/// A request waiting for room in the budget, counted per model while it
+/// lives (`/api/ps`, `/api/status`, `/metrics`).
+pub struct WaitingRequest {
+    budget: Arc<GlobalBudget>,
+    id: ModelId,
+}
+
+impl Drop for WaitingRequest {
+    fn drop(&mut self) {
+        self.budget.count_waiting(self.id, false);
+    }
 }
 
 impl GlobalBudget {
@@ -308,7 +356,61 @@ impl GlobalBudget {
             adding: Mutex::new(()),
             origin: Instant::now(),
             changed: Notify::new(),
+            waiting: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts a request for `id` waiting for room until the guard drops.
+    pub fn start_waiting(self: &Arc<Self>, id: ModelId) -> WaitingRequest {
+        self.count_waiting(id, true);
+        WaitingRequest {
+            budget: Arc::clone(self),
+            id,
+        }
+    }
+
+    fn count_waiting(&self, id: ModelId, more: bool) {
+        let name = self.policy().spec(id).name.clone();
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = waiting.entry(id).or_default();
+        *count = if more {
+            *count + 1
+        } else {
+            count.saturating_sub(1)
+        };
+        crate::metrics::budget_waiting(&name, *count);
+    }
+
+    /// Requests waiting for room now, by model name (models with none left
+    /// out), sorted by name.
+    pub fn waiting(&self) -> Vec<(String, usize)> {
+        let counts: Vec<(ModelId, usize)> = self
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, &n)| n > 0)
+            .map(|(&id, &n)| (id, n))
+            .collect();
+        let policy = self.policy();
+        let mut named: Vec<(String, usize)> = counts
+            .into_iter()
+            .map(|(id, n)| (policy.spec(id).name.clone(), n))
+            .collect();
+        named.sort();
+        named
+    }
+
+    /// Names of the busy models that hold the room a waiting request needs
+    /// (they take no new request until it is in), for messages.
+    pub fn draining(&self) -> Vec<String> {
+        let now = self.now();
+        let policy = self.policy();
+        policy
+            .draining_models(now)
+            .into_iter()
+            .map(|id| policy.spec(id).name.clone())
+            .collect()
     }
 
     pub fn policy(&self) -> MutexGuard<'_, BudgetPolicy> {
@@ -348,8 +450,15 @@ impl GlobalBudget {
             priority: terms.priority,
             keep_alive: terms.keep_alive,
         };
+        let name = spec.name.clone();
+        eprintln!(
+            "hypura: {name} under the memory budget: at least {} (streaming), {} partial, {} full",
+            spec.streaming, spec.partial, spec.full
+        );
         model.id = self.policy().add_model(spec)?;
         models.insert(Arc::clone(path), model);
+        // The series exists from the start, at 0.
+        crate::metrics::budget_waiting(&name, 0);
         Ok(())
     }
 
@@ -417,6 +526,11 @@ impl GlobalBudget {
     pub fn tick(&self) -> Vec<Move> {
         let now = self.now();
         self.policy().tick(now)
+    }
+
+    /// Whether a move of model `id` is under way (a load included).
+    pub fn is_moving(&self, id: ModelId) -> bool {
+        self.policy().moving_to(id).is_some()
     }
 
     /// See [`BudgetPolicy::request_move`].
