@@ -405,7 +405,12 @@ fn register(registry: &Registry, path: &Path) -> anyhow::Result<usize> {
     let meta =
         std::fs::metadata(path).with_context(|| format!("{} does not exist", path.display()))?;
     if !meta.is_dir() {
-        register_file(registry, path)?;
+        let name = register_file(registry, path)?;
+        // A file named alone that the budget can never hold is an error (in
+        // a directory it is listed, and refused when asked for).
+        if let Some(why) = registry.unfit_reason(&name) {
+            bail!("{why}");
+        }
         return Ok(1);
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
@@ -421,7 +426,7 @@ fn register(registry: &Registry, path: &Path) -> anyhow::Result<usize> {
     let mut count = 0;
     for file in files {
         match register_file(registry, &file) {
-            Ok(()) => count += 1,
+            Ok(_) => count += 1,
             Err(e) => eprintln!("hypura: skipping {}: {e:#}", file.display()),
         }
     }
@@ -448,7 +453,7 @@ fn register_configured(registry: &Registry, model: &ModelConfig) -> anyhow::Resu
     Ok(())
 }
 
-fn register_file(registry: &Registry, path: &Path) -> anyhow::Result<()> {
+fn register_file(registry: &Registry, path: &Path) -> anyhow::Result<ModelName> {
     let info = ModelInfo::read(path)?;
     let stem = path
         .file_stem()
@@ -458,8 +463,8 @@ fn register_file(registry: &Registry, path: &Path) -> anyhow::Result<()> {
     let display = name.display.clone();
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     registry
-        .register(name, path.clone(), Arc::new(info))
+        .register(name.clone(), path.clone(), Arc::new(info))
         .map_err(anyhow::Error::msg)?;
     eprintln!("hypura: serving {} as {display}", path.display());
-    Ok(())
+    Ok(name)
 }

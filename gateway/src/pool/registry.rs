@@ -1352,7 +1352,6 @@ fn budgeted_model(
         context_memory(named.source.local_path(), &params, &contexts)
             .map_err(|e| format!("{}: {e}", named.name))
     };
-    log_plan_alone(named, &profile, base);
     let gpu_budget = settings.gpu_budget_bytes.unwrap_or(0);
     let has_gpu = gpu_budget > 0 && !llama_tiered::llama::gpu_devices().is_empty();
     let full = if footprint.mode == Mode::FullResident {
@@ -1406,7 +1405,7 @@ fn budgeted_model(
             streaming.ram_bytes + streaming.gpu_bytes
         }
     };
-    Ok(BudgetedModel {
+    let model = BudgetedModel {
         id: 0,
         footprint,
         streaming_contexts,
@@ -1416,16 +1415,27 @@ fn budgeted_model(
         overhead,
         settings: base,
         profile: Arc::clone(&settings.profile),
-    })
+    };
+    let least = model.footprint_at(Residency::Streaming);
+    log_plan_alone(named, &profile, base, least);
+    Ok(model)
 }
 
 /// Logs what the planner would choose for a model alone under the server's
 /// budgets (what `hypura inspect --plan` shows for them); the budget policy
-/// then shares the budgets between models by residency.
-fn log_plan_alone(named: &NamedModel, profile: &HardwareProfile, base: PlanSettings) {
+/// then shares the budgets between models by residency. `least`: what the
+/// budget charges it at the least (streaming, its contexts and runner
+/// included), the figure its refusal names when it cannot fit.
+fn log_plan_alone(
+    named: &NamedModel,
+    profile: &HardwareProfile,
+    base: PlanSettings,
+    least: Footprint,
+) {
+    let alone = format!("alone under the budgets; at least {least} under the budget");
     match plan_model(named.source.local_path(), profile, base) {
-        Ok((plan, _)) => log_placement(&named.name, "alone under the budgets", &plan),
-        Err(e) => eprintln!("hypura: {} alone under the budgets: {e}", named.name),
+        Ok((plan, _)) => log_placement(&named.name, &alone, &plan),
+        Err(e) => eprintln!("hypura: {} {alone}: {e}", named.name),
     }
 }
 

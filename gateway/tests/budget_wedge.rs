@@ -1,0 +1,300 @@
+//! Several models under one RAM budget (issue 29, item 1): `hypura serve DIR
+//! --context 1024 --parallel 2 --ram-budget 520MiB` with SmolLM2 and two
+//! small synthetic models. Every request is answered within 10 s of its
+//! model's load time (idle models yield their memory at once; a request
+//! waits only for work running), `keep_alive: 0` unloads, the model comes
+//! back on its next request, and a model the budget can never hold stays
+//! listed and is refused naming the least it needs.
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{client, wait_until, Server};
+use hypura_synth::{cached, SynthSpec};
+use serde_json::{json, Value};
+
+const SMOLLM2: &str = "smollm2:latest";
+const TINYLLAMA: &str = "tinyllama:latest";
+const TINYMOE: &str = "tinymoe:latest";
+/// The issue's bound on a request's wait beyond its own model's load.
+const WAIT_BOUND: Duration = Duration::from_secs(10);
+
+/// SmolLM2 and the synthetic models of the issue (`hypura-synth dense
+/// --preset tiny-llama --layers 24`, `moe --preset tiny-mixtral --layers
+/// 24`) in a directory of their own.
+fn models_dir(test: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("hypura-budget-wedge-{test}-{}", std::process::id()));
+    let tiny = cached::model(&SynthSpec::tiny_llama().with_layers(24)).unwrap();
+    let moe = cached::model(&SynthSpec::tiny_mixtral().with_layers(24)).unwrap();
+    cached::link_into(&common::smollm2(), &dir, "smollm2.gguf").unwrap();
+    cached::link_into(&tiny, &dir, "tinyllama.gguf").unwrap();
+    cached::link_into(&moe, &dir, "tinymoe.gguf").unwrap();
+    dir
+}
+
+fn serve(dir: &std::path::Path, ram_budget: &str) -> Server {
+    let args: Vec<String> = [
+        "serve",
+        dir.to_str().unwrap(),
+        "--port",
+        "0",
+        "--context",
+        "1024",
+        "--parallel",
+        "2",
+        "--ram-budget",
+        ram_budget,
+    ]
+    .map(String::from)
+    .to_vec();
+    Server::start_logging(&args, "info,llama.cpp=error")
+}
+
+/// One generation: its status, its reply, and how long it took.
+fn generate(server: &Server, model: &str, extra: Value) -> (u16, Value, Duration) {
+    let mut body = json!({
+        "model": model,
+        "prompt": "The capital of France is",
+        "raw": true,
+        "stream": false,
+        "options": {"temperature": 0, "num_predict": 8}
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let started = Instant::now();
+    let reply = client()
+        .post(server.url("/api/generate"))
+        .json(&body)
+        .send()
+        .unwrap();
+    let status = reply.status().as_u16();
+    let reply: Value = reply.json().unwrap_or(Value::Null);
+    (status, reply, started.elapsed())
+}
+
+/// A generation's parts, in seconds: from arrival to admission (waiting
+/// for room, then loading: Ollama's `load_duration`), and the work itself.
+struct Answered {
+    admitted: f64,
+    work: f64,
+    took: f64,
+}
+
+/// Asserts a generation answered; its times.
+fn answered(model: &str, (status, reply, took): (u16, Value, Duration)) -> Answered {
+    assert_eq!(status, 200, "{model}: {reply}");
+    let seconds = |key: &str| reply[key].as_u64().unwrap_or(0) as f64 / 1e9;
+    let answered = Answered {
+        admitted: seconds("load_duration"),
+        work: seconds("prompt_eval_duration") + seconds("eval_duration"),
+        took: took.as_secs_f64(),
+    };
+    eprintln!(
+        "{model}: answered in {:.2} s, admitted (waited and loaded) in {:.2} s",
+        answered.took, answered.admitted
+    );
+    answered
+}
+
+fn ps(server: &Server) -> Value {
+    client()
+        .get(server.url("/api/ps"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
+fn listed_in_ps(server: &Server, model: &str) -> bool {
+    ps(server)["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == model)
+}
+
+#[test]
+fn three_models_under_520_mib_all_answer_within_their_load_time_and_unload_on_keep_alive_0() {
+    let dir = models_dir("520");
+    let server = serve(&dir, "520MiB");
+    let all = [TINYLLAMA, TINYMOE, SMOLLM2];
+
+    // One request to each in turn: the last one finds the others idle and
+    // waits for nothing but its own load.
+    for model in all {
+        let a = answered(model, generate(&server, model, json!({})));
+        assert!(
+            a.admitted <= WAIT_BOUND.as_secs_f64(),
+            "{model}: admitted after {:.2} s",
+            a.admitted
+        );
+    }
+
+    // Two requests to each at once: a request waits at most for the work
+    // running in other models (they drain), then its own load.
+    let replies: Vec<(&str, Answered)> = std::thread::scope(|s| {
+        let handles: Vec<_> = all
+            .iter()
+            .chain(all.iter())
+            .map(|&model| {
+                let server = &server;
+                s.spawn(move || (model, answered(model, generate(server, model, json!({})))))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let longest_work = replies.iter().map(|(_, a)| a.work).fold(0.0, f64::max);
+    for (model, a) in &replies {
+        assert!(
+            a.admitted <= longest_work + WAIT_BOUND.as_secs_f64(),
+            "{model}: admitted after {:.2} s; the longest work {longest_work:.2} s",
+            a.admitted
+        );
+        assert!(a.took >= a.work);
+    }
+    let waiting = &ps(&server)["waiting"];
+    assert_eq!(waiting["total"], 0, "{waiting}");
+
+    // keep_alive 0 unloads each model; each comes back when asked for again.
+    for model in all {
+        let (status, reply, _) = generate(&server, model, json!({"keep_alive": 0}));
+        assert_eq!(status, 200, "{reply}");
+        wait_until(Duration::from_secs(10), "the model unloaded", || {
+            !listed_in_ps(&server, model)
+        });
+    }
+
+    // SmolLM2 (full) and tinyllama busy leave no room for tinymoe: its
+    // request waits, visible on /api/ps, /api/status and /metrics, until
+    // the work it waits behind ends.
+    let long = json!({"options": {"temperature": 0, "num_predict": 48}});
+    std::thread::scope(|s| {
+        let busy: Vec<_> = [SMOLLM2, TINYLLAMA]
+            .map(|model| {
+                let (server, long) = (&server, long.clone());
+                let handle = s.spawn(move || answered(model, generate(server, model, long)));
+                wait_until(Duration::from_secs(60), "the model busy", || {
+                    ps(server)["models"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|m| m["name"] == model && m["slots"]["active"] == 1)
+                });
+                handle
+            })
+            .into_iter()
+            .collect();
+        let server = &server;
+        let waiter = s.spawn(move || answered(TINYMOE, generate(server, TINYMOE, json!({}))));
+        wait_until(Duration::from_secs(30), "a request seen waiting", || {
+            ps(server)["waiting"]["total"] == 1
+        });
+        let waiting = ps(server)["waiting"].clone();
+        assert_eq!(
+            waiting,
+            json!({"total": 1, "models": [{"name": TINYMOE, "requests": 1}]})
+        );
+        let status: Value = client()
+            .get(server.url("/api/status"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(status["waiting"], waiting);
+        let metrics = client()
+            .get(server.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        let gauge = format!("hypura_budget_waiting_requests{{model=\"{TINYMOE}\"}} 1");
+        assert!(metrics.contains(&gauge), "{metrics}");
+        for handle in busy {
+            handle.join().unwrap();
+        }
+        waiter.join().unwrap();
+    });
+    assert_eq!(ps(&server)["waiting"]["total"], 0);
+
+    for model in all {
+        let a = answered(model, generate(&server, model, json!({})));
+        assert!(
+            a.admitted <= WAIT_BOUND.as_secs_f64(),
+            "{model}: {:.2} s",
+            a.admitted
+        );
+        assert!(listed_in_ps(&server, model));
+    }
+    let log = server.log();
+    assert!(!log.contains("ERROR"), "{log}");
+    drop(server);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_model_the_budget_can_never_hold_stays_listed_and_is_refused_naming_its_minimum() {
+    let dir = models_dir("200");
+    let server = serve(&dir, "200MiB");
+    // The least SmolLM2 needs, as the plan line says it.
+    let log = server.log();
+    let least = log
+        .lines()
+        .find(|l| l.contains("placement of smollm2:latest (alone under the budgets"))
+        .and_then(|l| l.split("at least ").nth(1))
+        .and_then(|rest| rest.split(" under the budget").next())
+        .unwrap_or_else(|| panic!("a plan line naming the least: {log}"))
+        .to_string();
+
+    let tags: Value = client()
+        .get(server.url("/api/tags"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let listed = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == SMOLLM2)
+        .unwrap_or_else(|| panic!("listed: {tags}"))
+        .clone();
+    let reason = listed["unavailable"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("needs at least {least}")),
+        "{reason}"
+    );
+    for fits in [TINYLLAMA, TINYMOE] {
+        let entry = tags["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == fits)
+            .unwrap();
+        assert!(entry.get("unavailable").is_none(), "{entry}");
+    }
+
+    let (status, reply, took) = generate(&server, SMOLLM2, json!({}));
+    assert_eq!(status, 400, "{reply}");
+    let error = reply["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("needs at least {least}")),
+        "{error}"
+    );
+    assert!(took < WAIT_BOUND, "refused at once: {took:?}");
+    let status: Value = client()
+        .get(server.url("/api/status"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(status["unavailable"][0]["name"], SMOLLM2, "{status}");
+    // The models that fit still answer.
+    for model in [TINYLLAMA, TINYMOE] {
+        answered(model, generate(&server, model, json!({})));
+    }
+    drop(server);
+    std::fs::remove_dir_all(&dir).ok();
+}
