@@ -325,7 +325,7 @@ fn bench_reports_measured_beside_predicted_in_each_mode() {
 /// The JSON of the server's placement line for `model` at `residency`
 /// (`hypura: placement of MODEL (RESIDENCY): ... | plan {json}`).
 fn logged_placement(log: &str, model: &str, residency: &str) -> Value {
-    let marker = format!("placement of {model} ({residency}):");
+    let marker = format!("placement of {model} ({residency}");
     let line = log
         .lines()
         .find(|l| l.contains(&marker))
