@@ -179,7 +179,7 @@ impl Sim {
             }
         }
         self.waiting = still;
-        if now_ms % TICK_MS == 0 {
+        if now_ms.is_multiple_of(TICK_MS) {
             for mv in self.policy.tick(now) {
                 self.start(mv, now_ms);
             }
