@@ -342,7 +342,8 @@ impl RunnerProcess {
     /// reloads on its next request.
     fn declare_dead(&self, stalled_for: Duration, misses: u32) {
         tracing::error!(
-            "the runner of {} (pid {}) has not answered for {} s ({misses} deadlines missed):              killing it",
+            "the runner of {} (pid {}) has not answered for {} s ({misses} deadlines missed): \
+             killing it",
             self.name,
             self.pid,
             stalled_for.as_secs()
