@@ -137,7 +137,16 @@ fn streamed(s: &Server) {
     assert_eq!(text, GERMANY);
     let delta = &events[names.len() - 2].1;
     assert_eq!(delta["delta"]["stop_reason"], "end_turn");
-    assert!(delta["usage"]["input_tokens"].as_u64().unwrap() > 10);
+    // The same prompt as the whole reply's: Anthropic counts the part the
+    // prompt cache held apart from the input tokens evaluated.
+    let usage = &delta["usage"];
+    let prompt = usage["input_tokens"].as_u64().unwrap()
+        + usage["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(prompt > 10, "{usage}");
+    assert!(
+        usage["cache_read_input_tokens"].as_u64().unwrap() > 0,
+        "{usage}"
+    );
     assert!(delta["usage"]["output_tokens"].as_u64().unwrap() > 5);
 }
 
@@ -221,7 +230,10 @@ fn tool_use(s: &Server) {
             "tools": [weather_tool()], "temperature": 0}),
         200,
     );
-    assert!(r["usage"]["input_tokens"].as_u64().unwrap() > 200, "{r}");
+    // The tools' system prompt was read by the call before: cached.
+    let prompt = r["usage"]["input_tokens"].as_u64().unwrap()
+        + r["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(prompt > 200, "{r}");
 }
 
 fn errors_and_keys(s: &Server) {

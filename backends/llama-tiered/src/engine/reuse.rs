@@ -120,7 +120,8 @@ impl Worker {
     /// The slot's previous conversation is saved first when it would be lost.
     pub(super) fn prepare_slot(&mut self, seq: usize, prompt: &[i32], use_cache: bool) -> usize {
         let kept = std::mem::take(&mut self.kept[seq].tokens);
-        let counters = &Arc::clone(&self.shared).counters.prompt_cache;
+        let shared = Arc::clone(&self.shared);
+        let counters = &shared.counters.prompt_cache;
         Counters::add(&counters.query_tokens, prompt.len() as u64);
         let limit = prompt.len().saturating_sub(1);
         if !use_cache {
@@ -143,8 +144,10 @@ impl Worker {
             Source::Disk(i, n) => {
                 self.save(seq, &kept, 0);
                 let read = Instant::now();
+                // The writer thread may have changed the index since the
+                // lookup: the file read must still hold the prefix.
                 let loaded = self.tiers.disk.as_ref().and_then(|d| d.read(i));
-                let cached = match loaded {
+                let cached = match loaded.filter(|(t, _)| common_prefix(t, prompt) >= n) {
                     Some((tokens, state)) => {
                         let seconds = read.elapsed().as_secs_f64();
                         self.tiers

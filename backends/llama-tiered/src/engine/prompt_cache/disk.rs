@@ -29,6 +29,9 @@ const MAX_TOKENS: u32 = 1 << 24;
 /// in RAM, or is lost as an uncached prompt would be).
 const WRITE_QUEUE: usize = 2;
 
+/// A state to write: its tokens and its bytes (shared with the RAM tier).
+type Pending = (Vec<i32>, Arc<Vec<u8>>);
+
 /// One file of this model's folder.
 struct DiskEntry {
     tokens: Vec<i32>,
@@ -44,7 +47,7 @@ struct Index {
 pub(crate) struct DiskTier {
     key: CacheKey,
     index: Arc<Mutex<Index>>,
-    writer: Option<SyncSender<(Vec<i32>, Arc<Vec<u8>>)>>,
+    writer: Option<SyncSender<Pending>>,
     thread: Option<JoinHandle<()>>,
     folder: Arc<Folder>,
 }
@@ -85,7 +88,7 @@ impl DiskTier {
             dir,
             limit_bytes,
         });
-        let (tx, rx) = sync_channel::<(Vec<i32>, Arc<Vec<u8>>)>(WRITE_QUEUE);
+        let (tx, rx) = sync_channel::<Pending>(WRITE_QUEUE);
         let thread = {
             let (index, folder) = (Arc::clone(&index), Arc::clone(&folder));
             std::thread::Builder::new()
