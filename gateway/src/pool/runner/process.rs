@@ -10,9 +10,11 @@
 //! A runner must answer in time: the quick calls (status, memory, counters)
 //! wait [`QUICK_CALL_TIMEOUT`], the token counts [`COUNT_CALL_TIMEOUT`], and
 //! a watchdog thread asks for its status every [`HEARTBEAT_INTERVAL`]. Once
-//! a call goes unanswered past its deadline the runner is *stalled*: later
-//! calls do not wait for it (the quick ones answer with what it said last,
-//! the others fail at once) until that call's reply comes; a runner stalled
+//! a call goes unanswered past its deadline the runner is *stalled* until
+//! that call's reply comes: the quick calls no longer wait for it (they
+//! answer with what it said last), and once stalled for
+//! [`REFUSE_STALLED_AFTER`] generations and token counts for it fail at
+//! once (503) instead of waiting; a runner stalled
 //! for [`KILL_STALLED_AFTER`] that missed [`KILL_AFTER_MISSES`] deadlines is
 //! killed, a crash like any other (its model reloads on its next request).
 //!
@@ -47,6 +49,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub const QUICK_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a token count (a prompt rendered and tokenized) waits.
 pub const COUNT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a runner may be stalled before work for it (a generation, a
+/// token count) is refused at once rather than sent.
+pub const REFUSE_STALLED_AFTER: Duration = Duration::from_secs(5);
 /// How often the watchdog asks a runner for its status.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a runner may leave a call unanswered before it is killed…
@@ -271,10 +276,14 @@ impl RunnerProcess {
     }
 
     /// Sends `op` and waits up to `timeout` for its reply, off the async
-    /// runtime. `None`: no reply in time, or the runner is stalled (then
-    /// nothing is sent and nothing waits); see the module's comment.
-    fn ask(&self, op: Op, timeout: Duration) -> Option<Msg> {
-        if self.stalled() {
+    /// runtime. `None`: no reply in time, or the runner has been stalled for
+    /// `give_up_after` (then nothing is sent and nothing waits); see the
+    /// module's comment.
+    fn ask(&self, op: Op, timeout: Duration, give_up_after: Duration) -> Option<Msg> {
+        if self
+            .stalled_for()
+            .is_some_and(|silent| silent >= give_up_after)
+        {
             return None;
         }
         let (id, reply) = match self.connection.ask(op) {
@@ -312,20 +321,18 @@ impl RunnerProcess {
         }
     }
 
-    /// Whether the runner left a call unanswered past its deadline (and has
-    /// not answered it since); counts a missed deadline, and kills a runner
-    /// stalled too long.
-    fn stalled(&self) -> bool {
+    /// For how long the runner has left a call unanswered past its
+    /// deadline (`None`: it answers); counts a missed deadline, and kills a
+    /// runner stalled too long.
+    fn stalled_for(&self) -> Option<Duration> {
         let mut guard = lock(&self.stall);
-        let Some(stall) = &mut *guard else {
-            return false;
-        };
+        let stall = guard.as_mut()?;
         if !matches!(
             stall.reply.try_recv(),
             Err(std::sync::mpsc::TryRecvError::Empty)
         ) {
             *guard = None;
-            return false;
+            return None;
         }
         stall.misses += 1;
         let stalled_for = stall.since.elapsed();
@@ -334,7 +341,7 @@ impl RunnerProcess {
             drop(guard);
             self.declare_dead(stalled_for, misses);
         }
-        true
+        Some(stalled_for)
     }
 
     /// Kills a runner that stopped answering: its socket closes, every call
@@ -354,15 +361,16 @@ impl RunnerProcess {
         }
     }
 
-    /// `Err` when the runner is stalled: work sent to it would only wait.
+    /// `Err` when the runner has been stalled for [`REFUSE_STALLED_AFTER`]:
+    /// work sent to it would only wait (a shorter silence may be a busy
+    /// moment: the work goes).
     pub fn check_answering(&self) -> Result<(), BackendError> {
-        let since = lock(&self.stall).as_ref().map(|s| s.since.elapsed());
-        match since {
-            Some(since) if self.stalled() => Err(BackendError::Busy(format!(
+        match self.stalled_for() {
+            Some(silent) if silent >= REFUSE_STALLED_AFTER => Err(BackendError::Busy(format!(
                 "the runner process of model '{}' has not answered for {} s: send the request \
                  again later (a runner that does not answer is restarted)",
                 self.name,
-                since.as_secs()
+                silent.as_secs()
             ))),
             _ => Ok(()),
         }
@@ -371,7 +379,7 @@ impl RunnerProcess {
     /// Its status now, or what it said last while it does not answer
     /// (`None`: it is gone, or never answered).
     pub fn status(&self) -> Option<BackendStatus> {
-        match self.ask(Op::Status, QUICK_CALL_TIMEOUT) {
+        match self.ask(Op::Status, QUICK_CALL_TIMEOUT, Duration::ZERO) {
             Some(Msg::Status(status)) => {
                 lock(&self.last).status = Some(status.clone());
                 Some(status)
@@ -383,8 +391,7 @@ impl RunnerProcess {
 
     /// Tokens of a count (`CountTokens`, `PromptTokens`).
     pub fn count(&self, op: Op) -> Result<usize, BackendError> {
-        self.check_answering()?;
-        match self.ask(op, COUNT_CALL_TIMEOUT) {
+        match self.ask(op, COUNT_CALL_TIMEOUT, REFUSE_STALLED_AFTER) {
             Some(Msg::Count(n)) => Ok(n),
             Some(Msg::Failed(e)) => Err(e),
             Some(other) => Err(BackendError::Failed(format!(
@@ -402,7 +409,7 @@ impl RunnerProcess {
     /// Weight bytes per tier where the runner holds them now, or last
     /// (`None`: it is gone).
     pub fn memory(&self) -> Option<TierBytes> {
-        match self.ask(Op::Memory, QUICK_CALL_TIMEOUT) {
+        match self.ask(Op::Memory, QUICK_CALL_TIMEOUT, Duration::ZERO) {
             Some(Msg::Memory(tier_bytes)) => {
                 lock(&self.last).memory = Some(tier_bytes);
                 Some(tier_bytes)
@@ -415,7 +422,7 @@ impl RunnerProcess {
     /// Its streaming counters since load, now or last (`None`: it never
     /// streamed, or it is gone).
     pub fn streaming(&self) -> Option<StreamCounters> {
-        match self.ask(Op::Streaming, QUICK_CALL_TIMEOUT) {
+        match self.ask(Op::Streaming, QUICK_CALL_TIMEOUT, Duration::ZERO) {
             Some(Msg::Streaming(counters)) => {
                 lock(&self.last).streaming = counters.clone();
                 counters
@@ -427,7 +434,7 @@ impl RunnerProcess {
 
     /// Its KV cache now or last (`None`: it is gone).
     pub fn kv_cache(&self) -> Option<KvCache> {
-        match self.ask(Op::KvCache, QUICK_CALL_TIMEOUT) {
+        match self.ask(Op::KvCache, QUICK_CALL_TIMEOUT, Duration::ZERO) {
             Some(Msg::KvCache(kv)) => {
                 lock(&self.last).kv_cache = kv;
                 kv
