@@ -174,10 +174,23 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         parallel: args.parallel,
         mode: args.mode,
     };
+    let least = least_under_budget(args, &loaded)?;
+    if let Some(least) = least {
+        eprintln!(
+            "hypura: under `hypura serve` with these budgets, --context {} and --parallel {}, \
+             {} needs at least {least} (streaming, its contexts and runner included)",
+            args.context,
+            args.parallel,
+            args.model.display()
+        );
+    }
     let plan = make_plan(file, &loaded.profile, &options)
         .with_context(|| format!("planning {}", args.model.display()))?;
     if args.json {
         let mut value = plan_json(&plan);
+        if let Some(least) = least {
+            value["least_under_budget"] = json!(least);
+        }
         value["model"] = json!(args.model.display().to_string());
         value["profile"] = json!({
             "path": loaded.path.display().to_string(),
@@ -188,6 +201,38 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         emit(&plan_table(&plan, &args.model, &loaded))?;
     }
     Ok(())
+}
+
+/// What `hypura serve` with the same budgets, context and sequences would
+/// charge the model at the least (the figure of its plan line and of its
+/// refusal), when a budget is given; it measures an idle runner as the
+/// server does.
+fn least_under_budget(
+    args: &InspectArgs,
+    loaded: &LoadedProfile,
+) -> anyhow::Result<Option<hypura_scheduler::budget::Footprint>> {
+    if args.gpu_budget.is_none() && args.ram_budget.is_none() {
+        return Ok(None);
+    }
+    let runners = crate::pool::runner::Runners::start().map_err(anyhow::Error::msg)?;
+    let settings = crate::pool::registry::EngineSettings {
+        n_ctx_per_seq: args.context,
+        n_parallel: args.parallel,
+        n_batch: crate::config::DEFAULT_BATCH.max(args.parallel),
+        n_threads: 0,
+        queue_limit: crate::config::DEFAULT_QUEUE_LIMIT,
+        default_keep_alive: crate::config::DEFAULT_KEEP_ALIVE,
+        demote_after: std::time::Duration::MAX,
+        gpu_budget_bytes: args.gpu_budget,
+        ram_budget_bytes: args.ram_budget,
+        profile: crate::pool::planner::ServerProfile::new(loaded.profile.clone()),
+        runners: Some(std::sync::Arc::new(runners)),
+        default_max_tokens: crate::config::DEFAULT_MAX_TOKENS,
+        prompt_cache: Default::default(),
+    };
+    crate::pool::registry::least_under_budget(&args.model, &settings)
+        .map(Some)
+        .map_err(anyhow::Error::msg)
 }
 
 /// The plan as one JSON object (without the per-tensor tiers' bulk beyond a map).

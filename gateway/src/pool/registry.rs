@@ -1425,6 +1425,29 @@ fn budgeted_model(
 /// budgets (what `hypura inspect --plan` shows for them); the budget policy
 /// then shares the budgets between models by residency. `least`: what the
 /// budget charges it at the least (streaming, its contexts and runner
+/// What the global budget charges the model file at `path` at the least
+/// (its streaming placement: resident weights, contexts measured by
+/// llama.cpp, the smallest stream cache, its runner) when served with
+/// `settings`: the figure the server's plan line and its refusal name, for
+/// `hypura inspect --plan`.
+pub fn least_under_budget(path: &Path, settings: &EngineSettings) -> Result<Footprint, String> {
+    let info = ModelInfo::read(path).map_err(|e| e.to_string())?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let named = NamedModel {
+        name: stem.unwrap_or_default(),
+        source: ModelSource::local(path.to_path_buf()),
+        info: Arc::new(info),
+        policy: ModelPolicy::default(),
+        created: None,
+    };
+    let limit = Footprint::new(
+        settings.gpu_budget_bytes.unwrap_or(0),
+        settings.ram_budget_bytes.unwrap_or(u64::MAX),
+    );
+    let model = budgeted_model(&named, settings, limit, limit.gpu_bytes)?;
+    Ok(model.footprint_at(Residency::Streaming))
+}
+
 /// included), the figure its refusal names when it cannot fit.
 fn log_plan_alone(
     named: &NamedModel,
