@@ -99,6 +99,29 @@ fn answered(model: &str, (status, reply, took): (u16, Value, Duration)) -> Answe
     answered
 }
 
+/// A long streamed generation of `model`, once it is generating: the
+/// model stays busy until the reader is dropped (the client goes away).
+fn hold(server: &Server, model: &str) -> impl std::io::BufRead {
+    let body = json!({
+        "model": model,
+        "prompt": "Once upon a time",
+        "raw": true,
+        "stream": true,
+        "options": {"temperature": 0, "num_predict": 1000}
+    });
+    let reply = client()
+        .post(server.url("/api/generate"))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(reply.status(), 200, "{model}");
+    let mut reader = std::io::BufReader::new(reply);
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut first).unwrap();
+    assert!(first.contains("\"done\":false"), "{model}: {first}");
+    reader
+}
+
 fn ps(server: &Server) -> Value {
     client()
         .get(server.url("/api/ps"))
@@ -167,56 +190,6 @@ fn three_models_under_520_mib_all_answer_within_their_load_time_and_unload_on_ke
         });
     }
 
-    // SmolLM2 (full) and tinyllama busy leave no room for tinymoe: its
-    // request waits, visible on /api/ps, /api/status and /metrics, until
-    // the work it waits behind ends.
-    let long = json!({"options": {"temperature": 0, "num_predict": 48}});
-    std::thread::scope(|s| {
-        let busy: Vec<_> = [SMOLLM2, TINYLLAMA]
-            .map(|model| {
-                let (server, long) = (&server, long.clone());
-                let handle = s.spawn(move || answered(model, generate(server, model, long)));
-                wait_until(Duration::from_secs(60), "the model busy", || {
-                    ps(server)["models"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|m| m["name"] == model && m["slots"]["active"] == 1)
-                });
-                handle
-            })
-            .into_iter()
-            .collect();
-        let server = &server;
-        let waiter = s.spawn(move || answered(TINYMOE, generate(server, TINYMOE, json!({}))));
-        wait_until(Duration::from_secs(30), "a request seen waiting", || {
-            ps(server)["waiting"]["total"] == 1
-        });
-        let waiting = ps(server)["waiting"].clone();
-        assert_eq!(
-            waiting,
-            json!({"total": 1, "models": [{"name": TINYMOE, "requests": 1}]})
-        );
-        let status: Value = client()
-            .get(server.url("/api/status"))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        assert_eq!(status["waiting"], waiting);
-        let metrics = client()
-            .get(server.url("/metrics"))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
-        let gauge = format!("hypura_budget_waiting_requests{{model=\"{TINYMOE}\"}} 1");
-        assert!(metrics.contains(&gauge), "{metrics}");
-        for handle in busy {
-            handle.join().unwrap();
-        }
-        waiter.join().unwrap();
-    });
     assert_eq!(ps(&server)["waiting"]["total"], 0);
 
     for model in all {
@@ -295,6 +268,49 @@ fn a_model_the_budget_can_never_hold_stays_listed_and_is_refused_naming_its_mini
     for model in [TINYLLAMA, TINYMOE] {
         answered(model, generate(&server, model, json!({})));
     }
+    drop(server);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_request_waiting_for_room_is_counted_on_ps_status_and_metrics() {
+    let dir = models_dir("465");
+    // SmolLM2 in full (463.5 MiB here) alone.
+    let server = serve(&dir, "465MiB");
+    // SmolLM2 in full leaves no room for tinyllama: while SmolLM2 is busy,
+    // a request for tinyllama waits, visible on /api/ps, /api/status and
+    // /metrics, until that work ends.
+    let busy = hold(&server, SMOLLM2);
+    std::thread::scope(|s| {
+        let server = &server;
+        let waiter = s.spawn(move || answered(TINYLLAMA, generate(server, TINYLLAMA, json!({}))));
+        wait_until(Duration::from_secs(60), "a request seen waiting", || {
+            ps(server)["waiting"]["total"] == 1
+        });
+        let waiting = ps(server)["waiting"].clone();
+        assert_eq!(
+            waiting,
+            json!({"total": 1, "models": [{"name": TINYLLAMA, "requests": 1}]})
+        );
+        let status: Value = client()
+            .get(server.url("/api/status"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(status["waiting"], waiting);
+        let metrics = client()
+            .get(server.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        let gauge = format!("hypura_budget_waiting_requests{{model=\"{TINYLLAMA}\"}} 1");
+        assert!(metrics.contains(&gauge), "{metrics}");
+        drop(busy);
+        waiter.join().unwrap();
+    });
+    assert_eq!(ps(&server)["waiting"]["total"], 0);
     drop(server);
     std::fs::remove_dir_all(&dir).ok();
 }
