@@ -224,3 +224,37 @@ fn a_truncated_chat_reuses_what_it_shares_and_answers_as_a_cold_run() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Under a RAM budget the prompt cache is a charge of its own: a model at
+/// `full` keeps at most an eighth of the budget in its RAM tier, and the
+/// budget's books count it.
+#[test]
+fn under_a_budget_the_ram_tier_is_charged_and_limited() {
+    let dir = cache_dir("budget");
+    let s = serve(
+        &dir,
+        &[
+            "--parallel",
+            "1",
+            "--ram-budget",
+            "2GiB",
+            "--prompt-cache-disk",
+            "0",
+        ],
+    );
+    let mut messages = vec![json!({"role": "system", "content": system()})];
+    messages.push(json!({"role": "user", "content": "Where is the config?"}));
+    chat(&s, &messages, true);
+    let ps = s.get("/api/ps").json::<Value>().unwrap();
+    assert_eq!(ps["models"][0]["residency"], "full", "{ps}");
+    let model = "model=\"SmolLM2-135M-Instruct.Q4_1:latest\"";
+    let eighth = (2u64 << 30) / 8;
+    common::wait_until(
+        Duration::from_secs(30),
+        "the engine's limit is reported",
+        || metric(&s, &format!("hypura_prompt_cache_limit_bytes{{{model}}}")) == eighth as f64,
+    );
+    let charged = metric(&s, "hypura_budget_charged_bytes{tier=\"ram\"}");
+    assert!(charged > eighth as f64, "{charged}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -237,6 +237,7 @@ mod tests {
             settings,
             profile: ServerProfile::new(h200()),
             overhead: Footprint::ZERO,
+            prompt_cache_bytes: 0,
         }
     }
 

@@ -386,6 +386,9 @@ impl LoadedModel {
         if budgeted.is_full_placement(from) != budgeted.is_full_placement(to) {
             return switch_placement(self, local, budgeted, to);
         }
+        local
+            .engine
+            .set_prompt_cache_ram_bytes(budgeted.prompt_cache_bytes(to));
         let streamer = local
             .streamer()
             .ok_or_else(|| format!("{}: has no stream cache to resize", self.name))?;
@@ -1415,16 +1418,13 @@ fn budgeted_model(
         overhead,
         settings: base,
         profile: Arc::clone(&settings.profile),
+        prompt_cache_bytes: settings.prompt_cache.ram_bytes,
     };
     let least = model.footprint_at(Residency::Streaming);
     log_plan_alone(named, &profile, base, least);
     Ok(model)
 }
 
-/// Logs what the planner would choose for a model alone under the server's
-/// budgets (what `hypura inspect --plan` shows for them); the budget policy
-/// then shares the budgets between models by residency. `least`: what the
-/// budget charges it at the least (streaming, its contexts and runner
 /// What the global budget charges the model file at `path` at the least
 /// (its streaming placement: resident weights, contexts measured by
 /// llama.cpp, the smallest stream cache, its runner) when served with
@@ -1448,6 +1448,10 @@ pub fn least_under_budget(path: &Path, settings: &EngineSettings) -> Result<Foot
     Ok(model.footprint_at(Residency::Streaming))
 }
 
+/// Logs what the planner would choose for a model alone under the server's
+/// budgets (what `hypura inspect --plan` shows for them); the budget policy
+/// then shares the budgets between models by residency. `least`: what the
+/// budget charges it at the least (streaming, its contexts and runner
 /// included), the figure its refusal names when it cannot fit.
 fn log_plan_alone(
     named: &NamedModel,
@@ -1570,6 +1574,9 @@ fn switch_placement(
         .engine
         .switch_model(Arc::clone(&tiered.model), tiered.hook())
         .map_err(|e| e.to_string())?;
+    local
+        .engine
+        .set_prompt_cache_ram_bytes(budgeted.prompt_cache_bytes(level));
     let old = std::mem::replace(&mut *lock(&local.streamer), tiered.streamer.clone());
     if let Some(old) = old {
         // A fill still running on the old cache stops at its next unit.
@@ -1703,6 +1710,9 @@ fn load_in_process(
     let model = Arc::clone(&tiered.model);
     let mut config = batch_config(named, settings);
     config.n_ctx_per_seq = config.n_ctx_per_seq.min(model.n_ctx_train().max(16));
+    if let Some((budgeted, level)) = &budgeted {
+        config.prompt_cache.ram_bytes = budgeted.prompt_cache_bytes(*level);
+    }
     let n_ctx_per_seq = config.n_ctx_per_seq;
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
     let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)

@@ -121,6 +121,10 @@ pub struct BudgetedModel {
     /// Held whatever its residency once loaded: a runner process's own
     /// memory (zero for a model run in the server's process).
     pub overhead: Footprint,
+    /// RAM its prompt cache may keep at `full` (half at `partial`, none at
+    /// `streaming`: an idle model's conversations stay on disk); capped by
+    /// [`BudgetedModel::within`].
+    pub prompt_cache_bytes: u64,
 }
 
 impl BudgetedModel {
@@ -166,6 +170,9 @@ impl BudgetedModel {
     /// gets the cap on its stream cache that the RAM budget leaves beside
     /// everything else its streaming placement is charged (module docs).
     pub fn within(mut self, limit: Footprint) -> BudgetedModel {
+        // The prompt cache never costs a model its full placement: it gets
+        // what the budget leaves beside it, at most an eighth of the RAM.
+        let wanted = std::mem::take(&mut self.prompt_cache_bytes);
         if self.full.is_some() && !self.footprint_at(Residency::Full).fits_in(limit) {
             self.full = None;
         }
@@ -173,19 +180,36 @@ impl BudgetedModel {
             let beside = self.streaming_footprint(0).ram_bytes;
             self.cache_limit = Some(limit.ram_bytes.saturating_sub(beside));
         }
+        let at_full = self.footprint_at(Residency::Full).ram_bytes;
+        self.prompt_cache_bytes = wanted
+            .min(limit.ram_bytes / 8)
+            .min(limit.ram_bytes.saturating_sub(at_full));
         self
+    }
+
+    /// RAM the prompt cache may keep at `level`.
+    pub fn prompt_cache_bytes(&self, level: Residency) -> u64 {
+        match level {
+            Residency::Full => self.prompt_cache_bytes,
+            Residency::Partial => self.prompt_cache_bytes / 2,
+            Residency::Streaming | Residency::Unloaded => 0,
+        }
     }
 
     /// Memory held at `level`.
     pub fn footprint_at(&self, level: Residency) -> Footprint {
-        match self.full {
+        let held = match self.full {
             _ if level == Residency::Unloaded => Footprint::ZERO,
             Some(full) if level == Residency::Full => Footprint::new(
                 full.weights.gpu_bytes + full.contexts.gpu_bytes + self.overhead.gpu_bytes,
                 full.weights.ram_bytes + full.contexts.ram_bytes + self.overhead.ram_bytes,
             ),
             _ => self.streaming_footprint(self.cache_bytes(level)),
-        }
+        };
+        Footprint::new(
+            held.gpu_bytes,
+            held.ram_bytes + self.prompt_cache_bytes(level),
+        )
     }
 
     /// Memory held in the streaming placement with a stream cache of
@@ -577,7 +601,40 @@ mod tests {
             },
             profile: ServerProfile::new(profile),
             overhead: Footprint::ZERO,
+            prompt_cache_bytes: 0,
         }
+    }
+
+    /// The prompt cache is charged at `partial` and `full` (hot models),
+    /// never at `streaming`, and never costs a model its full placement.
+    #[test]
+    fn the_prompt_cache_is_charged_when_hot_within_what_the_budget_leaves() {
+        let full = FullPlacement {
+            gpu: GpuShare::None,
+            weights: Footprint::new(0, 400),
+            contexts: Footprint::new(0, 20),
+        };
+        let wanting = |bytes| BudgetedModel {
+            prompt_cache_bytes: bytes,
+            ..model(Some(full))
+        };
+        // An eighth of the RAM at most: 100 of 800.
+        let m = wanting(1 << 30).within(Footprint::new(0, 800));
+        assert!(m.full.is_some());
+        assert_eq!(m.prompt_cache_bytes(Residency::Full), 100);
+        assert_eq!(m.footprint_at(Residency::Full).ram_bytes, 420 + 100);
+        assert_eq!(m.footprint_at(Residency::Partial).ram_bytes, 300 + 50);
+        assert_eq!(m.footprint_at(Residency::Streaming).ram_bytes, 160);
+        // Only what is left beside the full placement: 440 - 420.
+        let m = wanting(1 << 30).within(Footprint::new(0, 440));
+        assert!(m.full.is_some(), "the full placement still fits");
+        assert_eq!(m.prompt_cache_bytes(Residency::Full), 20);
+        assert!(m
+            .footprint_at(Residency::Full)
+            .fits_in(Footprint::new(0, 440)));
+        // Less wanted than the cap: what was asked.
+        let m = wanting(30).within(Footprint::new(0, 800));
+        assert_eq!(m.prompt_cache_bytes(Residency::Full), 30);
     }
 
     #[test]

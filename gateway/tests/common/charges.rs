@@ -77,6 +77,10 @@ pub fn serve_args(models: &[&Path], ram_budget: u64, extra: &[&str]) -> Vec<Stri
         &BATCH.to_string(),
         "--ram-budget",
         &ram_budget.to_string(),
+        // The charges these tests compute leave the prompt cache out
+        // (tests/prompt_cache.rs charges it).
+        "--prompt-cache-ram",
+        "0",
     ]
     .into_iter()
     .chain(extra.iter().copied())

@@ -72,6 +72,7 @@ pub fn load_spec(
             cache_limit: model.cache_limit,
             settings: model.settings,
             overhead: model.overhead,
+            prompt_cache_bytes: model.prompt_cache_bytes,
         }),
     }
 }
@@ -137,6 +138,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
                 settings: b.settings,
                 profile,
                 overhead: b.overhead,
+                prompt_cache_bytes: b.prompt_cache_bytes,
             };
             Some((model, b.level))
         }

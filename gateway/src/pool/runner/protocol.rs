@@ -192,6 +192,9 @@ pub struct BudgetedSpec {
     /// memory): with it the runner knows its whole charge at each level.
     #[serde(default)]
     pub overhead: hypura_scheduler::budget::Footprint,
+    /// [`crate::pool::residency::BudgetedModel::prompt_cache_bytes`].
+    #[serde(default)]
+    pub prompt_cache_bytes: u64,
 }
 
 /// [`crate::pool::residency::FullPlacement`] on the wire.
