@@ -66,8 +66,9 @@ pub enum CostProblem {
     )]
     TooMuchWork,
     #[error(
-        "its rule names alone make a grammar of more than {MAX_GRAMMAR_BYTES} bytes (use \
-         shorter property names or less nesting)"
+        "its property names and literal values alone make a grammar of more than \
+         {MAX_GRAMMAR_BYTES} bytes (use fewer or shorter enum values, shorter property names, \
+         less nesting)"
     )]
     GrammarTooLarge,
     #[error("$ref {0:?} leads back to itself through $refs only")]
@@ -127,7 +128,8 @@ struct Walk<'a> {
     nodes: u64,
     properties: u64,
     work: u64,
-    /// A lower bound of the grammar's size: the rule names of properties.
+    /// A lower bound of the grammar's size: the rule names of properties,
+    /// the literal values.
     grammar_bytes: u64,
     /// `$ref`s whose targets were counted (llama.cpp converts each once).
     converted: HashSet<&'a str>,
@@ -213,7 +215,10 @@ impl<'a> Walk<'a> {
         kind: Option<&str>,
         at: Place,
     ) -> Result<(), CostProblem> {
-        if map.contains_key("const") || map.contains_key("enum") {
+        if let Some(literal) = map.get("const").or_else(|| map.get("enum")) {
+            if at.counts_bytes {
+                self.literal_bytes(literal)?;
+            }
             return Ok(());
         }
         let has_properties = map.contains_key("properties")
@@ -324,11 +329,52 @@ impl<'a> Walk<'a> {
         self.add_work(merged * (merged + 1) / 2)
     }
 
+    /// A `const` or `enum`: its values are in the grammar, as JSON text at
+    /// least (serialized only as far as the grammar's room goes).
+    fn literal_bytes(&mut self, literal: &Value) -> Result<(), CostProblem> {
+        let mut counter = ByteCounter {
+            bytes: 0,
+            room: (MAX_GRAMMAR_BYTES as u64).saturating_sub(self.grammar_bytes),
+        };
+        if serde_json::to_writer(&mut counter, literal).is_err() {
+            return Err(CostProblem::GrammarTooLarge);
+        }
+        // Less an enum's brackets and commas.
+        let separators = literal
+            .as_array()
+            .map_or(0, |values| values.len() as u64 + 1);
+        self.grammar_bytes += counter.bytes.saturating_sub(separators);
+        if self.grammar_bytes > MAX_GRAMMAR_BYTES as u64 {
+            return Err(CostProblem::GrammarTooLarge);
+        }
+        Ok(())
+    }
+
     fn add_work(&mut self, units: u64) -> Result<(), CostProblem> {
         self.work = self.work.saturating_add(units);
         if self.work > MAX_SCHEMA_WORK {
             return Err(CostProblem::TooMuchWork);
         }
+        Ok(())
+    }
+}
+
+/// Counts the bytes written to it, failing once they pass `room`.
+struct ByteCounter {
+    bytes: u64,
+    room: u64,
+}
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes += buf.len() as u64;
+        if self.bytes > self.room {
+            return Err(std::io::Error::other("past the grammar's room"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }
@@ -487,6 +533,16 @@ mod tests {
             deep = json!({"type": "object", "properties": {long_name.clone(): deep}});
         }
         assert_eq!(check(&deep), Err(CostProblem::GrammarTooLarge));
+        let values: Vec<String> = (0..40_000).map(|i| format!("value number {i}")).collect();
+        assert_eq!(
+            check(&json!({"enum": values})),
+            Err(CostProblem::GrammarTooLarge)
+        );
+        assert_eq!(
+            check(&json!({"const": "x".repeat(300_000)})),
+            Err(CostProblem::GrammarTooLarge)
+        );
+        assert_eq!(check(&json!({"enum": ["x".repeat(200_000)]})), Ok(()));
     }
 
     /// Conversion times of schemas just within each limit (run with

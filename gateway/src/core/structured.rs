@@ -84,14 +84,15 @@ pub fn schema_grammar(schema: &Value, field: &str) -> Result<String, ApiError> {
     Ok(grammar)
 }
 
-/// Every check of a schema before its conversion.
+/// Every check of a schema before its conversion; its cost first, the one
+/// check whose own work is bounded (the others walk the whole document).
 fn check_all(schema: &Value) -> Result<(), SchemaFault> {
-    check_schema(schema, schema, "#")?;
-    check_bounds(schema, "#")?;
     schema_cost::check(schema).map_err(|problem| match problem {
         CostProblem::RefCycle(_) => SchemaFault::Invalid(format!("at #: {problem}")),
         problem => SchemaFault::Cost(problem),
-    })
+    })?;
+    check_schema(schema, schema, "#")?;
+    check_bounds(schema, "#")
 }
 
 /// A conversion that did not run or finish: the server's state, not the schema's fault.
@@ -717,6 +718,17 @@ mod tests {
         let huge_enum: Vec<String> = (0..40_000).map(|i| format!("value number {i}")).collect();
         assert!(matches!(
             rule(ollama_format(Some(&json!({"enum": huge_enum})))),
+            ValidationError::SchemaTooCostly {
+                problem: CostProblem::GrammarTooLarge,
+                ..
+            }
+        ));
+        // Below the estimate, the grammar's own size is checked once made.
+        let long_names: Vec<String> = (0..20_000).map(|i| format!("{i:0>10}")).collect();
+        assert!(matches!(
+            rule(ollama_format(Some(
+                &json!({"enum": long_names, "type": "string"})
+            ))),
             ValidationError::GrammarTooLarge { .. }
         ));
         let ok = json!({"type": "string", "minLength": 2, "maxLength": 2, "pattern": "^[a-z]{2}$"});
