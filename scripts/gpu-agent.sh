@@ -13,7 +13,7 @@
 #   models    the synthetic Llama-8B shape, Q4_K (hypura-synth; in the background with `&`)
 #   bigmodel  the full-size Mixtral-8x7B shape (26 GB)
 #   dense1 dense4 dense8
-#             scripts/bench-agent.sh on the 8B all on the GPU, S=6900 T=5, U=1/4/8 users on 4 slots
+#             scripts/bench-agent.sh on the 8B all on the GPU, S=AGENT_S words (6.84k tokens) T=5, U=1/4/8 on 4 slots
 #   restart   the disk tier: U users, T turns; SIGTERM; page cache dropped; start again on the
 #             same cache directory; one more turn (restored or recomputed, as the cost model
 #             says) against the same turn with cache_prompt: false
@@ -38,7 +38,9 @@ S_BIN=$W/hypura-synth
 DENSE=$W/llama-8b-q4k.gguf
 MOEFULL=$W/mixtral-8x7b-q4k.gguf
 PROFILE=${PROFILE:-$PWD/config/profiles/h200-measured.json}
-AGENT_S=${AGENT_S:-6900}
+# The system prompt in words for bench_agent.py: 4000 words are 6,844 tokens on the
+# synthetic models' vocabulary (6900 words, 11,783 tokens, overflow an 8,192 context).
+AGENT_S=${AGENT_S:-4000}
 # hypura all on the GPU; the prompt cache's RAM tier as large as llama-server's
 # default --cache-ram (8192 MiB).
 DENSE_HYPURA_ARGS=${DENSE_HYPURA_ARGS:---gpu-budget 100GiB --prompt-cache-ram 8GiB --profile $PROFILE}
@@ -117,7 +119,7 @@ dense() {
   late "dense U=$u" && return 0
   wait_model "$DENSE" || return 1
   [ -f "$W/bigmodel.pid" ] && kill -0 "$(cat "$W/bigmodel.pid")" 2>/dev/null && log "(the Mixtral writer runs beside it, nice 19)"
-  log "dense: bench-agent.sh S=6900 T=5 U=$u SLOTS=4"
+  log "dense: bench-agent.sh S=$AGENT_S T=5 U=$u SLOTS=4"
   OUT=$OUT/dense-u$u HYPURA=$H LLAMA_SERVER=$B/llama-server SLOTS=4 CTX=8192 \
     HYPURA_ARGS="$DENSE_HYPURA_ARGS" LLAMA_ARGS="$DENSE_LLAMA_ARGS" \
     timeout $((DEADLINE + 30 - SECONDS)) bash scripts/bench-agent.sh "$DENSE" "$AGENT_S" 5 "$u" >"$OUT/dense-u$u.txt" 2>&1
