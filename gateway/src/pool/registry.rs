@@ -1382,8 +1382,15 @@ fn budgeted_model(
             contexts: Footprint::new(contexts.gpu_bytes, contexts.ram_bytes),
         })
     };
+    // Whole MiB: an idle runner's RSS varies by a few pages from one
+    // measurement to the next, and the least a model needs is one figure
+    // (the server's plan line and refusal, `inspect --plan`).
+    let whole_mib = |bytes: u64| bytes.div_ceil(1 << 20) << 20;
     let overhead = settings.runners.as_ref().map_or(Footprint::ZERO, |r| {
-        Footprint::new(r.overhead_gpu_bytes, r.overhead_ram_bytes)
+        Footprint::new(
+            whole_mib(r.overhead_gpu_bytes),
+            whole_mib(r.overhead_ram_bytes),
+        )
     });
     let full_holds = full.map(|full| {
         Footprint::new(
