@@ -88,7 +88,8 @@ fn bad_configs_stop_start_up_naming_the_key() {
              `demote_after`, `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
-             `pull_max_bytes`, `in_process`, `default_max_tokens` (line 2)"
+             `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \
+             `prompt_cache_disk` (line 2)"
                 .to_string(),
         ),
         (

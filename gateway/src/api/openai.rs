@@ -1221,7 +1221,8 @@ mod tests {
                 "system_fingerprint": "fp_hypura",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
                     "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                    "prompt_tokens_details": {"cached_tokens": 0}}})
         );
         let tools = serde_json::to_value(chat_completion("m", &[tool_outcome("")])).unwrap();
         assert_eq!(tools["choices"][0]["finish_reason"], "tool_calls");
@@ -1264,7 +1265,8 @@ mod tests {
             blank(tail[1].clone(), "chatcmpl-"),
             json!({"id": "ID", "object": "chat.completion.chunk", "created": 0,
                 "model": "gpt-x", "system_fingerprint": "fp_hypura", "choices": [],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                    "prompt_tokens_details": {"cached_tokens": 0}}})
         );
         assert_eq!(tail[2], "[DONE]");
         let ids_of = |v: &Value| v["id"].clone();
@@ -1284,7 +1286,8 @@ mod tests {
         assert_eq!(whole["choices"][1]["message"]["content"], "b");
         assert_eq!(
             whole["usage"],
-            json!({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7})
+            json!({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                "prompt_tokens_details": {"cached_tokens": 0}})
         );
         let ids = StreamIds::new("chatcmpl", "m", None, true).for_choice(1);
         let text = events(&ids.chunk(None, Some("b".into()), None));

@@ -10,6 +10,11 @@ QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 GREEDY = {"temperature": 0}
 
 
+def prompt_tokens(usage):
+    """The whole prompt: Anthropic counts what the prompt cache held apart."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 @pytest.fixture
 def client(server):
     return anthropic.Anthropic(base_url=server.base, api_key="unused", max_retries=0)
@@ -20,7 +25,7 @@ def test_create(client):
     assert m.content[0].type == "text" and m.content[0].text == GERMANY
     assert m.stop_reason == "end_turn" and m.stop_sequence is None
     assert m.role == "assistant" and m.model == MODEL and m.id.startswith("msg_")
-    assert m.usage.input_tokens > 10 and m.usage.output_tokens > 5
+    assert prompt_tokens(m.usage) > 10 and m.usage.output_tokens > 5
 
 
 def test_system_max_tokens_and_stop_sequences(client):
@@ -29,7 +34,7 @@ def test_system_max_tokens_and_stop_sequences(client):
         model=MODEL, max_tokens=8, messages=QUESTION, extra_body=GREEDY, system="You are a geography teacher."
     )
     # It replaces the template's default system prompt.
-    assert taught.usage.input_tokens != plain.usage.input_tokens
+    assert prompt_tokens(taught.usage) != prompt_tokens(plain.usage)
     cut = client.messages.create(model=MODEL, max_tokens=3, messages=QUESTION, extra_body=GREEDY)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
     stopped = client.messages.create(
@@ -46,7 +51,7 @@ def test_stream(client):
     assert text == GERMANY
     assert final.content[0].text == GERMANY
     assert final.stop_reason == "end_turn"
-    assert final.usage.input_tokens > 10 and final.usage.output_tokens > 5
+    assert prompt_tokens(final.usage) > 10 and final.usage.output_tokens > 5
 
 
 def test_create_stream_true_events(client):
