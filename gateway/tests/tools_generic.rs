@@ -210,7 +210,7 @@ fn tool_results_in_history(s: &Server) {
     let r = s.post_json(
         "/api/chat",
         json!({"model": MODEL, "stream": false, "tools": [weather_tool()],
-        "options": {"temperature": 0, "num_predict": 60},
+        "options": {"temperature": 0, "num_predict": 60}, "cache_prompt": false,
         "messages": [
             {"role": "user", "content": "What is the weather in Paris?"},
             {"role": "assistant", "content": "", "tool_calls": [{"function":
@@ -219,6 +219,7 @@ fn tool_results_in_history(s: &Server) {
         ]}),
         200,
     );
+    // The whole rendered history was evaluated (nothing read from the cache).
     assert!(r["prompt_eval_count"].as_u64().unwrap() > 100, "{r}");
     assert_eq!(r["done"], true);
 }

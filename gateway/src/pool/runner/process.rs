@@ -92,8 +92,9 @@ impl Runners {
         eprintln!(
             "hypura: models run in runner processes; an idle runner holds {} MiB of RAM \
              and {} MiB of GPU memory (charged to each model under a budget)",
-            overhead_ram_bytes >> 20,
-            overhead_gpu_bytes >> 20
+            // In whole MiB, rounded up, as the budget charges it.
+            overhead_ram_bytes.div_ceil(1 << 20),
+            overhead_gpu_bytes.div_ceil(1 << 20)
         );
         Ok(Runners {
             exe,
