@@ -12,7 +12,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::charges::{contexts, serve_args};
+use common::charges::{contexts, serve_args, RUNNER_ALLOWANCE};
 use common::{Server, MODEL};
 use hypura_gguf::GgufFile;
 use hypura_synth as synth;
@@ -82,13 +82,15 @@ fn the_status_page_shows_each_model_as_api_ps_does() {
     .unwrap();
     let hot = StreamFootprint::of(&GgufFile::open(&hot_path).unwrap());
     let cold = StreamFootprint::of(&GgufFile::open(&cold_path).unwrap());
-    // Room for the hot one in full, then the cold one streaming only.
+    // Room for the hot one in full, then the cold one streaming only,
+    // each beside its runner: the cold one never needs the hot one's room.
     let budget = hot.resident_bytes
         + hot.stream_bytes
         + contexts(&hot_path, Mode::FullResident)
         + cold.resident_bytes
         + cold.minimum_cache_bytes
         + contexts(&cold_path, cold.mode)
+        + 2 * RUNNER_ALLOWANCE
         + (1 << 20);
     let server = Server::start_with(&serve_args(&[&hot_path, &cold_path], budget, &[]));
     let cold_name = "smollm2-moe:latest";

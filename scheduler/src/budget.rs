@@ -488,12 +488,20 @@ impl BudgetPolicy {
                     mv: self.start_move(id, level),
                 };
             }
-            // Idle models make room for the most it can hold, at once.
+            // Idle models make room for the most it can hold, at once:
+            // demoted for any level, unloaded only when it could not even
+            // stream beside them (a newcomer never unloads an idle model
+            // just to start at a higher level; it is promoted later if hot).
+            let stages: &[Stage] = if level == Residency::Streaming {
+                &[Stage::IdleDemote, Stage::IdleUnload]
+            } else {
+                &[Stage::IdleDemote]
+            };
             let want = Want {
                 id,
                 need: need.add(before),
                 now,
-                stages: &[Stage::IdleDemote, Stage::IdleUnload],
+                stages,
             };
             if let Some(plan) = self.plan_room(&want, Some(self.room()), &[], false) {
                 let moves = self.start_moves(plan);
