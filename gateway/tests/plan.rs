@@ -179,7 +179,14 @@ fn a_model_that_cannot_fit_names_its_minimum() {
 
 #[test]
 fn without_a_profile_the_plan_says_how_to_get_one() {
-    let out = hypura(&["inspect", mixtral().to_str().unwrap(), "--plan"]);
+    // A cache folder of its own: other tests here may cache a profile in theirs.
+    let empty = scratch().join("no-profile");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hypura"))
+        .args(["inspect", mixtral().to_str().unwrap(), "--plan"])
+        .env("HYPURA_CACHE_DIR", &empty)
+        .output()
+        .expect("run hypura");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("hypura profile"), "{err}");
