@@ -266,12 +266,8 @@ fn run_name_without_prompt_is_a_repl_keeping_the_conversation() {
     // The stats count the tokens evaluated: the second turn's prompt came
     // mostly from the prompt cache. The server's count of prompt tokens
     // looked up gives the whole of it.
-    let metrics = server.get("/metrics").text().unwrap();
-    let looked_up: u64 = metrics
-        .lines()
-        .find(|l| l.starts_with("hypura_prefix_cache_queries_total{"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("{metrics}"));
+    let series = format!("hypura_prefix_cache_queries_total{{model=\"{MODEL}\"}}");
+    let looked_up = server.metric(&series).expect("the prefix cache's queries") as u64;
     let second = looked_up - prompts[0];
     assert!(second > prompts[0] + generated[0], "{second}: {err}");
     assert!(prompts[1] < second, "{err}");

@@ -43,13 +43,9 @@ fn chat(s: &Server, messages: &[Value], cache_prompt: bool) -> Value {
     )
 }
 
-fn metric(s: &Server, line_start: &str) -> f64 {
-    let text = s.get("/metrics").text().unwrap();
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+fn metric(s: &Server, series: &str) -> f64 {
+    s.metric(series)
+        .unwrap_or_else(|| panic!("no {series} on /metrics"))
 }
 
 #[test]

@@ -26,10 +26,7 @@ const MOE: &str = "smollm2-moe:latest";
 
 /// The value of the `/metrics` line starting with `series`.
 fn metric(server: &Server, series: &str) -> Option<f64> {
-    let text = server.get("/metrics").text().unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series))
-        .and_then(|v| v.trim().parse().ok())
+    server.metric(series)
 }
 
 /// Eight greedy tokens of SmolLM2 after "The capital of France is".

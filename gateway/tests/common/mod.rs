@@ -137,6 +137,14 @@ impl Server {
         }
     }
 
+    /// The value of the `/metrics` line starting with `series` (name and labels).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.get("/metrics").text().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     pub fn get(&self, path: &str) -> reqwest::blocking::Response {
         client().get(self.url(path)).send().expect("GET")
     }
