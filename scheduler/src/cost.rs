@@ -22,11 +22,13 @@
 //! experts are known only once the router ran, so most reads stall).
 //! The bottleneck is the largest of the gpu, ram, nvme and pcie terms.
 //!
-//! The constants were calibrated with `scripts/bench-plan.sh` on the GPU
-//! machine's CPU side (16 threads, quiet; see `docs/benchmarks.md`, "Planner
-//! predictions"): the overheads from 1–2 MiB models, whose time is nearly
-//! all overhead; the non-overlap fractions are estimates (the streamed runs
-//! there were I/O bound, where they matter little).
+//! The constants are fitted to measurements: the per-token and per-layer
+//! overheads with `scripts/bench-plan.sh` on 1–2 MiB models, whose time is
+//! nearly all overhead (the GPU machine's CPU side, 16 threads;
+//! `docs/lab/2026-11-29-cpu.md`), the per-GPU-layer overhead on the H200's
+//! all-GPU plans (`docs/lab/2026-11-29-gpu-tier.md`). The non-overlap
+//! fractions are estimates: streamed runs are I/O bound, where they matter
+//! little. `docs/benchmarks.md` gives the model's current accuracy.
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

@@ -1,9 +1,9 @@
 //! Synthetic models written once and kept for later runs: the tests' models.
 //!
-//! A test suite run writes several hundred MB of synthetic models. Written
-//! under a name per process, they piled up in the temporary directory at every
-//! run. Here each is named by what it is (its spec, or the source and settings
-//! of a derived MoE) and by this crate's generator source, so a later run,
+//! A test suite run needs several hundred MB of synthetic models; written
+//! under a name per process, they would pile up in the temporary directory
+//! at every run. So each is named by what it is (its spec, or the source and
+//! settings of a derived MoE) and by this crate's generator source: a later run,
 //! or another test process, reuses it, and a change to the generator writes
 //! it anew. A file is written under a name of its own and renamed into place
 //! when complete: readers never see half a file, and two writers racing each

@@ -796,7 +796,7 @@ fn classify(name: &str) -> Result<Derived, String> {
     }
 }
 
-/// Builds the SmolLM2-style MoE of DESIGN.md from the dense llama GGUF `src`:
+/// Builds the SmolLM2-style MoE of `docs/design.md` from the dense llama GGUF `src`:
 /// every KV and non-FFN tensor is copied; each layer's FFN becomes
 /// `ffn_{gate,up,down}_exps` of `n_expert` experts, expert e being the
 /// original weights × (1 + `perturb`·noise) requantized to the source type

@@ -2,7 +2,7 @@
 //!
 //! llama.cpp's own greedy backend sampler takes `ggml_argmax` of the whole
 //! logits row: one thread block for the row, 128,256 logits for a Llama 3
-//! vocabulary. On an H200 that kernel took 55 µs of a 3.9 ms decode step
+//! vocabulary. On an H200 that kernel takes 55 µs of a 3.9 ms decode step
 //! (`ncu`, Llama-8B shape), more than copying the logits to the host.
 //! This sampler views the row as `rows` × `cols` (a factorisation of the
 //! vocabulary size) and takes:

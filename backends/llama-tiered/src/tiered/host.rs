@@ -16,10 +16,9 @@
 //! cache shrinks if the plan under-charged (heap that a header copy or a
 //! freed buffer left behind, code pages and buffers a first decode
 //! touched), so that the process's peak stays within the RAM budget plus
-//! the overhead. Measured on the GPU machine (full-size Mixtral shape, 8
-//! GiB GPU + 12 GiB RAM): a check made once after a warm-up came too late,
-//! the warm-up having filled the cache while its own buffers grew: 13.35
-//! GB resident against a limit of 13.20 GB.
+//! the overhead. The check runs all the time, not once after a warm-up:
+//! a warm-up fills the cache while the process's own buffers grow, so a
+//! single late check finds the peak already past the limit.
 //!
 //! Weights are read into anonymous memory, never memory-mapped, so each
 //! resident byte is counted once, in the RSS; the STREAM region is
