@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs the prerequisites (scripts/install-deps.sh
+# The test command: checks the gateway's layers (scripts/check-layers.sh),
+# installs the prerequisites (scripts/install-deps.sh
 # --test: system packages and the Python client packages, skipped when
 # present), fetches the test models (cached after the first run), then checks
 # formatting, runs every test of the workspace, clippy, and proves in a bare
@@ -12,6 +13,7 @@
 # set-up, e.g. `./scripts/test.sh -p hypura --test client`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/check-layers.sh
 ./scripts/install-deps.sh --test
 ./scripts/fetch-models.sh
 if [ $# -gt 0 ]; then

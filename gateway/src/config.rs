@@ -48,7 +48,7 @@ pub struct ConfigFile {
     pub telemetry: TelemetrySection,
     /// `[[upstreams]]`: other servers models are routed to.
     #[serde(default)]
-    pub upstreams: Vec<crate::upstream::config::UpstreamSection>,
+    pub upstreams: Vec<crate::pool::upstream::config::UpstreamSection>,
 }
 
 /// `[server]`: the same settings as `hypura serve`'s flags of the same names.
@@ -173,7 +173,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// Origins, hosts, keys and pull limits (`default_roots` left empty).
     pub security: crate::security::SecuritySettings,
-    pub upstreams: Vec<crate::upstream::config::UpstreamConfig>,
+    pub upstreams: Vec<crate::pool::upstream::config::UpstreamConfig>,
 }
 
 /// A `[[models]]` entry, checked: its name (given, or the file stem with
@@ -334,7 +334,7 @@ impl ConfigFile {
             in_process: s.in_process,
             models: Vec::new(),
             telemetry: self.telemetry.check()?,
-            upstreams: crate::upstream::config::check_all(self.upstreams)?,
+            upstreams: crate::pool::upstream::config::check_all(self.upstreams)?,
             security: crate::security::SecuritySettings {
                 allowed_origins: s.allowed_origins,
                 allowed_hosts: s.allowed_hosts,

@@ -8,19 +8,20 @@
 //! - [`core`]: the dialect-neutral request, its validation, structured
 //!   output and tools, the [`core::backend::ModelBackend`] trait every model
 //!   is reached through, and [`core::infer`], the one inference path.
-//! - [`pool`]: model names → sources, loaded models with keep-alive, the
-//!   global memory budget and its moves, and the in-process llama-tiered
-//!   backend ([`pool::local`]).
+//! - [`pool`]: the one door to every model ([`core::models::Models`]):
+//!   model names → sources, loaded models with keep-alive, the global memory
+//!   budget and its moves, the in-process llama-tiered backend
+//!   ([`pool::local`]), and the upstreams: other servers (hypura peers,
+//!   Ollama, OpenAI-compatible engines) models are routed to over HTTP, with
+//!   probes and failover ([`pool::upstream`]).
 //! - [`metrics`]: Prometheus `/metrics` (requests, latencies, tokens,
 //!   tiers, budget, moves, streaming).
 //! - [`security`]: who may drive the API (origins, hosts, keys) and what a
 //!   pull may touch (model roots, allowed hosts, no private addresses).
 //! - [`server`]: the axum application (routes, auth, CORS, limits) and its
-//!   graceful shutdown.
+//!   graceful shutdown; [`state`]: what every handler reaches.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
 //!   the default model's download.
-//! - [`upstream`]: other servers (hypura peers, Ollama, OpenAI-compatible
-//!   engines) models are routed to over HTTP, with probes and failover.
 //! - [`telemetry`]: log lines (text or JSON), the spans of requests, model
 //!   loads and moves, and their OTLP export.
 pub mod api;
@@ -33,5 +34,5 @@ pub mod metrics;
 pub mod pool;
 pub mod security;
 pub mod server;
+pub mod state;
 pub mod telemetry;
-pub mod upstream;

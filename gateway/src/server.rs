@@ -32,23 +32,8 @@ use crate::api::{
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
+use crate::state::AppState;
 use crate::telemetry::http::HttpSpans;
-
-/// What every handler can reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub registry: Arc<Registry>,
-    /// Where `/api/pull` saves downloaded models (`None`: no directory could
-    /// be found; pulling URLs then fails with a message that says how to set one).
-    pub models_dir: Option<Arc<std::path::Path>>,
-    /// `/metrics` answers loopback clients without the API key (a local
-    /// Prometheus); others still need it.
-    pub metrics_open_on_loopback: bool,
-    /// Origins, hosts, the keys (an API key set: every route but `/`,
-    /// `/api/version` and the docs needs `Authorization: Bearer <key>`) and
-    /// what pulls may touch.
-    pub security: Arc<crate::security::Security>,
-}
 
 /// Server options beyond the models.
 #[derive(Debug, Clone)]
@@ -156,7 +141,7 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/status", get(metrics::status::page))
         .route("/api/status", get(metrics::status::data))
         .route_layer(middleware::from_fn(metrics::http::track))
-        .layer(middleware::from_fn(crate::upstream::hop_guard))
+        .layer(middleware::from_fn(crate::pool::upstream::hop_guard))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())

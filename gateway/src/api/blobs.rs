@@ -25,7 +25,7 @@ use crate::core::error::{ApiError, OllamaError};
 use crate::pool::manifest;
 use crate::pool::registry::hex;
 use crate::security::remote::{check_gguf_header, GGUF_HEADER_BYTES};
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The hex digits of a blob digest: `sha256:` and 64 lower-case hex digits.
 pub fn parse_digest(digest: &str) -> Result<&str, ApiError> {

@@ -50,7 +50,8 @@ use crate::pool::manifest::{self, Manifest, MAX_NAME_BYTES};
 use crate::pool::registry::{ModelInfo, NamedModel, Registry};
 use crate::security::remote::{check_gguf_header, GGUF_HEADER_BYTES};
 use crate::security::roots::NotAllowed;
-use crate::server::{body_bytes, AppState};
+use crate::server::body_bytes;
+use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct CreateRequest {

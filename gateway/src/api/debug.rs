@@ -18,7 +18,7 @@ use crate::core::error::{ApiError, OllamaError};
 use crate::core::validation::ModelName;
 use crate::pool::registry::Registry;
 use crate::pool::runner::protocol::TEST_HOOKS_ENV;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The routes, or none when test hooks are off.
 pub fn routes() -> Router<AppState> {

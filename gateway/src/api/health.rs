@@ -7,7 +7,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Liveness.
 #[utoipa::path(get, path = "/health", tag = "health",

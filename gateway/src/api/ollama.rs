@@ -24,6 +24,7 @@ use crate::api::logprobs::{self, TokenLogprob};
 use crate::core::backend::{ModelFacts, TierBytes, TokenLogprobs};
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::models::RunningModel;
 use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
 };
@@ -31,8 +32,8 @@ use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{
     self, parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError,
 };
-use crate::pool::LoadedBackend;
-use crate::server::{body_bytes, AppState};
+use crate::server::body_bytes;
+use crate::state::AppState;
 
 /// The version reported to clients: dotted digits only (Open WebUI parses it).
 pub const OLLAMA_VERSION: &str = "0.12.0";
@@ -713,7 +714,7 @@ async fn respond(
     streaming: bool,
     arrived: Instant,
 ) -> Result<Response> {
-    let generation = match infer(&state.registry, request, arrived).await? {
+    let generation = match infer(&state.inference, request, arrived).await? {
         Answer::Loaded { done_reason, took } => {
             return Ok(Json(route.loaded_chunk(done_reason, took)).into_response())
         }
@@ -776,26 +777,19 @@ pub async fn version() -> Json<VersionResponse> {
 #[utoipa::path(get, path = "/api/tags", tag = "ollama",
     responses((status = 200, body = TagsResponse)))]
 pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
-    let local = state.registry.list();
-    let remote = crate::upstream::listed(&state.registry)
+    let models = state
+        .inference
+        .models
+        .list()
         .into_iter()
-        .map(|m| (m.name.display, m.facts));
-    let models = local
-        .into_iter()
-        .map(|m| {
-            let facts = m.facts();
-            let unavailable = state.registry.unfit_reason_of(&m);
-            (m.name, facts, unavailable)
-        })
-        .chain(remote.map(|(name, facts)| (name, facts, None)))
-        .map(|(name, facts, unavailable)| TagModel {
-            model: name.clone(),
-            name,
-            modified_at: rfc3339(facts.modified),
-            size: facts.size_bytes,
-            digest: facts.digest.clone(),
-            details: details(&facts),
-            unavailable,
+        .map(|m| TagModel {
+            model: m.name.clone(),
+            name: m.name,
+            modified_at: rfc3339(m.facts.modified),
+            size: m.facts.size_bytes,
+            digest: m.facts.digest.clone(),
+            details: details(&m.facts),
+            unavailable: m.unavailable,
         })
         .collect();
     Json(TagsResponse { models })
@@ -805,79 +799,40 @@ pub async fn tags(State(state): State<AppState>) -> Json<TagsResponse> {
 #[utoipa::path(get, path = "/api/ps", tag = "ollama",
     responses((status = 200, body = PsResponse)))]
 pub async fn ps(State(state): State<AppState>) -> Json<PsResponse> {
-    let mut models: Vec<PsModel> = state
-        .registry
-        .loaded_backends()
+    let models = state
+        .inference
+        .models
+        .loaded()
         .into_iter()
         .map(ps_model)
         .collect();
-    models.extend(
-        crate::upstream::loaded_elsewhere(&state.registry)
-            .into_iter()
-            .map(|(node, model, load)| remote_ps_model(node, model, load)),
-    );
     let waiting = crate::metrics::status::BudgetWaiting::of(&state.registry);
     Json(PsResponse { models, waiting })
 }
 
-/// A model loaded on an upstream, as `/api/ps` lists it (`node` names the upstream).
-fn remote_ps_model(
-    node: String,
-    model: crate::upstream::node::RemoteModel,
-    load: crate::upstream::node::PeerLoad,
-) -> PsModel {
+/// A model in memory, here or on an upstream (`node` names it), as `/api/ps` lists it.
+fn ps_model(m: RunningModel) -> PsModel {
+    // Kept forever (or not known here): a date far ahead, as Ollama writes it.
     let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
-    PsModel {
-        name: model.name.display.clone(),
-        model: model.name.display,
-        size: load.size_bytes,
-        digest: model.facts.digest.clone(),
-        details: details(&model.facts),
-        expires_at: rfc3339(forever),
-        size_vram: load.size_vram_bytes,
-        context_length: load.context_length,
-        residency: crate::core::backend::Residency::Full.to_string(),
-        tier_bytes: TierBytes {
-            gpu: load.size_vram_bytes,
-            ram: load.size_bytes.saturating_sub(load.size_vram_bytes),
-            stream: 0,
-        },
-        slots: PsSlots {
-            active: load.active,
-            queued: load.queued,
-            parallel: 0,
-            decode_tokens_per_second: None,
-        },
-        node: Some(node),
-    }
-}
-
-/// A loaded model as `/api/ps` lists it, from its backend's memory, status and facts.
-fn ps_model(m: LoadedBackend) -> PsModel {
-    // Kept forever: a date far ahead, as Ollama writes it.
-    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(10_000_000_000);
-    let memory = m.backend.memory();
-    let status = m.backend.status();
-    let facts = m.backend.facts();
-    let tier_bytes = memory.tier_bytes;
+    let tier_bytes = m.memory.tier_bytes;
     PsModel {
         name: m.name.clone(),
         model: m.name,
-        size: tier_bytes.gpu + tier_bytes.ram,
-        digest: facts.digest.clone(),
-        details: details(&facts),
+        size: m.size_bytes,
+        digest: m.facts.digest.clone(),
+        details: details(&m.facts),
         expires_at: rfc3339(m.expires_at.unwrap_or(forever)),
         size_vram: tier_bytes.gpu,
-        context_length: status.context_length,
-        residency: memory.residency.to_string(),
+        context_length: m.status.context_length,
+        residency: m.memory.residency.to_string(),
         tier_bytes,
         slots: PsSlots {
-            active: status.active,
-            queued: status.queued,
-            parallel: status.parallel,
-            decode_tokens_per_second: status.decode_tokens_per_second,
+            active: m.status.active,
+            queued: m.status.queued,
+            parallel: m.status.parallel,
+            decode_tokens_per_second: m.status.decode_tokens_per_second,
         },
-        node: None,
+        node: m.node,
     }
 }
 
@@ -890,25 +845,18 @@ pub async fn show(
 ) -> Result<Json<ShowResponse>> {
     let request: ShowRequest = parse_json(&body_bytes(body)?)?;
     let (requested, name) = either_name(request.model.as_deref(), request.name.as_deref())?;
-    if let Some(named) = state.registry.resolve(&name) {
-        let facts = named.facts();
-        let context = state.registry.served_context(&named);
-        let mut response = show_response(&facts, &named.source.to_string(), context);
-        if let Some(created) = &named.created {
-            super::create::show_created(&mut response, created, context);
-        }
-        return Ok(Json(response));
-    }
-    let remote = crate::upstream::listed(&state.registry)
-        .into_iter()
-        .find(|m| m.name.key == name.key)
+    let listed = state
+        .inference
+        .models
+        .describe(&name)
         .ok_or_else(|| ApiError::ModelNotFound(requested.clone()))?;
-    let context = remote
-        .facts
-        .context_length
-        .map_or(0, |n| n.min(u32::MAX as u64) as u32);
-    let from = format!("an upstream server's {}", remote.upstream_name);
-    Ok(Json(show_response(&remote.facts, &from, context)))
+    let context = listed.context_length;
+    let mut response = show_response(&listed.facts, &listed.from, context);
+    // A model made by `/api/create` shows its own defaults.
+    if let Some(created) = state.registry.resolve(&name).and_then(|n| n.created) {
+        super::create::show_created(&mut response, &created, context);
+    }
+    Ok(Json(response))
 }
 
 /// `/api/show`'s answer for a model whose weights come `from` (a file).
@@ -1007,7 +955,7 @@ pub async fn embed(
         request.truncate.unwrap_or(true),
         request.dimensions,
     )?;
-    let (embeddings, count, load) = infer::embed(&state.registry, embed).await?;
+    let (embeddings, count, load) = infer::embed(&state.inference, embed).await?;
     Ok(Json(EmbedResponse {
         model: request.model,
         embeddings,
@@ -1038,7 +986,7 @@ pub async fn embeddings(
         true,
         None,
     )?;
-    let (embeddings, _, _) = infer::embed(&state.registry, embed).await?;
+    let (embeddings, _, _) = infer::embed(&state.inference, embed).await?;
     Ok(Json(EmbeddingsResponse {
         embedding: embeddings.into_iter().next().unwrap_or_default(),
     }))
@@ -1091,6 +1039,7 @@ mod tests {
         BackendError, BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelBackend, Residency,
     };
     use crate::core::request::{BackendRequest, EmbedBatch};
+    use crate::pool::LoadedBackend;
     use futures_util::future::BoxFuture;
 
     fn facts() -> ModelFacts {
@@ -1182,6 +1131,7 @@ mod tests {
             expires_at: None,
             backend: std::sync::Arc::new(Still),
         };
+        let loaded = crate::pool::models::running_here(loaded);
         assert_eq!(
             serde_json::to_value(ps_model(loaded)).unwrap(),
             json!({

@@ -27,6 +27,7 @@ use crate::api::logprobs::{self, ChoiceLogprobs, CompletionLogprobs};
 use crate::core::backend::TokenLogprobs;
 use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
+use crate::core::models::ListedModel;
 use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, InferRequest, Prompt, ToolRequest,
 };
@@ -34,8 +35,8 @@ use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{
     self, parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError, MAX_CHOICES,
 };
-use crate::pool::registry::NamedModel;
-use crate::server::{body_bytes, AppState};
+use crate::server::body_bytes;
+use crate::state::AppState;
 
 type Result<T> = std::result::Result<T, OpenAiError>;
 
@@ -929,7 +930,7 @@ async fn generation(
     request: InferRequest,
     arrived: Instant,
 ) -> Result<Generation> {
-    match infer(&state.registry, request, arrived).await? {
+    match infer(&state.inference, request, arrived).await? {
         Answer::Generating(generation) => Ok(*generation),
         Answer::Loaded { .. } => {
             Err(ApiError::Internal("a request without a prompt reached generation".into()).into())
@@ -941,26 +942,13 @@ async fn generation(
 // Handlers
 // ---------------------------------------------------------------------------------------------
 
-fn model_object(state: &AppState, named: NamedModel) -> ModelObject {
+/// A model the server can run, here or on an upstream (its context: the
+/// one a request gets here, what the upstream says there, 0 when it says none).
+fn model_object(listed: ListedModel) -> ModelObject {
     ModelObject {
-        context_length: state.registry.served_context(&named),
-        created: unix_seconds(named.facts().modified),
-        id: named.name,
-        object: "model".into(),
-        owned_by: "hypura".into(),
-    }
-}
-
-/// A model an upstream serves, with the context its `/api/tags` or
-/// `/v1/models` says (0 when it says none).
-fn remote_object(remote: crate::upstream::node::RemoteModel) -> ModelObject {
-    ModelObject {
-        context_length: remote
-            .facts
-            .context_length
-            .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32),
-        created: unix_seconds(remote.facts.modified),
-        id: remote.name.display,
+        context_length: listed.context_length,
+        created: unix_seconds(listed.facts.modified),
+        id: listed.name,
         object: "model".into(),
         owned_by: "hypura".into(),
     }
@@ -969,15 +957,12 @@ fn remote_object(remote: crate::upstream::node::RemoteModel) -> ModelObject {
 /// Every model the server can run.
 #[utoipa::path(get, path = "/v1/models", tag = "openai", responses((status = 200, body = ModelList)))]
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
-    let remote = crate::upstream::listed(&state.registry)
-        .into_iter()
-        .map(remote_object);
     let data = state
-        .registry
+        .inference
+        .models
         .list()
         .into_iter()
-        .map(|m| model_object(&state, m))
-        .chain(remote)
+        .map(model_object)
         .collect();
     Json(ModelList {
         object: "list".into(),
@@ -994,14 +979,12 @@ pub async fn retrieve_model(
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>> {
     let name = model_name(&id)?;
-    if let Some(named) = state.registry.resolve(&name) {
-        return Ok(Json(model_object(&state, named)));
-    }
-    let remote = crate::upstream::listed(&state.registry)
-        .into_iter()
-        .find(|m| m.name.key == name.key)
+    let listed = state
+        .inference
+        .models
+        .describe(&name)
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(Json(remote_object(remote)))
+    Ok(Json(model_object(listed)))
 }
 
 /// A chat reply, whole or streamed as SSE, with `n` choices. A conversation
@@ -1090,7 +1073,7 @@ pub async fn embeddings(
     let request: EmbeddingRequest = parse_json(&body_bytes(body)?)?;
     let (embed, base64) = embedding_request(request)?;
     let model = embed.requested.clone();
-    let (vectors, tokens, _) = infer::embed(&state.registry, embed).await?;
+    let (vectors, tokens, _) = infer::embed(&state.inference, embed).await?;
     Ok(Json(embedding_list(model, vectors, tokens, base64)))
 }
 

@@ -8,7 +8,7 @@ use utoipa_scalar::{Scalar, Servable};
 use super::{anthropic, blobs, create, health, ollama, openai, pull, responses};
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{OllamaOptions, StopSpec};
-use crate::server::AppState;
+use crate::state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(

@@ -47,7 +47,7 @@ use crate::security::remote::{check_gguf_header, Refused, GGUF_HEADER_BYTES};
 use crate::security::roots::NotAllowed;
 use crate::security::PullPolicy;
 use crate::server::body_bytes;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Least time between two progress lines of one transfer.
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);

@@ -37,7 +37,8 @@ use crate::core::infer::{infer, Answer, Generation, Outcome};
 use crate::core::request::{InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{parse_json, ModelName, OpenAiSampling, ValidationError};
-use crate::server::{body_bytes, AppState};
+use crate::server::body_bytes;
+use crate::state::AppState;
 
 type Result<T> = std::result::Result<T, OpenAiError>;
 
@@ -764,7 +765,7 @@ pub async fn create_response(
     let arrived = Instant::now();
     let request: ResponsesRequest = parse_json(&body_bytes(body)?)?;
     let infer_request = responses_request(&request)?;
-    let generation = match infer(&state.registry, infer_request, arrived).await? {
+    let generation = match infer(&state.inference, infer_request, arrived).await? {
         Answer::Generating(generation) => *generation,
         Answer::Loaded { .. } => {
             return Err(

@@ -3,18 +3,18 @@
 //! speed it predicts.
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use clap::Args;
 use hypura_gguf::inspect::ModelReport;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::plan::{Budgets, Plan, PlanSettings};
-use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
+use hypura_scheduler::profile::HardwareProfile;
 use hypura_scheduler::size::format_bytes;
-use llama_tiered::hwprobe;
 use llama_tiered::tiered::{plan_file, Mode};
 use serde_json::json;
 
 use super::output::emit;
+use crate::pool::planner::{find_profile, LoadedProfile};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -70,46 +70,6 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         emit(&report.to_string())?;
     }
     Ok(())
-}
-
-/// A hardware profile and where it came from.
-pub(crate) struct LoadedProfile {
-    pub profile: HardwareProfile,
-    pub path: PathBuf,
-}
-
-/// The profile at `explicit`, else the cached one of this machine; `None`
-/// when neither exists (`hypura profile` has not run).
-pub(crate) fn find_profile(explicit: Option<&Path>) -> anyhow::Result<Option<LoadedProfile>> {
-    let path = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => {
-            let Ok(dir) = hwprobe::default_cache_dir() else {
-                return Ok(None);
-            };
-            let cached = hwprobe::cache_file(&dir);
-            if !cached.exists() {
-                return Ok(None);
-            }
-            cached
-        }
-    };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading the hardware profile {}", path.display()))?;
-    let profile: HardwareProfile = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{} is not a hardware profile (run `hypura profile` to measure this machine)",
-            path.display()
-        )
-    })?;
-    if profile.version != PROFILE_VERSION {
-        bail!(
-            "the hardware profile {} has version {}, this hypura reads {PROFILE_VERSION}: run `hypura profile` again",
-            path.display(),
-            profile.version
-        );
-    }
-    Ok(Some(LoadedProfile { profile, path }))
 }
 
 /// [`find_profile`], with an error telling what to do when there is none.

@@ -13,8 +13,6 @@ mod threads;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use inspect::find_profile;
-
 #[derive(Parser, Debug)]
 #[command(
     name = "hypura",

@@ -262,7 +262,7 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<(TieredParams, u64)> {
             gpu.bytes
         }
     };
-    let (profile, measured) = match inspect::find_profile(None) {
+    let (profile, measured) = match crate::pool::planner::find_profile(None) {
         Ok(Some(loaded)) => (loaded.profile, true),
         Ok(None) => (hwprobe::estimated(), false),
         Err(e) => {

@@ -16,10 +16,11 @@ use crate::fetch;
 use crate::pool::planner::ServerProfile;
 use crate::pool::registry::{EngineSettings, ModelInfo, Registry};
 use crate::pool::runner::Runners;
+use crate::pool::upstream::{self, Upstreams};
 use crate::security::{Security, SecuritySettings};
-use crate::server::{self, AppState, HttpSettings};
+use crate::server::{self, HttpSettings};
+use crate::state::AppState;
 use crate::telemetry::{self, LogFormat, TelemetrySettings};
-use crate::upstream::{self, Upstreams};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -306,13 +307,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let security = Arc::new(security);
     let _ = reloadable.set(Arc::clone(&security));
-    let state = AppState {
-        registry: Arc::new(registry),
-        models_dir: models_dir.map(Arc::from),
+    let state = AppState::new(
+        Arc::new(registry),
+        models_dir.map(Arc::from),
+        args.metrics_open_on_loopback || file.metrics_open_on_loopback.unwrap_or(false),
         security,
-        metrics_open_on_loopback: args.metrics_open_on_loopback
-            || file.metrics_open_on_loopback.unwrap_or(false),
-    };
+    );
     let http = HttpSettings {
         max_body_bytes: args
             .max_body_bytes

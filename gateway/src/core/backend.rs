@@ -2,8 +2,8 @@
 //!
 //! Everything above this trait (dialects, [`crate::core::infer`]) works with
 //! text, token counts and the events below, never with llama.cpp types: the
-//! in-process engine ([`crate::pool::local`]) is one implementation, a child
-//! runner process or a remote upstream can be others. Requests and events
+//! in-process engine is one implementation, a child runner process and a
+//! remote upstream are others. Requests and events
 //! are serializable so they can cross a process or a network.
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};

@@ -1,7 +1,7 @@
 //! The server's one error type, and how each API family writes it.
 //!
 //! Every handler fails with an [`ApiError`]; the backend's
-//! [`BackendError`] and the pool's [`PoolError`] become one here, the status
+//! [`BackendError`] and the models' [`ModelsError`] become one here, the status
 //! code is decided here once ([`ApiError::status`]), and the body by the
 //! family's wrapper:
 //! [`OllamaError`] writes `{"error": "…"}`, [`OpenAiError`] writes
@@ -14,8 +14,8 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::backend::BackendError;
+use super::models::ModelsError;
 use super::validation::ValidationError;
-use crate::pool::PoolError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
@@ -126,13 +126,13 @@ impl From<BackendError> for ApiError {
     }
 }
 
-impl From<PoolError> for ApiError {
-    fn from(e: PoolError) -> Self {
+impl From<ModelsError> for ApiError {
+    fn from(e: ModelsError) -> Self {
         match e {
-            PoolError::NotFound(name) => ApiError::ModelNotFound(name),
-            PoolError::Rejected(m) => ApiError::BadRequest(m),
-            PoolError::NoRoom(m) => ApiError::Unavailable(m),
-            PoolError::Failed(m) => ApiError::Internal(m),
+            ModelsError::NotFound(name) => ApiError::ModelNotFound(name),
+            ModelsError::Rejected(m) => ApiError::BadRequest(m),
+            ModelsError::NoRoom(m) => ApiError::Unavailable(m),
+            ModelsError::Failed(m) => ApiError::Internal(m),
         }
     }
 }
@@ -231,14 +231,14 @@ mod tests {
             assert_eq!(ApiError::from(e).status(), status);
         }
         let cases = [
-            (PoolError::NotFound("x".into()), StatusCode::NOT_FOUND),
-            (PoolError::Rejected("x".into()), StatusCode::BAD_REQUEST),
+            (ModelsError::NotFound("x".into()), StatusCode::NOT_FOUND),
+            (ModelsError::Rejected("x".into()), StatusCode::BAD_REQUEST),
             (
-                PoolError::NoRoom("x".into()),
+                ModelsError::NoRoom("x".into()),
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
             (
-                PoolError::Failed("x".into()),
+                ModelsError::Failed("x".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
         ];

@@ -1,7 +1,7 @@
 //! The one inference path: every generation of every API family goes
 //! through [`infer`], every embedding through [`embed`].
 //!
-//! [`infer`] resolves the model once through the pool, checks the request
+//! [`infer`] resolves the model once through [`Models`] (the pool), checks the request
 //! against the model's facts (tools, thinking), has the pool admit it (load,
 //! budget), submits it to the model's [`ModelBackend`] (once more if that
 //! backend was stopping under it) and hands back a [`Generation`]: its events
@@ -10,10 +10,9 @@
 //! (client gone) drops the backend's stream, which cancels the request.
 //! [`finish`] records the end of every generation, whichever way it ends.
 //!
-//! Each generation and embedding runs in its span
-//! ([`crate::telemetry::genai`]), a child of the HTTP request's: model loads
-//! and log lines on the way are its children, and [`finish`] records the
-//! usage and timings on it.
+//! Each generation and embedding runs in the span its [`Observer`] makes, a
+//! child of the HTTP request's: model loads and log lines on the way are its
+//! children, and [`finish`] has the observer record the usage and timings.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,15 +21,23 @@ use hypura_chat::tools::{ParsedReply, ToolStream};
 use tracing::{Instrument as _, Span};
 
 use super::backend::{
-    BackendError, BackendEvent, EventStream, FinishReason, Finished, ModelBackend, TokenLogprobs,
+    BackendError, BackendEvent, EventStream, FinishReason, Finished, TokenLogprobs,
 };
 use super::error::ApiError;
+pub use super::models::BackendLease;
+use super::models::{Found, LeaseRequest, LocalModel, Models};
+use super::observer::Observer;
 use super::request::{EmbedRequest, InferRequest, Prompt};
 use super::structured::{prepare_tools, Tools};
 use super::truncate;
 use super::validation::{self, ValidationError};
-use crate::pool::registry::{ModelInfo, Registry};
-use crate::telemetry::genai;
+
+/// What every request runs through: the models, and who hears of the requests.
+#[derive(Clone)]
+pub struct Inference {
+    pub models: Arc<dyn Models>,
+    pub observer: Arc<dyn Observer>,
+}
 
 /// What [`infer`] answers.
 pub enum Answer {
@@ -44,70 +51,56 @@ pub enum Answer {
     },
 }
 
-/// A model held for one request, behind its backend.
-pub struct BackendLease {
-    /// Dropping it lets the pool unload the model (after its keep-alive).
-    pub backend: Arc<dyn ModelBackend>,
-    /// Time this request spent loading the model (zero when it was loaded).
-    pub load_duration: Duration,
-}
-
 /// Runs `request` on its model. `arrived` is when the request reached the
 /// server: durations reported to clients count from it.
 pub async fn infer(
-    pool: &Registry,
+    inference: &Inference,
     request: InferRequest,
     arrived: Instant,
 ) -> Result<Answer, ApiError> {
-    let span = genai::generation_span(&request);
-    let answer = resolve_and_start(pool, request, arrived)
+    let span = inference.observer.generation_span(&request);
+    let answer = resolve_and_start(inference, request, arrived)
         .instrument(span.clone())
         .await;
     if let Err(e) = &answer {
-        genai::record_error(&span, e);
+        inference.observer.failed(&span, e);
     }
     answer
 }
 
 /// [`infer`] in the generation's span.
 async fn resolve_and_start(
-    pool: &Registry,
+    inference: &Inference,
     mut request: InferRequest,
     arrived: Instant,
 ) -> Result<Answer, ApiError> {
-    if let Some(remote) = crate::upstream::route(pool, &request.name) {
-        return crate::upstream::start(remote, request, arrived).await;
+    let models = inference.models.as_ref();
+    let local = match models.find(&request.name) {
+        None => return Err(ApiError::ModelNotFound(request.requested.clone())),
+        Some(Found::Remote(lease)) => {
+            return start_remote(inference, lease, request, arrived).await
+        }
+        Some(Found::Local(local)) => local,
+    };
+    inference.observer.model_used(&request.name.display);
+    if let Some(defaults) = &local.defaults {
+        defaults.apply(&mut request.backend);
     }
-    let named = pool
-        .resolve(&request.name)
-        .ok_or_else(|| ApiError::ModelNotFound(request.requested.clone()))?;
-    crate::metrics::note_model(&request.name.display);
-    if let Some(created) = &named.created {
-        created.apply(&mut request.backend);
-    }
-    let tools = check_tools(&mut request, &named.info)?;
-    check_thinking(&mut request, &named.info)?;
-    check_context(&request, &named.info)?;
+    let tools = check_tools(&mut request, &local)?;
+    check_thinking(&mut request, &local)?;
+    check_context(&request, &local)?;
     if request.backend.prompt == Prompt::Load {
-        return load_or_unload(pool, &request).await;
+        return load_or_unload(models, &request).await;
     }
     // A reply with no limit of its own stops at the server's.
     let params = &mut request.backend.params;
-    params
-        .max_tokens
-        .get_or_insert(pool.settings().default_max_tokens);
+    params.max_tokens.get_or_insert(models.default_max_tokens());
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let lease = pool
-            .backend_with_context(
-                &request.requested,
-                &request.name,
-                request.keep_alive,
-                request.backend.params.num_ctx,
-            )
-            .await?;
-        match Generation::start(lease, &request, tools.clone(), arrived).await {
+        let lease = models.lease(lease_request(&request)).await?;
+        let observer = Arc::clone(&inference.observer);
+        match Generation::start(lease, &request, tools.clone(), arrived, observer).await {
             // A keep-alive expiry raced this request: a second lease gets a fresh load.
             Err(ApiError::ShuttingDown(_)) if attempt == 1 => continue,
             other => return other.map(|g| Answer::Generating(Box::new(g))),
@@ -115,9 +108,46 @@ async fn resolve_and_start(
     }
 }
 
+/// What `request` asks of the pool.
+fn lease_request(request: &InferRequest) -> LeaseRequest<'_> {
+    LeaseRequest {
+        requested: &request.requested,
+        name: &request.name,
+        keep_alive: request.keep_alive,
+        context: request.backend.params.num_ctx,
+    }
+}
+
+/// Runs `request` on a model another server runs. Tools are passed on in
+/// the prompt; a request without a prompt answers at once (the upstream
+/// loads on its first real request).
+async fn start_remote(
+    inference: &Inference,
+    lease: BackendLease,
+    mut request: InferRequest,
+    arrived: Instant,
+) -> Result<Answer, ApiError> {
+    inference.observer.model_used(&request.name.display);
+    if request.backend.prompt == Prompt::Load {
+        let unload = request.keep_alive.is_some_and(|k| k.is_zero());
+        return Ok(Answer::Loaded {
+            done_reason: if unload { "unload" } else { "load" },
+            took: arrived.elapsed(),
+        });
+    }
+    if let (Some(offered), Prompt::Messages { tools, .. }) =
+        (&request.tools, &mut request.backend.prompt)
+    {
+        *tools = Some(serde_json::Value::Array(offered.definitions.clone()));
+    }
+    let observer = Arc::clone(&inference.observer);
+    let generation = Generation::start(lease, &request, None, arrived, observer).await?;
+    Ok(Answer::Generating(Box::new(generation)))
+}
+
 /// Checks the request's tools against the model's template; when some take
 /// part, puts them in the prompt and their markers and grammar in the sampling.
-fn check_tools(request: &mut InferRequest, info: &ModelInfo) -> Result<Option<Tools>, ApiError> {
+fn check_tools(request: &mut InferRequest, info: &LocalModel) -> Result<Option<Tools>, ApiError> {
     let Some(offered) = &request.tools else {
         return Ok(None);
     };
@@ -135,7 +165,7 @@ fn check_tools(request: &mut InferRequest, info: &ModelInfo) -> Result<Option<To
 }
 
 /// `num_ctx` may not pass the model's training context.
-fn check_context(request: &InferRequest, info: &ModelInfo) -> Result<(), ApiError> {
+fn check_context(request: &InferRequest, info: &LocalModel) -> Result<(), ApiError> {
     let (Some(asked), Some(trained)) = (request.backend.params.num_ctx, info.context_length) else {
         return Ok(());
     };
@@ -153,7 +183,7 @@ fn check_context(request: &InferRequest, info: &ModelInfo) -> Result<(), ApiErro
 
 /// `think: true` needs a model that thinks; the template learns the choice
 /// through `enable_thinking` (models that do not think ignore `false`).
-fn check_thinking(request: &mut InferRequest, info: &ModelInfo) -> Result<(), ApiError> {
+fn check_thinking(request: &mut InferRequest, info: &LocalModel) -> Result<(), ApiError> {
     let Some(wants) = request.think else {
         return Ok(());
     };
@@ -174,22 +204,13 @@ fn check_thinking(request: &mut InferRequest, info: &ModelInfo) -> Result<(), Ap
 }
 
 /// No prompt: load the model, or unload it with a zero keep-alive.
-async fn load_or_unload(pool: &Registry, request: &InferRequest) -> Result<Answer, ApiError> {
+async fn load_or_unload(models: &dyn Models, request: &InferRequest) -> Result<Answer, ApiError> {
     let started = Instant::now();
     let done_reason = if request.keep_alive.is_some_and(|k| k.is_zero()) {
-        pool.unload(&request.name);
+        models.unload(&request.name);
         "unload"
     } else {
-        let context = request.backend.params.num_ctx;
-        drop(
-            pool.backend_with_context(
-                &request.requested,
-                &request.name,
-                request.keep_alive,
-                context,
-            )
-            .await?,
-        );
+        drop(models.lease(lease_request(request)).await?);
         "load"
     };
     Ok(Answer::Loaded {
@@ -262,6 +283,8 @@ pub struct Generation {
     /// Its span: the current one when it started ([`infer`]'s); it ends
     /// when the generation is dropped.
     span: Span,
+    /// Hears of its end.
+    observer: Arc<dyn Observer>,
 }
 
 /// The bytes of text a prompt will be tokenized from (messages: their
@@ -281,6 +304,7 @@ impl Generation {
         request: &InferRequest,
         tools: Option<Tools>,
         arrived: Instant,
+        observer: Arc<dyn Observer>,
     ) -> Result<Generation, ApiError> {
         let slot = lease.backend.status().context_length;
         let window = request.backend.params.num_ctx.map_or(slot, |n| n.min(slot));
@@ -310,10 +334,7 @@ impl Generation {
             .await
             .inspect_err(|e| {
                 if let BackendError::Busy(_) = e {
-                    crate::metrics::rejected(
-                        &request.name.display,
-                        crate::metrics::Rejection::QueueFull,
-                    );
+                    observer.queue_full(&request.name.display);
                 }
             })?;
         Ok(Generation {
@@ -330,6 +351,7 @@ impl Generation {
             time_to_first_token: None,
             recorded: false,
             span: Span::current(),
+            observer,
         })
     }
 
@@ -448,16 +470,19 @@ impl Generation {
 
     fn record_usage(&mut self, ended: Ended, finished: Option<&Finished>) {
         self.recorded = true;
-        finish(&GenerationRecord {
-            model: &self.model,
-            ended,
-            finished,
-            span: &self.span,
-            load: self.lease.load_duration,
-            queued: self.queued_for,
-            time_to_first_token: self.time_to_first_token,
-            total: self.arrived.elapsed(),
-        });
+        finish(
+            self.observer.as_ref(),
+            &GenerationRecord {
+                model: &self.model,
+                ended,
+                finished,
+                span: &self.span,
+                load: self.lease.load_duration,
+                queued: self.queued_for,
+                time_to_first_token: self.time_to_first_token,
+                total: self.arrived.elapsed(),
+            },
+        );
     }
 }
 
@@ -490,7 +515,7 @@ pub struct GenerationRecord<'a> {
     /// The backend's account of a generation that finished (tokens, prefill
     /// and decode time); `None` when it failed or was cancelled.
     pub finished: Option<&'a Finished>,
-    /// The generation's span ([`crate::telemetry::genai`]).
+    /// The generation's span ([`Observer::generation_span`]).
     pub span: &'a Span,
     pub load: Duration,
     /// Time in the model's queue (`None`: it never started).
@@ -502,9 +527,9 @@ pub struct GenerationRecord<'a> {
 }
 
 /// Records the end of a generation: the one place every generation, of
-/// every dialect, ends (metrics hook in here).
-pub fn finish(record: &GenerationRecord<'_>) {
-    genai::record_generation(record);
+/// every dialect, ends (the observer hears of it here).
+pub fn finish(observer: &dyn Observer, record: &GenerationRecord<'_>) {
+    observer.generation_ended(record);
     // Dropped (client gone), a generation ends outside its request's span.
     let _in = record.span.enter();
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
@@ -520,39 +545,47 @@ pub fn finish(record: &GenerationRecord<'_>) {
         generated_tokens = record.finished.map(|f| f.generated_tokens),
         "generation ended"
     );
-    crate::metrics::generation_ended(record);
 }
 
 /// Embeds `request`'s texts: one L2-normalised vector each (cut to the first
 /// `dimensions` when asked), the tokens they took, and the load time.
 pub async fn embed(
-    pool: &Registry,
+    inference: &Inference,
     request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
-    let span = genai::embeddings_span(&request);
-    let result = embed_texts(pool, request).instrument(span.clone()).await;
+    let observer = inference.observer.as_ref();
+    let span = observer.embeddings_span(&request);
+    let result = embed_texts(inference, request)
+        .instrument(span.clone())
+        .await;
     match &result {
-        Ok((vectors, tokens, load)) => genai::record_embeddings(&span, vectors, *tokens, *load),
-        Err(e) => genai::record_error(&span, e),
+        Ok((vectors, tokens, load)) => observer.embedded(&span, vectors, *tokens, *load),
+        Err(e) => observer.failed(&span, e),
     }
     result
 }
 
 /// [`embed`] in its span.
 async fn embed_texts(
-    pool: &Registry,
+    inference: &Inference,
     mut request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
     let truncate = request.batch.truncate;
     validation::check_embed_texts(&mut request.batch.texts, truncate)?;
-    let lease = match crate::upstream::route(pool, &request.name) {
-        Some(remote) => crate::upstream::lease(remote),
-        None => {
-            pool.backend(&request.requested, &request.name, request.keep_alive)
-                .await?
+    let models = inference.models.as_ref();
+    let lease = match models.find(&request.name) {
+        Some(Found::Remote(lease)) => lease,
+        _ => {
+            let want = LeaseRequest {
+                requested: &request.requested,
+                name: &request.name,
+                keep_alive: request.keep_alive,
+                context: None,
+            };
+            models.lease(want).await?
         }
     };
-    crate::metrics::note_model(&request.name.display);
+    inference.observer.model_used(&request.name.display);
     let (mut vectors, tokens) = if request.batch.texts.is_empty() {
         (Vec::new(), 0)
     } else {
@@ -671,7 +704,8 @@ mod tests {
 
     use super::*;
     use crate::core::backend::{
-        BackendError, BackendStatus, EmbedOutput, MemoryUse, ModelFacts, Residency, TierBytes,
+        BackendError, BackendStatus, EmbedOutput, MemoryUse, ModelBackend, ModelFacts, Residency,
+        TierBytes,
     };
     use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams};
     use crate::core::structured::ToolChoice;
@@ -788,7 +822,8 @@ mod tests {
             backend: Arc::clone(backend) as Arc<dyn ModelBackend>,
             load_duration: Duration::from_millis(3),
         };
-        Generation::start(lease, &request(), tools, Instant::now()).await
+        let observer = Arc::new(crate::core::observer::Unobserved);
+        Generation::start(lease, &request(), tools, Instant::now(), observer).await
     }
 
     fn text(s: &str) -> BackendEvent {

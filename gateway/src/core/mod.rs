@@ -9,6 +9,8 @@
 //! - [`structured`]: `format` / `response_format` → grammars; `tools` → prompts and tool calls.
 //! - [`backend`]: the [`backend::ModelBackend`] trait between the gateway and every model, and its events.
 //! - [`truncate`]: fitting a conversation into its context window (oldest messages dropped).
+//! - [`models`]: the [`models::Models`] trait, the one door to every model (the pool implements it), and its error.
+//! - [`observer`]: the [`observer::Observer`] trait the inference path reports to (metrics and traces implement it).
 //! - [`infer`]: the one inference path (resolve, admit, submit, stream, cancel, finish).
 //! - [`error`]: one error enum; its status and body per API family.
 pub mod backend;
@@ -17,6 +19,8 @@ pub mod bounds;
 pub mod convert;
 pub mod error;
 pub mod infer;
+pub mod models;
+pub mod observer;
 pub mod request;
 pub mod schema_cost;
 pub mod structured;

@@ -65,8 +65,8 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// Context window for this request, in tokens (`None`: the model's
     /// per-sequence context). A larger one than the model is loaded with
-    /// reloads it with that context, up to its training context
-    /// ([`crate::pool::registry::Registry::acquire_with_context`]).
+    /// reloads it with that context, up to its training context (the pool
+    /// does, asked through [`crate::core::models::LeaseRequest::context`]).
     pub num_ctx: Option<u32>,
     /// The request asked not to use the prompt cache (llama-server's
     /// `cache_prompt: false`): its prompt is read whole and its KV is not

@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::metrics;
-use crate::server::AppState;
+use crate::state::AppState;
 
 tokio::task_local! {
     static MODEL: Arc<Mutex<Option<String>>>;

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::core::backend::{StreamCounters, TierBytes};
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The page, as written in `status.html`.
 const PAGE: &str = include_str!("status.html");

@@ -1,4 +1,4 @@
-//! Metrics of the upstreams ([`crate::upstream`]), one series per upstream
+//! Metrics of the upstreams ([`crate::pool::upstream`]), one series per upstream
 //! (label `upstream`, its configured name):
 //! `hypura_upstream_requests_total` (requests sent, retries included),
 //! `hypura_upstream_errors_total` (connection failures, 5xx, timeouts,

@@ -155,6 +155,12 @@ fn register_one(registry: &Registry, path: &Path) -> Result<String, String> {
     Ok(name.display)
 }
 
+impl crate::core::models::RequestDefaults for Manifest {
+    fn apply(&self, request: &mut BackendRequest) {
+        Manifest::apply(self, request);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,8 @@
-//! The model pool: names → sources, the models loaded now, the global memory
-//! budget and the moves between residencies.
+//! The model pool, the one door to every model: names → sources, the models
+//! loaded now, the global memory budget and the moves between residencies,
+//! and the upstreams models are routed to. It implements
+//! [`crate::core::models::Models`] ([`models`]): local models first, then the
+//! upstreams.
 //!
 //! - [`registry`]: `name:tag` → model source and facts; loaded models with keep-alive; leases.
 //! - [`residency`]: the global budget (promotions, demotions, placements).
@@ -7,68 +10,44 @@
 //! - [`local`]: the in-process llama-tiered engine behind [`crate::core::backend::ModelBackend`].
 //! - [`runner`]: a model in a child process of its own behind the same trait.
 //! - [`manifest`]: models made by `/api/create` (a file's weights with their own defaults).
+//! - [`upstream`]: other servers models are routed to over HTTP.
+//! - [`models`]: the pool behind [`crate::core::models::Models`]; one listing of local and remote models.
+//! - [`planner`]: the hardware profile the server plans with, and its placements.
 pub mod hybrid;
 pub mod local;
 pub mod manifest;
+pub mod models;
 pub mod planner;
 pub mod registry;
 pub mod residency;
 pub mod runner;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::core::backend::{ModelBackend, ModelFacts};
-use crate::core::error::ApiError;
-use crate::core::infer::BackendLease;
-
-/// Why the pool could not serve a model; its HTTP status is decided in
-/// [`crate::core::error`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PoolError {
-    /// No model of that name (the name as the client sent it).
-    #[error("model '{0}' not found")]
-    NotFound(String),
-    /// The model can never fit the memory budget.
-    #[error("{0}")]
-    Rejected(String),
-    /// No room in the budget now: retry later.
-    #[error("{0}")]
-    NoRoom(String),
-    /// Loading or starting the model failed.
-    #[error("{0}")]
-    Failed(String),
-}
+use crate::core::models::{BackendLease, ModelsError};
 use crate::core::validation::{KeepAlive, ModelName};
 
 impl registry::Registry {
-    /// The model named `name`, loaded (or admitted under the budget) and
-    /// held for one request, behind its [`crate::core::backend::ModelBackend`].
+    /// The model named `name`, loaded (or admitted under the budget) with at
+    /// least `context` tokens per sequence (see
+    /// [`registry::Registry::acquire_with_context`]) and held for one
+    /// request, behind its [`crate::core::backend::ModelBackend`].
     /// `keep_alive` (default: the model's) applies after the request.
-    pub async fn backend(
-        &self,
-        requested: &str,
-        name: &ModelName,
-        keep_alive: Option<KeepAlive>,
-    ) -> Result<BackendLease, ApiError> {
-        self.backend_with_context(requested, name, keep_alive, None)
-            .await
-    }
-
-    /// [`Self::backend`] with at least `context` tokens per sequence (see
-    /// [`registry::Registry::acquire_with_context`]).
     pub async fn backend_with_context(
         &self,
         requested: &str,
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
         context: Option<u32>,
-    ) -> Result<BackendLease, ApiError> {
+    ) -> Result<BackendLease, ModelsError> {
         let lease = self
             .acquire_with_context(requested, name, keep_alive, context)
             .await
             .inspect_err(|e| {
-                if let PoolError::NoRoom(_) = e {
+                if let ModelsError::NoRoom(_) = e {
                     crate::metrics::rejected(
                         &name.display,
                         crate::metrics::Rejection::BudgetTimeout,

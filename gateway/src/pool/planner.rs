@@ -10,13 +10,52 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use anyhow::{bail, Context as _};
 use hypura_gguf::GgufFile;
 use hypura_scheduler::plan::{Plan, PlanSettings};
-use hypura_scheduler::profile::HardwareProfile;
+use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
 use llama_tiered::hwprobe::{self, Effort};
 use llama_tiered::tiered::{plan_file, PlannedLoad, TieredParams};
 
-use crate::cli::find_profile;
+/// A hardware profile and where it came from.
+pub struct LoadedProfile {
+    pub profile: HardwareProfile,
+    pub path: PathBuf,
+}
+
+/// The profile at `explicit`, else the cached one of this machine; `None`
+/// when neither exists (`hypura profile` has not run).
+pub fn find_profile(explicit: Option<&Path>) -> anyhow::Result<Option<LoadedProfile>> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let Ok(dir) = hwprobe::default_cache_dir() else {
+                return Ok(None);
+            };
+            let cached = hwprobe::cache_file(&dir);
+            if !cached.exists() {
+                return Ok(None);
+            }
+            cached
+        }
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the hardware profile {}", path.display()))?;
+    let profile: HardwareProfile = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a hardware profile (run `hypura profile` to measure this machine)",
+            path.display()
+        )
+    })?;
+    if profile.version != PROFILE_VERSION {
+        bail!(
+            "the hardware profile {} has version {}, this hypura reads {PROFILE_VERSION}: run `hypura profile` again",
+            path.display(),
+            profile.version
+        );
+    }
+    Ok(Some(LoadedProfile { profile, path }))
+}
 
 /// The profile the server plans with; replaced once when a background
 /// measurement ends.

@@ -34,8 +34,8 @@ use llama_tiered::tiered::{context_memory, GpuShare, Mode, Streamer, TieredModel
 
 use super::manifest::Manifest;
 use super::runner::{self, RunnerProcess, Runners};
-use super::PoolError;
 use crate::core::backend::{DecodeRate, MemoryUse, ModelFacts, StreamCounters};
+use crate::core::models::ModelsError;
 use crate::core::validation::{KeepAlive, ModelName};
 use crate::pool::hybrid;
 use crate::pool::planner::{log_placement, plan_model, ServerProfile};
@@ -586,8 +586,8 @@ pub struct Registry {
     budget: Option<Arc<GlobalBudget>>,
     /// Sends true to end every lease's generation ([`Registry::cancel_in_flight`]).
     cancel: tokio::sync::watch::Sender<bool>,
-    /// Other servers models are routed to ([`crate::upstream`]), set once at start-up.
-    upstreams: std::sync::OnceLock<Arc<crate::upstream::Upstreams>>,
+    /// Other servers models are routed to ([`crate::pool::upstream`]), set once at start-up.
+    upstreams: std::sync::OnceLock<Arc<crate::pool::upstream::Upstreams>>,
     /// Model files served by name that can never run within the global
     /// budget, and why (naming the minimum): listed, refused when asked for.
     unfit: DashMap<Arc<PathBuf>, String>,
@@ -630,12 +630,12 @@ impl Registry {
     }
 
     /// Routes the models of `upstreams` too (once; a second call is ignored).
-    pub fn attach_upstreams(&self, upstreams: Arc<crate::upstream::Upstreams>) {
+    pub fn attach_upstreams(&self, upstreams: Arc<crate::pool::upstream::Upstreams>) {
         let _ = self.upstreams.set(upstreams);
     }
 
     /// The upstreams, when any are configured.
-    pub fn upstreams(&self) -> Option<&Arc<crate::upstream::Upstreams>> {
+    pub fn upstreams(&self) -> Option<&Arc<crate::pool::upstream::Upstreams>> {
         self.upstreams.get()
     }
 
@@ -877,7 +877,7 @@ impl Registry {
         requested: &str,
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
-    ) -> Result<ModelLease, PoolError> {
+    ) -> Result<ModelLease, ModelsError> {
         self.acquire_with_context(requested, name, keep_alive, None)
             .await
     }
@@ -894,12 +894,12 @@ impl Registry {
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
         context: Option<u32>,
-    ) -> Result<ModelLease, PoolError> {
+    ) -> Result<ModelLease, ModelsError> {
         let mut named = self
             .resolve(name)
-            .ok_or_else(|| PoolError::NotFound(requested.to_string()))?;
+            .ok_or_else(|| ModelsError::NotFound(requested.to_string()))?;
         if let Some(why) = self.unfit.get(named.source.local_path()) {
-            return Err(PoolError::Rejected(format!(
+            return Err(ModelsError::Rejected(format!(
                 "model '{requested}' cannot run on this server: {}",
                 why.value()
             )));
@@ -908,7 +908,7 @@ impl Registry {
         let needed = context.unwrap_or(0).max(configured);
         if needed > configured {
             if self.budget.is_some() {
-                return Err(PoolError::Rejected(format!(
+                return Err(ModelsError::Rejected(format!(
                     "options.num_ctx {needed} is more than model '{requested}' is served with \
                      under the memory budget: at most {configured} tokens (raise it with \
                      --context or the model's `context` in the configuration)"
@@ -945,7 +945,7 @@ impl Registry {
                     })
                 })
                 .await
-                .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))??;
+                .map_err(|e| ModelsError::Failed(format!("model load task failed: {e}")))??;
                 (model, None)
             }
         };
@@ -994,11 +994,11 @@ impl Registry {
         budget: &Arc<GlobalBudget>,
         named: NamedModel,
         keep_alive: KeepAlive,
-    ) -> Result<(Arc<LoadedModel>, InFlight), PoolError> {
+    ) -> Result<(Arc<LoadedModel>, InFlight), ModelsError> {
         let path = Arc::clone(named.source.local_path());
         let id = budget
             .model(&path)
-            .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?
+            .ok_or_else(|| ModelsError::Failed(format!("{} is not in the budget", named.name)))?
             .id;
         budget.set_keep_alive(
             id,
@@ -1050,7 +1050,7 @@ impl Registry {
                     waiting.get_or_insert_with(|| budget.start_waiting(id));
                     execute_moves(budget, &self.loaded, moves);
                 }
-                Admission::Reject(why) => return Err(PoolError::Rejected(why)),
+                Admission::Reject(why) => return Err(ModelsError::Rejected(why)),
             }
             if Instant::now() >= deadline {
                 let draining = budget.draining();
@@ -1059,7 +1059,7 @@ impl Registry {
                 } else {
                     format!("{} busy", draining.join(", "))
                 };
-                return Err(PoolError::NoRoom(format!(
+                return Err(ModelsError::NoRoom(format!(
                     "no room in the memory budget for {} after {} s ({held_by}); retry later",
                     named.name,
                     ADMISSION_TIMEOUT.as_secs()
@@ -1080,7 +1080,7 @@ impl Registry {
         budget: &Arc<GlobalBudget>,
         named: &NamedModel,
         mv: Move,
-    ) -> Result<Arc<LoadedModel>, PoolError> {
+    ) -> Result<Arc<LoadedModel>, ModelsError> {
         let loaded = self.loaded.clone();
         let settings = self.settings.clone();
         let key = Arc::clone(named.source.local_path());
@@ -1095,7 +1095,7 @@ impl Registry {
                         .map_err(|e| (*e).clone())
                 })
             }))
-            .unwrap_or_else(|_| Err(PoolError::Failed("the model load panicked".into())));
+            .unwrap_or_else(|_| Err(ModelsError::Failed("the model load panicked".into())));
             match &result {
                 Ok(_) => budget.move_done(mv),
                 Err(_) => budget.move_failed(mv),
@@ -1103,7 +1103,7 @@ impl Registry {
             result
         })
         .await
-        .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
+        .map_err(|e| ModelsError::Failed(format!("model load task failed: {e}")))?
     }
 
     /// Reloads a model whose runner crashed, at its residency under the
@@ -1112,11 +1112,11 @@ impl Registry {
         &self,
         budget: &Arc<GlobalBudget>,
         named: &NamedModel,
-    ) -> Result<Arc<LoadedModel>, PoolError> {
+    ) -> Result<Arc<LoadedModel>, ModelsError> {
         let path = Arc::clone(named.source.local_path());
         let budgeted = budget
             .model(&path)
-            .ok_or_else(|| PoolError::Failed(format!("{} is not in the budget", named.name)))?;
+            .ok_or_else(|| ModelsError::Failed(format!("{} is not in the budget", named.name)))?;
         let level = budget
             .residency(&path)
             .unwrap_or(Residency::Streaming)
@@ -1131,7 +1131,7 @@ impl Registry {
             })
         })
         .await
-        .map_err(|e| PoolError::Failed(format!("model load task failed: {e}")))?
+        .map_err(|e| ModelsError::Failed(format!("model load task failed: {e}")))?
     }
 
     /// The context per sequence `named` is served with: its load's when it
@@ -1173,10 +1173,10 @@ impl Registry {
     }
 
     /// `/api/copy`: `destination` names the same file as `source`.
-    pub fn copy(&self, source: &ModelName, destination: ModelName) -> Result<(), PoolError> {
+    pub fn copy(&self, source: &ModelName, destination: ModelName) -> Result<(), ModelsError> {
         let named = self
             .resolve(source)
-            .ok_or_else(|| PoolError::NotFound(source.display.clone()))?;
+            .ok_or_else(|| ModelsError::NotFound(source.display.clone()))?;
         self.names.insert(
             destination.key,
             NamedModel {
@@ -1189,11 +1189,11 @@ impl Registry {
 
     /// `/api/delete`: forgets the name (the file is left alone); the model is
     /// unloaded when no other name serves its file. What the name served.
-    pub fn delete(&self, name: &ModelName) -> Result<NamedModel, PoolError> {
+    pub fn delete(&self, name: &ModelName) -> Result<NamedModel, ModelsError> {
         let (_, named) = self
             .names
             .remove(&name.key)
-            .ok_or_else(|| PoolError::NotFound(name.display.clone()))?;
+            .ok_or_else(|| ModelsError::NotFound(name.display.clone()))?;
         if !self.names.iter().any(|e| e.source == named.source) {
             self.unload_file(named.source.local_path());
         }
@@ -1222,8 +1222,8 @@ impl Registry {
 fn replace_dead(
     loaded: &Cache<Arc<PathBuf>, Arc<LoadedModel>>,
     key: Arc<PathBuf>,
-    load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
-) -> Result<Arc<LoadedModel>, PoolError> {
+    load: impl FnOnce() -> Result<Arc<LoadedModel>, ModelsError>,
+) -> Result<Arc<LoadedModel>, ModelsError> {
     replace_stale(loaded, key, LoadedModel::is_dead, load)
 }
 
@@ -1234,8 +1234,8 @@ fn replace_stale(
     loaded: &Cache<Arc<PathBuf>, Arc<LoadedModel>>,
     key: Arc<PathBuf>,
     stale: impl Fn(&LoadedModel) -> bool,
-    load: impl FnOnce() -> Result<Arc<LoadedModel>, PoolError>,
-) -> Result<Arc<LoadedModel>, PoolError> {
+    load: impl FnOnce() -> Result<Arc<LoadedModel>, ModelsError>,
+) -> Result<Arc<LoadedModel>, ModelsError> {
     use moka::ops::compute::{CompResult, Op};
     let result = loaded
         .entry(key)
@@ -1247,7 +1247,7 @@ fn replace_stale(
         CompResult::Inserted(entry)
         | CompResult::ReplacedWith(entry)
         | CompResult::Unchanged(entry) => Ok(entry.into_value()),
-        CompResult::StillNone(_) | CompResult::Removed(_) => Err(PoolError::Failed(
+        CompResult::StillNone(_) | CompResult::Removed(_) => Err(ModelsError::Failed(
             "the model was unloaded while it was reloaded: retry".into(),
         )),
     }
@@ -1611,7 +1611,7 @@ pub fn load(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
-) -> Result<Arc<LoadedModel>, PoolError> {
+) -> Result<Arc<LoadedModel>, ModelsError> {
     let residency = budgeted
         .as_ref()
         .map_or("no budget".to_string(), |(_, level)| level.to_string());
@@ -1628,7 +1628,7 @@ fn load_engine(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
-) -> Result<Arc<LoadedModel>, PoolError> {
+) -> Result<Arc<LoadedModel>, ModelsError> {
     tracing::info!(
         "loading {} from {}",
         named.name,
@@ -1640,7 +1640,7 @@ fn load_engine(
         Some(runners) => {
             let spec = runner::load_spec(named, settings, budgeted);
             let (runner, n_ctx_per_seq) = runners.load(spec).map_err(|e| {
-                PoolError::Failed(format!("could not load model '{}': {e}", named.name))
+                ModelsError::Failed(format!("could not load model '{}': {e}", named.name))
             })?;
             (Engine::Runner(runner), n_ctx_per_seq)
         }
@@ -1680,9 +1680,9 @@ fn load_in_process(
     named: &NamedModel,
     settings: &EngineSettings,
     budgeted: Option<(BudgetedModel, Residency)>,
-) -> Result<(InProcess, u32), PoolError> {
+) -> Result<(InProcess, u32), ModelsError> {
     let failed = |e: &dyn std::fmt::Display| {
-        PoolError::Failed(format!("could not load model '{}': {e}", named.name))
+        ModelsError::Failed(format!("could not load model '{}': {e}", named.name))
     };
     // Same kernels as `hypura run` and every streaming mode: no CPU repacking,
     // so a prompt gets the same tokens whichever way the model is held.
@@ -1723,7 +1723,7 @@ fn load_in_process(
     let n_ctx_per_seq = config.n_ctx_per_seq;
     let template = prompt::model_template(&model).map_err(|e| e.to_string());
     let engine = BatchEngine::start_with_hook(Arc::clone(&model), config, hook)
-        .map_err(|e| PoolError::Failed(format!("could not start model '{}': {e}", named.name)))?;
+        .map_err(|e| ModelsError::Failed(format!("could not start model '{}': {e}", named.name)))?;
     Ok((
         InProcess {
             engine,

@@ -14,6 +14,9 @@
 //! - [`pool`]: model loads and the budget's moves (promotions, demotions,
 //!   placement switches, unloads), children of the request that caused them.
 //!
+//! [`observer::Recorder`] is how the inference path feeds these spans and
+//! the metrics.
+//!
 //! Logs go to stderr as text or, with `--log-format json`, one JSON object a
 //! line; `RUST_LOG` filters them. Spans are exported only when an OTLP
 //! endpoint is configured, whatever `RUST_LOG` says (the exporter has its
@@ -22,6 +25,7 @@
 pub mod genai;
 pub mod http;
 mod logs;
+pub mod observer;
 mod otlp;
 pub mod pool;
 

@@ -26,9 +26,7 @@ use backend::RemoteBackend;
 use config::UpstreamConfig;
 use node::{Node, PeerLoad, RemoteModel};
 
-use crate::core::error::ApiError;
-use crate::core::infer::{Answer, BackendLease, Generation};
-use crate::core::request::{InferRequest, Prompt};
+use crate::core::models::BackendLease;
 use crate::core::validation::ModelName;
 use crate::pool::registry::Registry;
 
@@ -196,32 +194,6 @@ pub fn listed(pool: &Registry) -> Vec<RemoteModel> {
 /// The models loaded on the upstreams, by upstream name (for `/api/ps`).
 pub fn loaded_elsewhere(pool: &Registry) -> Vec<(String, RemoteModel, PeerLoad)> {
     upstreams_of(pool).map(|u| u.loaded()).unwrap_or_default()
-}
-
-/// Runs `request` on upstreams ([`crate::core::infer::infer`]'s remote
-/// branch). Tools are passed on in the prompt; a request without a prompt
-/// answers at once (the upstream loads on its first real request).
-pub async fn start(
-    remote: RemoteBackend,
-    mut request: InferRequest,
-    arrived: Instant,
-) -> Result<Answer, ApiError> {
-    crate::metrics::note_model(&request.name.display);
-    if request.backend.prompt == Prompt::Load {
-        let unload = request.keep_alive.is_some_and(|k| k.is_zero());
-        return Ok(Answer::Loaded {
-            done_reason: if unload { "unload" } else { "load" },
-            took: arrived.elapsed(),
-        });
-    }
-    if let (Some(offered), Prompt::Messages { tools, .. }) =
-        (&request.tools, &mut request.backend.prompt)
-    {
-        *tools = Some(serde_json::Value::Array(offered.definitions.clone()));
-    }
-    let lease = lease(remote);
-    let generation = Generation::start(lease, &request, None, arrived).await?;
-    Ok(Answer::Generating(Box::new(generation)))
 }
 
 /// A lease on a remote model: nothing to load here.

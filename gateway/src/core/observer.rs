@@ -1,0 +1,45 @@
+//! What [`crate::core::infer`] tells the outside about the requests it runs:
+//! the [`Observer`] trait. Metrics and traces implement it; core calls it at
+//! the few points every request passes (its start, the model it names, a full
+//! queue, its end) and knows nothing of what they record.
+use std::time::Duration;
+
+use tracing::Span;
+
+use super::error::ApiError;
+use super::infer::GenerationRecord;
+use super::request::{EmbedRequest, InferRequest};
+
+/// Hears of every generation and embedding. Every method has a default that
+/// records nothing, so an observer implements only what it records.
+pub trait Observer: Send + Sync {
+    /// The span a generation runs in (its loads and log lines are children).
+    fn generation_span(&self, _request: &InferRequest) -> Span {
+        Span::none()
+    }
+
+    /// The span an embedding runs in.
+    fn embeddings_span(&self, _request: &EmbedRequest) -> Span {
+        Span::none()
+    }
+
+    /// A request named `model` (as the client spelled it, display form) and found it.
+    fn model_used(&self, _model: &str) {}
+
+    /// `model`'s queue was full: the request was refused.
+    fn queue_full(&self, _model: &str) {}
+
+    /// A generation ended, whichever way ([`crate::core::infer::finish`]).
+    fn generation_ended(&self, _record: &GenerationRecord<'_>) {}
+
+    /// An embedding request ended with `vectors` from `tokens` tokens.
+    fn embedded(&self, _span: &Span, _vectors: &[Vec<f32>], _tokens: usize, _load: Duration) {}
+
+    /// A request failed before it produced anything.
+    fn failed(&self, _span: &Span, _error: &ApiError) {}
+}
+
+/// An observer that records nothing (tools and tests).
+pub struct Unobserved;
+
+impl Observer for Unobserved {}
