@@ -64,6 +64,8 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, UndefinedBehav
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Map, Value as Json};
 
+use crate::limits::{self, LimitExceeded, RenderLimits};
+
 /// Name of the one template in each environment.
 const TEMPLATE_NAME: &str = "chat_template";
 /// Context variable carrying the render's clock (Unix milliseconds) to
@@ -148,6 +150,10 @@ pub enum ChatTemplateError {
     /// A message or tool is malformed.
     #[error("invalid {field}: {reason}")]
     InvalidInput { field: &'static str, reason: String },
+    /// The render hit one of its [`RenderLimits`]: the template loops,
+    /// recurses or builds text without bound.
+    #[error("the chat template was stopped: {0}; fix the template or override it")]
+    Limit(#[from] LimitExceeded),
 }
 
 /// What a template does with its inputs, found at [`ChatTemplate::new`] by
@@ -174,6 +180,7 @@ pub struct TemplateCaps {
 /// A compiled chat template with the model's BOS and EOS texts.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    limits: RenderLimits,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -187,6 +194,7 @@ impl std::fmt::Debug for ChatTemplate {
             .field("bos_token", &self.bos_token)
             .field("eos_token", &self.eos_token)
             .field("caps", &self.caps)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -195,10 +203,23 @@ impl ChatTemplate {
     /// Compiles `source` once and probes what it supports. `bos_token` and
     /// `eos_token` are the texts of the vocabulary's BOS/EOS tokens (empty if
     /// it has none).
+    /// Every render, the probes included, runs under [`RenderLimits::default`]:
+    /// a template that hits a limit on a probe conversation is refused here.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
-        let env = build_environment(source)?;
+        Self::with_limits(source, bos_token, eos_token, RenderLimits::default())
+    }
+
+    /// [`ChatTemplate::new`] with other render limits.
+    pub fn with_limits(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+        limits: RenderLimits,
+    ) -> Result<Self, ChatTemplateError> {
+        let env = build_environment(source, limits)?;
         let mut template = Self {
             env,
+            limits,
             source: source.to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
@@ -210,7 +231,7 @@ impl ChatTemplate {
                 tool_responses: true,
             },
         };
-        template.caps = template.probe_caps();
+        template.caps = template.probe_caps()?;
         Ok(template)
     }
 
@@ -245,6 +266,11 @@ impl ChatTemplate {
     /// The EOS text the template sees as `eos_token`.
     pub fn eos_token(&self) -> &str {
         &self.eos_token
+    }
+
+    /// The limits every render runs under.
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
     }
 
     /// What the probes found the template to support.
@@ -286,9 +312,17 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|err| ChatTemplateError::Render(err.to_string()))?;
-        template
+        let rendered = template
             .render(Value::from_serialize(&context))
-            .map_err(render_error)
+            .map_err(|err| render_error(err, &self.limits))?;
+        if rendered.len() > self.limits.max_output_bytes {
+            return Err(LimitExceeded::Output {
+                max_bytes: self.limits.max_output_bytes,
+                what: format!("the rendered prompt, {} bytes", rendered.len()),
+            }
+            .into());
+        }
+        Ok(rendered)
     }
 
     /// The variables llama.cpp passes, in its order (later keys override).
@@ -350,50 +384,49 @@ impl ChatTemplate {
         Ok(Json::Array(out.into_iter().map(Json::Object).collect()))
     }
 
-    fn probe_caps(&self) -> TemplateCaps {
+    fn probe_caps(&self) -> Result<TemplateCaps, ChatTemplateError> {
         const SYSTEM_MARKER: &str = "hypura-probe-system";
         const CONTENT_MARKER: &str = "hypura-probe-content";
         let system_role = self
             .probe(json!([
                 {"role": "system", "content": SYSTEM_MARKER},
                 {"role": "user", "content": "User message"},
-            ]))
+            ]))?
             .is_some_and(|out| out.contains(SYSTEM_MARKER));
         let reads_string = self
-            .probe(json!([{"role": "user", "content": CONTENT_MARKER}]))
+            .probe(json!([{"role": "user", "content": CONTENT_MARKER}]))?
             .is_some_and(|out| out.contains(CONTENT_MARKER));
-        let reads_parts = || {
-            self.probe(json!([
+        let reads_parts = self
+            .probe(json!([
                 {"role": "user", "content": [{"type": "text", "text": CONTENT_MARKER}]}
-            ]))
-            .is_some_and(|out| out.contains(CONTENT_MARKER))
-        };
+            ]))?
+            .is_some_and(|out| out.contains(CONTENT_MARKER));
         // llama.cpp's tool-call probe: the call's name or arguments, and the
         // tool's answer, reach the output.
-        let tools_probe = self.probe(tool_call_probe(json!({ "arg": TOOL_ARG_MARKER })));
+        let tools_probe = self.probe(tool_call_probe(json!({ "arg": TOOL_ARG_MARKER })))?;
         let shows = |marker: &str| tools_probe.as_ref().is_some_and(|out| out.contains(marker));
-        TemplateCaps {
+        Ok(TemplateCaps {
             system_role,
-            string_content: reads_string || !reads_parts(),
-            object_arguments: self.probe_object_arguments(),
+            string_content: reads_string || !reads_parts,
+            object_arguments: self.probe_object_arguments(tools_probe.as_deref()),
             tool_calls: shows(TOOL_NAME_MARKER) || shows(TOOL_ARG_MARKER),
             tool_responses: shows(TOOL_RESPONSE_MARKER),
-        }
+        })
     }
 
     /// llama.cpp counts arguments as read as an object when the template
     /// touches a member (`arguments.x`, `| items`, `| tojson`); printing the
     /// whole object (`{{ arguments }}`, a Python repr) does not count. So: the
     /// marker must reach the output some other way than that repr.
-    fn probe_object_arguments(&self) -> bool {
+    fn probe_object_arguments(&self, tools_probe: Option<&str>) -> bool {
         let printed_whole = format!("{{'arg': '{TOOL_ARG_MARKER}'}}");
-        self.probe(tool_call_probe(json!({ "arg": TOOL_ARG_MARKER })))
-            .is_some_and(|out| out.replace(&printed_whole, "").contains(TOOL_ARG_MARKER))
+        tools_probe.is_some_and(|out| out.replace(&printed_whole, "").contains(TOOL_ARG_MARKER))
     }
 
     /// Renders a probe conversation with llama.cpp's probe context
     /// (`caps_try_execute`): empty `tools`, empty BOS/EOS, generation prompt on.
-    fn probe(&self, messages: Json) -> Option<String> {
+    /// A probe the template rejects is `None`; one that hits a limit, an error.
+    fn probe(&self, messages: Json) -> Result<Option<String>, ChatTemplateError> {
         let mut context = Map::new();
         context.insert("messages".into(), messages);
         context.insert("tools".into(), probe_tools());
@@ -401,21 +434,35 @@ impl ChatTemplate {
         context.insert("eos_token".into(), "".into());
         context.insert("add_generation_prompt".into(), true.into());
         context.insert(NOW_VAR.into(), unix_millis(SystemTime::now()).into());
-        self.render_json(context).ok()
+        match self.render_json(context) {
+            Ok(rendered) => Ok(Some(rendered)),
+            Err(err @ ChatTemplateError::Limit(_)) => Err(err),
+            Err(_) => Ok(None),
+        }
     }
 }
 
-fn build_environment(source: &str) -> Result<Environment<'static>, ChatTemplateError> {
+fn build_environment(
+    source: &str,
+    limits: RenderLimits,
+) -> Result<Environment<'static>, ChatTemplateError> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.set_formatter(|out, _state, value| Ok(out.write_str(&python_str(value))?));
-    env.add_filter("tojson", tojson);
-    env.add_filter("string", |value: &Value| python_str(value));
+    limits::bound_environment(&mut env, limits);
+    env.set_formatter(move |out, state, value| {
+        limits::check_printable(&limits, value)?;
+        let text = python_str(value);
+        limits::charge_output(state, &limits, text.len())?;
+        Ok(out.write_str(&text)?)
+    });
+    let tojson = Value::from_function(tojson);
+    limits::add_bounded_filter(&mut env, limits, "tojson", tojson);
+    let string = Value::from_function(|value: &Value| python_str(value));
+    limits::add_bounded_filter(&mut env, limits, "string", string);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_template_owned(TEMPLATE_NAME, normalize_source(source))
@@ -479,7 +526,10 @@ fn raise_exception(message: Value) -> Result<Value, Error> {
         .with_source(RaisedByTemplate(message)))
 }
 
-fn render_error(err: Error) -> ChatTemplateError {
+fn render_error(err: Error, limits: &RenderLimits) -> ChatTemplateError {
+    if let Some(hit) = LimitExceeded::from_error(&err, limits) {
+        return ChatTemplateError::Limit(hit);
+    }
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
     while let Some(current) = cause {
         if let Some(raised) = current.downcast_ref::<RaisedByTemplate>() {

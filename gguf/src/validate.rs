@@ -20,6 +20,17 @@ pub const LLAMA_MAX_LAYERS: u32 = 512;
 /// `LLAMA_MAX_EXPERTS` (`llama-hparams.h`).
 pub const LLAMA_MAX_EXPERTS: u32 = 1024;
 
+/// `GGML_TYPE_F32`: the only type of a vector (norm, bias) ggml applies.
+const GGML_TYPE_F32: u32 = 0;
+
+/// The `ggml_type`s ggml can multiply as weights: those with a `vec_dot` in
+/// `ggml-cpu.c`'s `type_traits_cpu` (not q8_1 and q8_K, which are activation
+/// types, nor the integer types and f64).
+pub const MATMUL_TYPES: &[u32] = &[
+    0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 29, 30, 34, 35, 39,
+    40, 41, 42,
+];
+
 /// Architectures whose hyperparameters and tensor shapes are checked in full: required keys
 /// present, head counts, feed-forward widths and the shapes of the embedding, output and
 /// per-layer attention and FFN tensors. (Mixtral and other llama-layout MoEs are `llama`.)
@@ -62,6 +73,15 @@ pub const RULES: &[Rule] = &[
         name: "tensor-packing",
         mirrors: "ggml/src/gguf.cpp: \"tensor '%s' has offset %\" PRIu64 \", expected %zu\"",
         check: |f| f.check_packing().map_err(Refusal::from),
+    },
+    Rule {
+        name: "tensor-types",
+        mirrors: "ggml/src/ggml-cpu/ops.cpp binary ops (the ggml_mul of a norm, the ggml_add of \
+                  a bias): GGML_ABORT(\"%s: unsupported types\") unless the vector is F32 \
+                  (convert_hf_to_gguf.py and llama-quantize keep 1-D tensors and *_norm.weight \
+                  F32); ggml-cpu.c type_traits_cpu: a matrix of a type without vec_dot (q8_1, \
+                  q8_K, the integer types, f64) crashes ggml_mul_mat",
+        check: |f| f.check_tensor_types().map_err(Refusal::from),
     },
     // ---- architecture -----------------------------------------------------------------------
     Rule {
@@ -311,6 +331,39 @@ impl GgufFile {
     }
 
     // ---- tensor layout ----------------------------------------------------------------------
+
+    /// Vectors (1-D tensors: norms, biases, scales) and `*norm.weight` must be F32, as
+    /// ggml's element-wise ops need and llama.cpp's converter and quantizer write them;
+    /// matrices must be of a type ggml can multiply ([`MATMUL_TYPES`]).
+    fn check_tensor_types(&self) -> Result<(), GgufError> {
+        for tensor in &self.tensors {
+            let name = ggml_type(tensor.ggml_type).map_or("unknown", |t| t.name);
+            let vector = tensor.dims.len() <= 1 || tensor.name.ends_with("norm.weight");
+            if vector && tensor.ggml_type != GGML_TYPE_F32 {
+                return Err(self.bad_tensor(
+                    tensor,
+                    format!(
+                        "it is a vector (norm, bias or scale) of ggml type {} ({name}), and \
+                         llama.cpp only applies F32 vectors (it aborts otherwise); convert the \
+                         model again keeping 1-D tensors and norms F32",
+                        tensor.ggml_type
+                    ),
+                ));
+            }
+            if !vector && !MATMUL_TYPES.contains(&tensor.ggml_type) {
+                return Err(self.bad_tensor(
+                    tensor,
+                    format!(
+                        "it is a weight matrix of ggml type {} ({name}), which ggml cannot \
+                         multiply (no vec_dot for it); use F32, F16, BF16 or a weight \
+                         quantization such as Q8_0 or Q4_K",
+                        tensor.ggml_type
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 
     fn bad_tensor(&self, tensor: &TensorInfo, detail: String) -> GgufError {
         GgufError::BadTensor {
@@ -1479,6 +1532,30 @@ mod tests {
         model.set("general.architecture", s(arch))
     }
 
+    /// The valid model with tensor `name` stored as ggml type `ggml_type`, its
+    /// data resized to match (as a mutating tool would write it).
+    fn retyped(name: &str, ggml_type: u32) -> Vec<u8> {
+        let mut model = valid();
+        model.tensor_mut(name).ggml_type = ggml_type;
+        model.bytes()
+    }
+
+    #[test]
+    fn every_matmul_type_is_a_known_type() {
+        for id in MATMUL_TYPES {
+            assert!(ggml_type(*id).is_some(), "{id}");
+        }
+    }
+
+    #[test]
+    fn valid_types_pass_for_matrices_and_vectors() {
+        for ggml_type in [0, 1, 2, 8, 30, 39] {
+            let mut model = valid();
+            model.tensor_mut("blk.0.ffn_up.weight").ggml_type = ggml_type;
+            assert_eq!(broken(&model.bytes()), None, "type {ggml_type}");
+        }
+    }
+
     fn spm_without_bytes() -> Model {
         let tokens = ["<unk>", "<s>", "</s>", "a", "b"]
             .map(String::from)
@@ -1547,6 +1624,23 @@ mod tests {
             m.tensors[1].offset = Some(100);
             m.bytes()
         }, "not a multiple of the file's alignment 32";
+        f16_output_norm: "tensor-types" => retyped("output_norm.weight", 1),
+            "it is a vector (norm, bias or scale) of ggml type 1 (f16)";
+        q4_0_output_norm: "tensor-types" => retyped("output_norm.weight", 2), "type 2 (q4_0)";
+        q8_0_output_norm: "tensor-types" => retyped("output_norm.weight", 8), "type 8 (q8_0)";
+        bf16_output_norm: "tensor-types" => retyped("output_norm.weight", 30), "type 30 (bf16)";
+        mxfp4_output_norm: "tensor-types" => retyped("output_norm.weight", 39), "type 39 (mxfp4)";
+        nvfp4_output_norm: "tensor-types" => {
+            // NVFP4 blocks are 64 wide: a 64-wide norm, as a real model's would be.
+            let mut model = valid();
+            let norm = model.tensor_mut("output_norm.weight");
+            (norm.dims, norm.ggml_type) = (vec![64], 40);
+            model.bytes()
+        }, "type 40 (nvfp4)";
+        f16_layer_norm: "tensor-types" => retyped("blk.0.attn_norm.weight", 1), "only applies F32 vectors";
+        i32_matrix: "tensor-types" => retyped("blk.0.attn_q.weight", 26),
+            "weight matrix of ggml type 26 (i32), which ggml cannot multiply";
+        q8_1_matrix: "tensor-types" => retyped("blk.0.ffn_up.weight", 9), "type 9 (q8_1)";
         gap_between_tensors: "tensor-packing" => {
             let mut m = valid();
             m.tensors[2].offset = Some(512);
