@@ -1,0 +1,315 @@
+//! Admission: a request for a model becomes a [`ModelLease`]. Without a
+//! budget the model loads (once, whoever asks first) if it is not loaded or
+//! its context is too small; under the global budget the policy admits the
+//! request, makes room by moves, or has it wait (up to
+//! [`ADMISSION_TIMEOUT`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hypura_scheduler::budget::{Admission, Move, Residency};
+
+use super::leases::{LoadedModel, ModelLease};
+use super::loading::{load, replace_dead, replace_stale};
+use super::moves::execute_moves;
+use super::names::NamedModel;
+use super::placement::batch_config;
+use super::Registry;
+use crate::core::models::ModelsError;
+use crate::core::validation::{KeepAlive, ModelName};
+use crate::pool::residency::{GlobalBudget, InFlight};
+
+/// How long a request waits for room in the global budget.
+const ADMISSION_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Registry {
+    /// Requests waiting for room in the global budget now, per model name
+    /// (models with none left out; empty without a budget).
+    pub fn waiting_for_room(&self) -> Vec<(String, usize)> {
+        self.budget
+            .as_ref()
+            .map_or_else(Vec::new, |budget| budget.waiting())
+    }
+
+    /// Loads the model named `name` unless it is loaded, and holds it for one
+    /// request. `keep_alive` (default: the server's) applies after the request.
+    pub async fn acquire(
+        &self,
+        requested: &str,
+        name: &ModelName,
+        keep_alive: Option<KeepAlive>,
+    ) -> Result<ModelLease, ModelsError> {
+        self.acquire_with_context(requested, name, keep_alive, None)
+            .await
+    }
+
+    /// [`Registry::acquire`] with at least `context` tokens per sequence, as
+    /// Ollama honours `num_ctx`: a model loaded with a smaller context is
+    /// loaded again with this one (requests in flight finish on the old
+    /// load), and keeps it until it unloads; smaller asks run in the larger
+    /// slots. Under a global budget, whose books were made for the
+    /// configured context, a larger one is refused naming the limit.
+    pub async fn acquire_with_context(
+        &self,
+        requested: &str,
+        name: &ModelName,
+        keep_alive: Option<KeepAlive>,
+        context: Option<u32>,
+    ) -> Result<ModelLease, ModelsError> {
+        let mut named = self
+            .resolve(name)
+            .ok_or_else(|| ModelsError::NotFound(requested.to_string()))?;
+        if let Some(why) = self.unfit.get(named.source.local_path()) {
+            return Err(ModelsError::Rejected(format!(
+                "model '{requested}' cannot run on this server: {}",
+                why.value()
+            )));
+        }
+        let configured = batch_config(&named, &self.settings).n_ctx_per_seq;
+        let needed = context.unwrap_or(0).max(configured);
+        if needed > configured {
+            if self.budget.is_some() {
+                return Err(ModelsError::Rejected(format!(
+                    "options.num_ctx {needed} is more than model '{requested}' is served with \
+                     under the memory budget: at most {configured} tokens (raise it with \
+                     --context or the model's `context` in the configuration)"
+                )));
+            }
+            named.policy.n_ctx_per_seq = Some(needed);
+        }
+        let started = Instant::now();
+        let default_keep_alive = named
+            .policy
+            .keep_alive
+            .unwrap_or(self.settings.default_keep_alive);
+        let keep_alive = keep_alive.unwrap_or(default_keep_alive);
+        let (model, budget) = match &self.budget {
+            Some(budget) => {
+                let (model, in_flight) = self.admit(budget, named, keep_alive).await?;
+                (model, Some(in_flight))
+            }
+            None => {
+                let loaded = self.loaded.clone();
+                let settings = self.settings.clone();
+                let key = Arc::clone(named.source.local_path());
+                let span = tracing::Span::current();
+                let model = tokio::task::spawn_blocking(move || {
+                    span.in_scope(|| {
+                        let model = loaded
+                            .try_get_with(Arc::clone(&key), || load(&named, &settings, None))
+                            .map_err(|e| (*e).clone())?;
+                        let stale = |m: &LoadedModel| m.is_dead() || m.n_ctx_per_seq < needed;
+                        if !stale(&model) {
+                            return Ok(model);
+                        }
+                        replace_stale(&loaded, key, stale, || load(&named, &settings, None))
+                    })
+                })
+                .await
+                .map_err(|e| ModelsError::Failed(format!("model load task failed: {e}")))??;
+                (model, None)
+            }
+        };
+        let load_duration = started.elapsed();
+        model.active.fetch_add(1, Ordering::SeqCst);
+        // From here the lease finishes the request (no await in between).
+        let budget = budget.map(InFlight::into_parts);
+        model.set_keep_alive(keep_alive);
+        // A read recomputes the expiry: none while the lease lives.
+        let _ = self.loaded.get(&model.path);
+        Ok(ModelLease {
+            model,
+            loaded: self.loaded.clone(),
+            load_duration,
+            budget,
+            cancel: self.cancel.subscribe(),
+            counted: true,
+        })
+    }
+
+    /// Admission under the global budget: the model is loaded (streaming at
+    /// least) and the request counted in flight once this returns (the
+    /// [`InFlight`] finishes it when dropped). Waits for room while other
+    /// models are busy, up to [`ADMISSION_TIMEOUT`], counted as waiting
+    /// meanwhile. Dropped at any await (a client gone), it leaves the books
+    /// right: a load it started is reported by the load's own thread.
+    async fn admit(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: NamedModel,
+        keep_alive: KeepAlive,
+    ) -> Result<(Arc<LoadedModel>, InFlight), ModelsError> {
+        let path = Arc::clone(named.source.local_path());
+        let id = budget
+            .model(&path)
+            .ok_or_else(|| ModelsError::Failed(format!("{} is not in the budget", named.name)))?
+            .id;
+        budget.set_keep_alive(
+            id,
+            match keep_alive {
+                KeepAlive::Forever => None,
+                KeepAlive::For(d) => Some(d),
+            },
+        );
+        let deadline = Instant::now() + ADMISSION_TIMEOUT;
+        let mut waiting = None;
+        loop {
+            let changed = budget.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match budget.request(id) {
+                Admission::Ready => {
+                    let in_flight = InFlight::admitted(budget, id);
+                    match self.loaded.get(&path) {
+                        Some(model) if model.is_dead() => {
+                            let model = self.revive(budget, &named).await?;
+                            return Ok((model, in_flight));
+                        }
+                        Some(model) => return Ok((model, in_flight)),
+                        None if !budget.is_moving(id) => {
+                            // Loaded in the books but gone from the cache
+                            // (a pull replaced the file): load it again.
+                            let model = self.revive(budget, &named).await?;
+                            return Ok((model, in_flight));
+                        }
+                        None => {}
+                    }
+                    // Another request is loading it: wait for that load
+                    // (its end is a change), not counted meanwhile.
+                    drop(in_flight);
+                    let loaded = budget.changed.notified();
+                    tokio::pin!(loaded);
+                    loaded.as_mut().enable();
+                    if !self.loaded.contains_key(&path) {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), loaded).await;
+                    }
+                    continue;
+                }
+                Admission::Load { mv } => {
+                    let in_flight = InFlight::admitted(budget, id);
+                    let model = self.load_admitted(budget, &named, mv).await?;
+                    return Ok((model, in_flight));
+                }
+                Admission::Wait { moves } => {
+                    waiting.get_or_insert_with(|| budget.start_waiting(id));
+                    execute_moves(budget, &self.loaded, moves);
+                }
+                Admission::Reject(why) => return Err(ModelsError::Rejected(why)),
+            }
+            if Instant::now() >= deadline {
+                let draining = budget.draining();
+                let held_by = if draining.is_empty() {
+                    "moves of other models are under way".to_string()
+                } else {
+                    format!("{} busy", draining.join(", "))
+                };
+                return Err(ModelsError::NoRoom(format!(
+                    "no room in the memory budget for {} after {} s ({held_by}); retry later",
+                    named.name,
+                    ADMISSION_TIMEOUT.as_secs()
+                )));
+            }
+            // Woken by a finished request or move; time alone can also make
+            // room (a waiter that gave up stops counting), so look again each second.
+            let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+        }
+    }
+
+    /// Loads a model the policy admitted a request for with `mv`, and
+    /// reports the move on the loading thread, whatever becomes of the
+    /// request meanwhile (a move never reported would hold its charge, and
+    /// the model, for ever).
+    async fn load_admitted(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: &NamedModel,
+        mv: Move,
+    ) -> Result<Arc<LoadedModel>, ModelsError> {
+        let loaded = self.loaded.clone();
+        let settings = self.settings.clone();
+        let key = Arc::clone(named.source.local_path());
+        let budgeted = budget.model(&key).map(|m| (m, mv.to));
+        let (named, budget) = (named.clone(), Arc::clone(budget));
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                span.in_scope(|| {
+                    loaded
+                        .try_get_with(key, || load(&named, &settings, budgeted))
+                        .map_err(|e| (*e).clone())
+                })
+            }))
+            .unwrap_or_else(|_| Err(ModelsError::Failed("the model load panicked".into())));
+            match &result {
+                Ok(_) => budget.move_done(mv),
+                Err(_) => budget.move_failed(mv),
+            }
+            result
+        })
+        .await
+        .map_err(|e| ModelsError::Failed(format!("model load task failed: {e}")))?
+    }
+
+    /// Reloads a model whose runner crashed, at its residency under the
+    /// budget (which still counts it loaded there).
+    async fn revive(
+        &self,
+        budget: &Arc<GlobalBudget>,
+        named: &NamedModel,
+    ) -> Result<Arc<LoadedModel>, ModelsError> {
+        let path = Arc::clone(named.source.local_path());
+        let budgeted = budget
+            .model(&path)
+            .ok_or_else(|| ModelsError::Failed(format!("{} is not in the budget", named.name)))?;
+        let level = budget
+            .residency(&path)
+            .unwrap_or(Residency::Streaming)
+            .max(Residency::Streaming);
+        let (loaded, settings, named) = (self.loaded.clone(), self.settings.clone(), named.clone());
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            span.in_scope(|| {
+                replace_dead(&loaded, path, || {
+                    load(&named, &settings, Some((budgeted, level)))
+                })
+            })
+        })
+        .await
+        .map_err(|e| ModelsError::Failed(format!("model load task failed: {e}")))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing;
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unknown_name_is_not_found_as_the_client_spelled_it() {
+        let registry = Registry::new(testing::settings(None, None));
+        let e = registry
+            .acquire("Ghost", &testing::name("Ghost"), None)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e, ModelsError::NotFound("Ghost".into()));
+    }
+
+    #[tokio::test]
+    async fn a_model_that_can_never_fit_is_refused_with_why() {
+        let registry = Registry::new(testing::settings(Some(0), Some(1 << 30)));
+        let ghost = testing::name("ghost");
+        let path = "/nonexistent/ghost.gguf";
+        registry
+            .register(ghost.clone(), path.into(), testing::info(None))
+            .unwrap();
+        let why = registry.unfit_reason(&ghost).unwrap();
+        let e = registry.acquire("ghost", &ghost, None).await.err().unwrap();
+        assert_eq!(
+            e,
+            ModelsError::Rejected(format!("model 'ghost' cannot run on this server: {why}"))
+        );
+        assert!(registry.waiting_for_room().is_empty());
+    }
+}
