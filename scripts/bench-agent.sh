@@ -14,6 +14,7 @@
 #   HYPURA_ARGS   more flags for `hypura serve` (e.g. --gpu-budget 8GiB)
 #   LLAMA_ARGS    more flags for llama-server  (e.g. -ngl 99)
 #   OUT           where results.jsonl and table.txt go [/tmp/bench-agent]
+#   CLIENT_ARGS   more flags for scripts/bench_agent.py (e.g. --shared-system)
 #   RESTART=1     also stop hypura after the run and start it again on the
 #                 same cache directory: the first turn of each known
 #                 conversation then comes from the disk tier ("restart" rows)
@@ -47,7 +48,7 @@ wait_up() { # URL
 
 run_client() { # URL LABEL MODEL_NAME [more client flags]
   python3 scripts/bench_agent.py --url "$1" --label "$2" --model "$3" \
-    --system-tokens "$S" --turns "$T" --users "$U" "${@:4}" | tee -a "$RESULTS"
+    --system-tokens "$S" --turns "$T" --users "$U" ${CLIENT_ARGS:-} "${@:4}" | tee -a "$RESULTS"
 }
 
 hypura_up() {
@@ -61,6 +62,7 @@ NAME=$(basename "$MODEL" .gguf):latest
 hypura_up
 rm -f "$OUT/state.json"
 run_client http://127.0.0.1:18434 hypura "$NAME" --state "$OUT/state.json"
+curl -s http://127.0.0.1:18434/metrics >"$OUT/metrics.txt" || true
 if [ "${RESTART:-0}" = 1 ]; then
   kill -TERM "${PIDS[-1]}"
   wait "${PIDS[-1]}" || true

@@ -5,6 +5,9 @@ tokens, and every turn resends the whole conversation (as agents and chat
 clients do) to /v1/completions, streamed, greedy. Users take turns one after
 another (user 0 turn 0, user 1 turn 0, ..., user 0 turn 1, ...), so a server
 with fewer slots than users must keep or restore conversations elsewhere.
+With --shared-system every user's conversation starts from the same system
+prompt (one agent, its rules and tools, used by several people), as a team's
+agents do; without it each user's system prompt differs from its first word.
 
 Prints one JSON line per request: server label, user, turn, prompt tokens,
 cached tokens (when the server reports them), time to first token and total
@@ -87,13 +90,21 @@ def main():
         "where they stopped), written at the end",
     )
     ap.add_argument(
+        "--shared-system",
+        action="store_true",
+        help="every user starts from the same system prompt",
+    )
+    ap.add_argument(
         "--no-cache",
         action="store_true",
         help="send cache_prompt: false (the whole prompt is evaluated)",
     )
     args = ap.parse_args()
 
-    prompts = [system_prompt(u, args.system_tokens) for u in range(args.users)]
+    prompts = [
+        system_prompt(0 if args.shared_system else u, args.system_tokens)
+        for u in range(args.users)
+    ]
     first_turn = 0
     if args.state and os.path.exists(args.state):
         saved = json.load(open(args.state))

@@ -14,6 +14,8 @@
 #   bigmodel  the full-size Mixtral-8x7B shape (26 GB)
 #   dense1 dense4 dense8
 #             scripts/bench-agent.sh on the 8B all on the GPU, S=AGENT_S words (6.84k tokens) T=5, U=1/4/8 on 4 slots
+#   dense8idle  U=8 on 4 slots with --idle-slots 4 (hypura only)
+#   shared8   U=8 sharing one system prompt, --idle-slots 4, against llama-server
 #   restart   the disk tier: U users, T turns; SIGTERM; page cache dropped; start again on the
 #             same cache directory; one more turn (restored or recomputed, as the cost model
 #             says) against the same turn with cache_prompt: false
@@ -113,23 +115,31 @@ wait_model() { # FILE: waits for a background writer (models/bigmodel started wi
   log "no $1"; return 1
 }
 
-# dense U [more env]: scripts/bench-agent.sh, both servers, 4 slots of 8192.
+# dense U [NAME EXTRA_HYPURA_ARGS CLIENT_ARGS LLAMA]: scripts/bench-agent.sh on 4 slots of
+# 8192; LLAMA=0 runs hypura only.
 dense() {
-  local u=$1
-  late "dense U=$u" && return 0
+  local u=$1 name=${2:-dense-u$1} extra=${3:-} client=${4:-} llama=${5:-1}
+  late "$name" && return 0
   wait_model "$DENSE" || return 1
   [ -f "$W/bigmodel.pid" ] && kill -0 "$(cat "$W/bigmodel.pid")" 2>/dev/null && log "(the Mixtral writer runs beside it, nice 19)"
-  log "dense: bench-agent.sh S=$AGENT_S T=5 U=$u SLOTS=4"
-  OUT=$OUT/dense-u$u HYPURA=$H LLAMA_SERVER=$B/llama-server SLOTS=4 CTX=8192 \
-    HYPURA_ARGS="$DENSE_HYPURA_ARGS" LLAMA_ARGS="$DENSE_LLAMA_ARGS" \
-    timeout $((DEADLINE + 30 - SECONDS)) bash scripts/bench-agent.sh "$DENSE" "$AGENT_S" 5 "$u" >"$OUT/dense-u$u.txt" 2>&1
-  log "dense U=$u: exit $?"
-  grep -h "placement of" "$OUT/dense-u$u/hypura.log" | cut -c1-300 | tee -a "$OUT/log.txt"
-  cat "$OUT/dense-u$u/table.txt" | tee -a "$OUT/log.txt"
+  log "$name: bench-agent.sh S=$AGENT_S T=5 U=$u SLOTS=4 hypura: $DENSE_HYPURA_ARGS $extra; client: $client"
+  local server=$B/llama-server
+  [ "$llama" = 1 ] || server=
+  OUT=$OUT/$name HYPURA=$H LLAMA_SERVER=$server SLOTS=4 CTX=8192 \
+    HYPURA_ARGS="$DENSE_HYPURA_ARGS $extra" LLAMA_ARGS="$DENSE_LLAMA_ARGS" CLIENT_ARGS="$client" \
+    timeout $((DEADLINE + 30 - SECONDS)) bash scripts/bench-agent.sh "$DENSE" "$AGENT_S" 5 "$u" >"$OUT/$name.txt" 2>&1
+  log "$name: exit $?"
+  grep -h "placement of" "$OUT/$name/hypura.log" | cut -c1-300 | tee -a "$OUT/log.txt"
+  grep -h "^hypura_prompt_cache\|^hypura_prefix" "$OUT/$name/metrics.txt" 2>/dev/null | tee -a "$OUT/log.txt"
+  cat "$OUT/$name/table.txt" | tee -a "$OUT/log.txt"
 }
 dense1() { dense 1; }
 dense4() { dense 4; }
 dense8() { dense 8; }
+# 8 users on 4 decoding slots and 4 idle ones: every conversation stays on the GPU.
+dense8idle() { dense 8 dense-u8-idle4 "--idle-slots 4" "" 0; }
+# 8 users of one agent (one system prompt), hypura with idle slots, against llama-server.
+shared8() { dense 8 shared-u8-idle4 "--idle-slots 4" "--shared-system" 1; }
 
 up() { # PORT LOG PID: waits until the server answers /v1/models
   local i

@@ -174,6 +174,62 @@ fn two_users_on_one_slot_alternate_through_the_ram_tier() {
     assert_eq!(engine.status().prompt_cache.ram_limit_bytes, 0);
 }
 
+#[test]
+fn idle_slots_keep_more_conversations_than_decode_at_once() {
+    let model = test_models::smollm2_model();
+    // One decoding slot, two idle ones, no RAM tier: three conversations
+    // take turns and each finds its KV in a slot, never saved or restored.
+    let cache = PromptCacheConfig {
+        idle_slots: 2,
+        ..Default::default()
+    };
+    let engine = BatchEngine::start(Arc::clone(&model), config(1, cache)).unwrap();
+    let users: Vec<Vec<i32>> = ["Alice", "Bob", "Carol"]
+        .iter()
+        .map(|name| tokens(&model, &format!("{}\nUser: I am {name}.", system_text())))
+        .collect();
+    let first: Vec<Completion> = users.iter().map(|p| run(&engine, p, true)).collect();
+    for (user, reply) in users.iter().zip(&first) {
+        let mut next = user.clone();
+        next.extend(&reply.tokens);
+        next.extend(tokens(&model, "\nUser: What was my name?")[1..].iter());
+        let again = run(&engine, &next, true);
+        assert_eq!(
+            again.timings.cached_prompt_tokens,
+            user.len() + reply.tokens.len() - 1
+        );
+        assert_eq!(again.tokens, cold(&model, &next).tokens);
+    }
+    let status = engine.status();
+    assert_eq!(status.prompt_cache.slot_hits_total, 3 + 2, "{status:?}");
+    assert_eq!(status.prompt_cache.saves_total, 0, "{status:?}");
+    assert_eq!(status.prompt_cache.ram_restores_total, 0, "{status:?}");
+
+    // Three at once: one decodes, two wait, though three slots are free.
+    let (tx, rx) = mpsc::channel();
+    for user in &users {
+        let tx = tx.clone();
+        let request = GenerateRequest {
+            prompt: user.clone(),
+            params: greedy(24, true),
+        };
+        engine
+            .submit(request, Box::new(move |e| tx.send(e).is_ok()))
+            .unwrap();
+    }
+    drop(tx);
+    let mut finished = 0;
+    while finished < users.len() {
+        let status = engine.status();
+        assert!(status.active <= 1, "{status:?}");
+        match rx.recv_timeout(DEADLINE).expect("an outcome") {
+            GenerationEvent::Done(_) => finished += 1,
+            GenerationEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+}
+
 /// A copy of SmolLM2 under a folder of the test's own (a model "replaced on disk").
 fn copy_of_smollm2(dir: &Path) -> PathBuf {
     let path = dir.join("smollm2.gguf");
@@ -201,6 +257,7 @@ fn a_conversation_survives_a_restart_on_nvme_and_a_replaced_model_never_loads_it
         disk_dir: Some(dir.join("kv")),
         disk_bytes: 1 << 30,
         disk_read_bytes_per_second: 0,
+        idle_slots: 0,
     };
     let alice = {
         let model = load(&model_path);

@@ -2,8 +2,9 @@
 //! decoded together in one llama.cpp context, as llama-server's slots do it.
 //!
 //! One worker thread owns the [`Context`](crate::llama::Context). Each step it drops cancelled
-//! requests, admits queued ones into free slots (sequence ids
-//! `0..n_parallel`), builds one [`Batch`](crate::llama::Batch) holding the next token of every
+//! requests, admits queued ones into free slots (sequence ids `0..n_slots`,
+//! at most `n_parallel` of them decoding; an idle slot keeps its last
+//! conversation's KV for that conversation's next turn), builds one [`Batch`](crate::llama::Batch) holding the next token of every
 //! generating sequence plus chunks of the prompts still being read (so a long
 //! prompt never stalls the others), decodes it once, and samples every
 //! sequence that got logits from its own row with its own sampler.

@@ -23,10 +23,10 @@ pub const MAX_PARALLEL: u32 = 256;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BatchConfig {
-    /// Sequences decoded together (slots), `1..=256`.
+    /// Sequences decoded together, `1..=256`.
     pub n_parallel: u32,
     /// Context tokens per sequence (prompt and generated tokens). The llama
-    /// context gets `n_ctx_per_seq * n_parallel`, `n_seq_max = n_parallel`.
+    /// context gets `n_ctx_per_seq` for each slot ([`BatchConfig::n_slots`]).
     pub n_ctx_per_seq: u32,
     /// Most tokens per decode step; prompt chunks of several sequences share
     /// it. At least `n_parallel`, so every generating sequence fits each step.
@@ -64,6 +64,12 @@ impl BatchConfig {
                 self.n_parallel
             ));
         }
+        if self.n_slots() > MAX_PARALLEL {
+            return invalid(format!(
+                "n_parallel + idle slots must be at most {MAX_PARALLEL}, got {} + {}",
+                self.n_parallel, self.prompt_cache.idle_slots
+            ));
+        }
         if self.n_ctx_per_seq < 2 {
             return invalid(format!(
                 "n_ctx_per_seq must be at least 2, got {}",
@@ -76,13 +82,20 @@ impl BatchConfig {
                 self.n_batch, self.n_parallel
             ));
         }
-        if self.n_ctx_per_seq.checked_mul(self.n_parallel).is_none() {
+        if self.n_ctx_per_seq.checked_mul(self.n_slots()).is_none() {
             return invalid(format!(
-                "n_ctx_per_seq * n_parallel ({} * {}) is too large",
-                self.n_ctx_per_seq, self.n_parallel
+                "n_ctx_per_seq * slots ({} * {}) is too large",
+                self.n_ctx_per_seq,
+                self.n_slots()
             ));
         }
         Ok(())
+    }
+
+    /// Sequences the context holds: the decoding ones and the idle ones
+    /// of the prompt cache.
+    pub fn n_slots(&self) -> u32 {
+        self.n_parallel.saturating_add(self.prompt_cache.idle_slots)
     }
 
     /// The engine's contexts: generation, and embeddings for a model
@@ -99,9 +112,9 @@ impl BatchConfig {
 
     pub(super) fn generation_context(&self) -> ContextParams {
         ContextParams {
-            n_ctx: self.n_ctx_per_seq * self.n_parallel,
+            n_ctx: self.n_ctx_per_seq * self.n_slots(),
             n_batch: self.n_batch,
-            n_seq_max: self.n_parallel,
+            n_seq_max: self.n_slots(),
             n_threads: self.n_threads,
             ..Default::default()
         }
@@ -175,7 +188,7 @@ pub struct BatchStatus {
     /// True once [`BatchEngine::shutdown`] began (or the worker stopped).
     pub shutting_down: bool,
     /// KV cache cells holding tokens now, all slots together (of
-    /// `n_parallel × n_ctx_per_seq`).
+    /// `n_slots × n_ctx_per_seq`).
     pub kv_cells_used: u64,
     pub prompt_cache: PromptCacheStatus,
 }
@@ -276,7 +289,7 @@ impl Shared {
 }
 
 impl BatchEngine {
-    /// Creates the context (`n_ctx_per_seq * n_parallel` tokens) and spawns
+    /// Creates the context (`n_ctx_per_seq` tokens a slot) and spawns
     /// the worker thread that owns it.
     pub fn start(model: Arc<Model>, config: BatchConfig) -> Result<BatchEngine, EngineError> {
         BatchEngine::start_with_hook(model, config, None)

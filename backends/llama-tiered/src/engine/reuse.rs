@@ -87,6 +87,22 @@ impl Tiers {
     }
 }
 
+/// The slot a request takes.
+pub(super) struct Choice {
+    pub(super) seq: usize,
+    /// The free slot whose KV it starts from (copied, its own left whole).
+    pub(super) fork_from: Option<usize>,
+}
+
+impl Choice {
+    fn take(seq: usize) -> Choice {
+        Choice {
+            seq,
+            fork_from: None,
+        }
+    }
+}
+
 /// Where a prompt's cached prefix comes from.
 enum Source {
     Slot(usize),
@@ -96,29 +112,78 @@ enum Source {
 
 impl Worker {
     /// The free slot for `prompt`: the one sharing the longest prefix with
-    /// it, else the least recently used (an empty one first).
-    pub(super) fn choose_slot(&self, prompt: &[i32], use_cache: bool, free: &[usize]) -> usize {
-        let score = |seq: usize| {
-            let kept = &self.kept[seq];
-            let shared = common_prefix(&kept.tokens, prompt);
-            let shared = if use_cache && shared >= MIN_PREFIX_TOKENS {
+    /// it, else the least recently used (an empty one first). When that
+    /// slot's conversation goes on past the shared prefix and another free
+    /// slot is empty or older, the prefix is copied there instead
+    /// ([`Choice::fork_from`]), so a shared system prompt serves a new
+    /// conversation without costing the one that holds it. `remaining`:
+    /// the requests still to place this step, this one included (a fork
+    /// leaves its source untouchable until the next decode).
+    pub(super) fn choose_slot(
+        &self,
+        prompt: &[i32],
+        use_cache: bool,
+        free: &[usize],
+        remaining: usize,
+    ) -> Choice {
+        let shared_with = |seq: usize| {
+            let shared = common_prefix(&self.kept[seq].tokens, prompt);
+            if use_cache && shared >= MIN_PREFIX_TOKENS {
                 shared
             } else {
                 0
-            };
-            (shared, std::cmp::Reverse(kept.last_used))
+            }
         };
-        free.iter()
+        let score = |seq: usize| {
+            (
+                shared_with(seq),
+                std::cmp::Reverse(self.kept[seq].last_used),
+            )
+        };
+        let best = free
+            .iter()
             .copied()
             .max_by_key(|&seq| score(seq))
-            .unwrap_or(0)
+            .unwrap_or(0);
+        let shared = shared_with(best);
+        let holder = &self.kept[best];
+        let would_lose = holder.tokens.len().saturating_sub(shared);
+        if shared == 0 || would_lose == 0 || free.len() <= remaining {
+            return Choice::take(best);
+        }
+        let victim = free
+            .iter()
+            .copied()
+            .filter(|&seq| seq != best)
+            .min_by_key(|&seq| (!self.kept[seq].tokens.is_empty(), self.kept[seq].last_used));
+        // A copy costs a device copy of one slot's KV: always less than
+        // recomputing what it keeps. An empty slot takes it for any gain;
+        // an older conversation gives its slot up only for one worth saving.
+        let fork = victim.filter(|&seq| {
+            let victim = &self.kept[seq];
+            victim.tokens.is_empty()
+                || (victim.last_used < holder.last_used && would_lose >= MIN_SAVE_TOKENS)
+        });
+        match fork {
+            Some(seq) => Choice {
+                seq,
+                fork_from: Some(best),
+            },
+            None => Choice::take(best),
+        }
     }
 
     /// Makes slot `seq` hold the longest prefix of `prompt` it can get at a
     /// gain (its own KV, or a state restored from RAM or NVMe) and returns
     /// its length; at least the last prompt token is always left to decode.
     /// The slot's previous conversation is saved first when it would be lost.
-    pub(super) fn prepare_slot(&mut self, seq: usize, prompt: &[i32], use_cache: bool) -> usize {
+    pub(super) fn prepare_slot(
+        &mut self,
+        choice: &Choice,
+        prompt: &[i32],
+        use_cache: bool,
+    ) -> usize {
+        let seq = choice.seq;
         let kept = std::mem::take(&mut self.kept[seq].tokens);
         let shared = Arc::clone(&self.shared);
         let counters = &shared.counters.prompt_cache;
@@ -129,13 +194,25 @@ impl Worker {
             self.ctx.clear_seq(seq as i32, -1);
             return 0;
         }
-        let in_slot = common_prefix(&kept, prompt).min(limit);
+        let from = choice.fork_from.map_or(&kept, |src| &self.kept[src].tokens);
+        let in_slot = common_prefix(from, prompt).min(limit);
         let source = self.best_source(prompt, limit, in_slot);
         let (cached, tier) = match source {
-            Source::Slot(n) => {
-                self.save(seq, &kept, n);
-                (self.keep_prefix(seq, n), Tier::Slot)
-            }
+            Source::Slot(n) => match choice.fork_from {
+                Some(src) => {
+                    self.save(seq, &kept, 0);
+                    if n > 0 && self.ctx.copy_seq(src as i32, seq as i32) {
+                        (self.keep_prefix(seq, n), Tier::Slot)
+                    } else {
+                        self.ctx.clear_seq(seq as i32, -1);
+                        (0, Tier::Slot)
+                    }
+                }
+                None => {
+                    self.save(seq, &kept, n);
+                    (self.keep_prefix(seq, n), Tier::Slot)
+                }
+            },
             Source::Ram(i, n) => {
                 self.save(seq, &kept, 0);
                 let state = Arc::clone(&self.tiers.ram.touch(i).state);
@@ -247,9 +324,12 @@ impl Worker {
         if !self.tiers.saves() || kept.len().saturating_sub(keep) < MIN_SAVE_TOKENS {
             return;
         }
+        let started = Instant::now();
         match self.ctx.seq_state(seq as i32) {
             Ok(state) if !state.is_empty() => {
-                Counters::add(&self.shared.counters.prompt_cache.saves, 1);
+                let counters = &self.shared.counters.prompt_cache;
+                Counters::add(&counters.saves, 1);
+                Counters::add(&counters.save_micros, started.elapsed().as_micros() as u64);
                 self.tiers.keep(kept.to_vec(), Arc::new(state));
             }
             Ok(_) => {}

@@ -93,6 +93,12 @@ pub(super) struct Worker {
     pub(super) kept: Vec<Kept>,
     pub(super) tiers: Tiers,
     pub(super) n_batch: usize,
+    /// Most slots decoding at once (the others keep idle conversations).
+    pub(super) n_parallel: usize,
+    /// Copies of a slot's KV into another, `(from, to)`, that llama.cpp
+    /// makes at the start of the next decode: until then `from` is not
+    /// given to a request, and `to`, if its request ends first, keeps nothing.
+    pub(super) pending_copies: Vec<(usize, usize)>,
 }
 
 /// Marks the engine stopped when the worker exits, even by a panic, and
@@ -128,8 +134,10 @@ impl Worker {
             shared,
             ctx,
             batch: Batch::new(config.n_batch as usize),
-            slots: (0..config.n_parallel).map(|_| None).collect(),
-            kept: (0..config.n_parallel).map(|_| Kept::default()).collect(),
+            slots: (0..config.n_slots()).map(|_| None).collect(),
+            kept: (0..config.n_slots()).map(|_| Kept::default()).collect(),
+            n_parallel: config.n_parallel as usize,
+            pending_copies: Vec::new(),
             tiers,
             n_batch: config.n_batch as usize,
         }
@@ -170,7 +178,8 @@ impl Worker {
                     }
                 }
                 state.cancelled.clear();
-                let n_free = self.slots.iter().filter(|s| s.is_none()).count();
+                let n_active = self.slots.iter().filter(|s| s.is_some()).count();
+                let n_free = self.n_parallel.saturating_sub(n_active);
                 while admitted.len() < n_free {
                     let Some(q) = state.queue.pop_front() else {
                         break;
@@ -200,8 +209,10 @@ impl Worker {
         };
         for (seq, slot) in dropped {
             // Cancelled between two steps: its KV is whole, and the next
-            // turn of that conversation can start from it.
-            self.keep_after(seq, &slot, true);
+            // turn of that conversation can start from it (unless it is
+            // still to be copied in).
+            let copying = self.pending_copies.iter().any(|&(_, to)| to == seq);
+            self.keep_after(seq, &slot, !copying);
             Counters::add(&self.shared.counters.cancelled, 1);
             drop(slot);
         }
@@ -213,10 +224,16 @@ impl Worker {
         }
         let mut free: Vec<usize> = (0..self.slots.len())
             .filter(|&seq| self.slots[seq].is_none())
+            .filter(|&seq| !self.pending_copies.iter().any(|&(from, _)| from == seq))
             .collect();
-        for mut q in admitted {
-            let seq = self.choose_slot(&q.prompt, q.cache_prompt, &free);
-            free.retain(|&s| s != seq);
+        let n_admitted = admitted.len();
+        for (i, mut q) in admitted.into_iter().enumerate() {
+            let choice = self.choose_slot(&q.prompt, q.cache_prompt, &free, n_admitted - i);
+            let seq = choice.seq;
+            free.retain(|&s| s != seq && Some(s) != choice.fork_from);
+            if let Some(from) = choice.fork_from {
+                self.pending_copies.push((from, seq));
+            }
             if !Arc::ptr_eq(&q.model, self.ctx.model()) {
                 // Queued before a switch: its sampler knows the old model.
                 if let Err(e) = q.sequence.rebind(self.ctx.model()) {
@@ -226,7 +243,7 @@ impl Worker {
                     continue;
                 }
             }
-            let n_cached = self.prepare_slot(seq, &q.prompt, q.cache_prompt);
+            let n_cached = self.prepare_slot(&choice, &q.prompt, q.cache_prompt);
             let Queued {
                 id,
                 prompt,
@@ -252,7 +269,10 @@ impl Worker {
     pub(super) fn step(&mut self) {
         let result = self.fill_batch().and_then(|()| {
             let started = Instant::now();
-            self.ctx.decode(&self.batch).map(|()| started.elapsed())
+            let decoded = self.ctx.decode(&self.batch).map(|()| started.elapsed());
+            // llama.cpp made the pending copies before computing.
+            self.pending_copies.clear();
+            decoded
         });
         Counters::add(&self.shared.counters.decode_steps, 1);
         match result {

@@ -403,6 +403,31 @@ impl Context {
         false
     }
 
+    /// Makes `dst` hold a copy of `src`'s KV cache (`dst`'s own is
+    /// dropped): false, and nothing done, for a model whose memory is not a
+    /// plain KV cache (recurrent or hybrid state). Across streams llama.cpp
+    /// copies the whole stream at the start of the next decode, so `src`'s
+    /// cells must not be written before then (a state load into `src`
+    /// would be copied instead).
+    pub fn copy_seq(&mut self, src: i32, dst: i32) -> bool {
+        // SAFETY: the model is alive while the context is.
+        let plain = unsafe {
+            let model = self.model.as_ptr();
+            !sys::llama_model_is_recurrent(model) && !sys::llama_model_is_hybrid(model)
+        };
+        if !plain {
+            return false;
+        }
+        self.clear_seq(dst, -1);
+        // SAFETY: the context and its memory are alive; both ids are below
+        // the context's `n_seq_max` (the worker's slots).
+        unsafe {
+            let mem = sys::llama_get_memory(self.raw.as_ptr());
+            sys::llama_memory_seq_cp(mem, src, dst, -1, -1);
+        }
+        true
+    }
+
     /// Empties the whole KV cache.
     pub fn clear_all(&mut self) {
         // SAFETY: the context and its memory are alive.

@@ -29,10 +29,15 @@ pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Where and how much the prompt cache may keep, beyond the slots.
+/// Where and how much the prompt cache may keep, beyond the decoding slots.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PromptCacheConfig {
+    /// Slots beyond `n_parallel` that only keep idle conversations' KV in
+    /// the context (on the GPU when the KV is there): the fastest tier, at
+    /// the price of their KV cache. A request takes any free slot; at most
+    /// `n_parallel` decode at once ([`super::BatchConfig::n_slots`]).
+    pub idle_slots: u32,
     /// Host RAM for saved sequence states, in bytes (`0`: no RAM tier).
     pub ram_bytes: u64,
     /// Folder of the NVMe tier (`None`: no NVMe tier).
@@ -124,12 +129,14 @@ impl Costs {
         if self.prefill_tokens_per_second <= 0.0 {
             return true;
         }
-        let speed = match tier {
+        let bytes = bytes as f64;
+        let seconds = match tier {
             Tier::Slot => return true,
-            Tier::Ram => self.ram_bytes_per_second,
-            Tier::Disk => self.disk_bytes_per_second,
+            Tier::Ram => bytes / self.ram_bytes_per_second,
+            // Read into RAM, then loaded as a RAM restore is.
+            Tier::Disk => bytes / self.disk_bytes_per_second + bytes / self.ram_bytes_per_second,
         };
-        bytes as f64 / speed < tokens as f64 / self.prefill_tokens_per_second
+        seconds < tokens as f64 / self.prefill_tokens_per_second
     }
 
     pub(crate) fn measured_prefill(&mut self, tokens: usize, seconds: f64) {
@@ -171,6 +178,7 @@ pub(crate) struct Counters {
     pub(crate) restores_disk: AtomicU64,
     pub(crate) restore_micros: AtomicU64,
     pub(crate) saves: AtomicU64,
+    pub(crate) save_micros: AtomicU64,
     /// Gauges, set by the worker.
     pub(crate) ram_bytes: AtomicU64,
     pub(crate) ram_entries: AtomicU64,
@@ -193,6 +201,9 @@ pub struct PromptCacheStatus {
     pub restore_micros_total: u64,
     /// States saved from a slot before it went to another conversation.
     pub saves_total: u64,
+    /// Microseconds spent copying those states out of the slots.
+    #[serde(default)]
+    pub save_micros_total: u64,
     pub ram_bytes: u64,
     pub ram_limit_bytes: u64,
     pub ram_entries: u64,
@@ -215,6 +226,7 @@ impl Counters {
             disk_restores_total: get(&self.restores_disk),
             restore_micros_total: get(&self.restore_micros),
             saves_total: get(&self.saves),
+            save_micros_total: get(&self.save_micros),
             ram_bytes: get(&self.ram_bytes),
             ram_limit_bytes: get(&self.ram_limit),
             ram_entries: get(&self.ram_entries),
