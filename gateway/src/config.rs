@@ -101,6 +101,8 @@ pub struct ServerSection {
     pub prompt_cache_ram: Option<Text>,
     /// Bytes the prompt cache's files may take on disk, all models together.
     pub prompt_cache_disk: Option<Text>,
+    /// Slots per model beyond `parallel` that keep idle conversations' KV.
+    pub idle_slots: Option<u32>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -166,6 +168,7 @@ pub struct Config {
     pub ram_budget_bytes: Option<u64>,
     pub prompt_cache_ram_bytes: Option<u64>,
     pub prompt_cache_disk_bytes: Option<u64>,
+    pub idle_slots: Option<u32>,
     pub metrics_open_on_loopback: Option<bool>,
     /// Run every model in the server's process, not in runner processes.
     pub in_process: Option<bool>,
@@ -330,6 +333,7 @@ impl ConfigFile {
                 .prompt_cache_disk
                 .map(|t| size("server.prompt_cache_disk", &t))
                 .transpose()?,
+            idle_slots: s.idle_slots,
             metrics_open_on_loopback: s.metrics_open_on_loopback,
             in_process: s.in_process,
             models: Vec::new(),
@@ -495,7 +499,7 @@ mod tests {
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
              `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \
-             `prompt_cache_disk` (line 3)"
+             `prompt_cache_disk`, `idle_slots` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

@@ -97,6 +97,13 @@ pub struct ServeArgs {
     /// all models together; they outlive restarts (`0` = none) [default: 8GiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     prompt_cache_disk: Option<u64>,
+    /// Slots per model beyond --parallel that only keep idle conversations'
+    /// KV where the model computes (on the GPU when it is there), so that
+    /// more conversations than --parallel take turns without saving and
+    /// restoring their state; each costs one slot's KV cache, charged to the
+    /// budget [default: 0].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=255))]
+    idle_slots: Option<u32>,
     /// Plan placements with this saved hardware profile [default: the one `hypura profile`
     /// cached; without one, an estimate while this machine is measured in the background].
     #[arg(long, value_name = "FILE")]
@@ -150,6 +157,7 @@ fn prompt_cache(
         disk_dir,
         disk_bytes,
         disk_read_bytes_per_second: (read_gbps * 1e9) as u64,
+        idle_slots: args.idle_slots.or(file.idle_slots).unwrap_or(0),
     }
 }
 
@@ -205,6 +213,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .parallel
         .or(file.parallel)
         .unwrap_or(config::DEFAULT_PARALLEL);
+    let idle_slots = args.idle_slots.or(file.idle_slots).unwrap_or(0);
+    let max_slots = llama_tiered::engine::MAX_PARALLEL;
+    if parallel.saturating_add(idle_slots) > max_slots {
+        anyhow::bail!("--parallel {parallel} with --idle-slots {idle_slots}: a model holds at most {max_slots} slots in all");
+    }
     let profile = ServerProfile::resolve(args.profile.as_deref())?;
     let gpu = GpuBudget::resolve(args.gpu_budget.or(file.gpu_budget_bytes));
     eprintln!("hypura: {}", gpu.describe());

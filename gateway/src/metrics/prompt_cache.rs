@@ -16,6 +16,7 @@ pub struct PromptCacheMetrics {
     pub restores: IntCounterVec,
     pub restore_seconds: CounterVec,
     pub saves: IntCounterVec,
+    pub save_seconds: CounterVec,
     pub bytes: IntGaugeVec,
     pub entries: IntGaugeVec,
     pub limit_bytes: IntGaugeVec,
@@ -54,6 +55,12 @@ impl PromptCacheMetrics {
                 r,
                 "hypura_prompt_cache_saves_total",
                 "Conversations saved from a slot before another took it.",
+                model,
+            ),
+            save_seconds: super::float_counter(
+                r,
+                "hypura_prompt_cache_save_seconds_total",
+                "Seconds spent copying conversations' KV states out of slots (on the path of the request that took the slot).",
                 model,
             ),
             bytes: super::gauge(
@@ -121,6 +128,12 @@ impl PromptCacheMetrics {
             .restore_micros_total
             .saturating_sub(before.restore_micros_total);
         self.restore_seconds
+            .with_label_values(&m)
+            .inc_by(micros as f64 / 1e6);
+        let micros = now
+            .save_micros_total
+            .saturating_sub(before.save_micros_total);
+        self.save_seconds
             .with_label_values(&m)
             .inc_by(micros as f64 / 1e6);
         for (tier, bytes, entries) in [

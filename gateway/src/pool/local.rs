@@ -36,12 +36,71 @@ pub struct LocalBackend {
     lease: ModelLease,
     /// The lease's model's engine.
     local: Arc<InProcess>,
+    tokenized: Tokenized,
 }
 
 impl LocalBackend {
     /// `local` is the engine of `lease`'s model.
     pub fn new(lease: ModelLease, local: Arc<InProcess>) -> LocalBackend {
-        LocalBackend { lease, local }
+        LocalBackend {
+            lease,
+            local,
+            tokenized: Tokenized::default(),
+        }
+    }
+
+    /// The request's tokens, tokenized once for its length check
+    /// ([`ModelBackend::prompt_tokens`]) and its generation.
+    fn tokens(&self, request: &BackendRequest, consume: bool) -> Result<Vec<i32>, BackendError> {
+        if let Some(tokens) = self.tokenized.get(request, consume) {
+            return Ok(tokens);
+        }
+        let tokens = prompt_tokens(&self.local, request)?;
+        if !consume {
+            self.tokenized.put(request, &tokens);
+        }
+        Ok(tokens)
+    }
+}
+
+/// The last few prompts whose length was asked, with their tokens: a long
+/// conversation's template and tokenizer cost milliseconds a turn (more
+/// than its new tokens' prefill on a GPU), and every request is measured
+/// against the context before it generates.
+#[derive(Default)]
+struct Tokenized(std::sync::Mutex<std::collections::VecDeque<TokenizedPrompt>>);
+
+struct TokenizedPrompt {
+    context: Vec<i32>,
+    prompt: Prompt,
+    tokens: Vec<i32>,
+}
+
+impl Tokenized {
+    const ENTRIES: usize = 4;
+
+    fn get(&self, request: &BackendRequest, consume: bool) -> Option<Vec<i32>> {
+        let mut entries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let at = entries
+            .iter()
+            .position(|e| e.context == request.context && e.prompt == request.prompt)?;
+        if consume {
+            entries.remove(at).map(|e| e.tokens)
+        } else {
+            Some(entries[at].tokens.clone())
+        }
+    }
+
+    fn put(&self, request: &BackendRequest, tokens: &[i32]) {
+        let mut entries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() == Self::ENTRIES {
+            entries.pop_front();
+        }
+        entries.push_back(TokenizedPrompt {
+            context: request.context.clone(),
+            prompt: request.prompt.clone(),
+            tokens: tokens.to_vec(),
+        });
     }
 }
 
@@ -50,7 +109,8 @@ impl ModelBackend for LocalBackend {
         &self,
         request: BackendRequest,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
-        let submitted = prompt_tokens(&self.local, &request)
+        let submitted = self
+            .tokens(&request, true)
             .and_then(|tokens| submit(&self.lease, &self.local, tokens, &request.params));
         let rate = Arc::clone(&self.lease.decode_rate);
         std::future::ready(submitted.map(|running| record_rate(events(running), rate))).boxed()
@@ -76,7 +136,7 @@ impl ModelBackend for LocalBackend {
     }
 
     fn prompt_tokens(&self, request: &BackendRequest) -> Result<usize, BackendError> {
-        Ok(prompt_tokens(&self.local, request)?.len())
+        Ok(self.tokens(request, false)?.len())
     }
 
     fn status(&self) -> BackendStatus {
