@@ -193,3 +193,35 @@ fn template_bombs_are_a_400_naming_the_limit_on_every_route() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `hypura run` on a GGUF whose own template is each bomb: an error naming
+/// the limit and a failed exit, never an abort (a signal, "Rust cannot catch
+/// foreign exceptions").
+#[test]
+fn hypura_run_refuses_each_bomb_without_aborting() {
+    let dir = std::env::temp_dir().join(format!("hypura-run-bombs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("smollm2-bomb.gguf");
+    for (name, source, words) in BOMBS {
+        copy_with_template(&common::smollm2(), &model, source);
+        let started = Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hypura"))
+            .args(["run", model.to_str().unwrap(), "--prompt", "Hi"])
+            .args(["--max-tokens", "2", "--context", "512"])
+            .output()
+            .expect("run hypura");
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(code) if code != 0),
+            "{name}: {:?}\n{stderr}",
+            out.status
+        );
+        assert_names_limit(&stderr, words, name);
+        eprintln!(
+            "{name}: hypura run: exit {:?} in {took:?}",
+            out.status.code()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
