@@ -14,7 +14,7 @@ use llama_tiered::tiered::{plan_file, Mode};
 use serde_json::json;
 
 use super::output::emit;
-use crate::pool::planner::{find_profile, LoadedProfile};
+use crate::pool::planner::{self, find_profile, LoadedProfile};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -113,15 +113,14 @@ pub(super) fn make_plan(
 
 /// What the planner is asked for `options`.
 pub(super) fn plan_settings(file: &GgufFile, options: &PlanOptions) -> PlanSettings {
+    let budgets = Budgets {
+        gpu_bytes: options.gpu_budget,
+        ram_bytes: options.ram_budget,
+    };
+    let context = effective_context(file, options.context);
     PlanSettings {
-        budgets: Budgets {
-            gpu_bytes: options.gpu_budget,
-            ram_bytes: options.ram_budget,
-        },
-        context_tokens: effective_context(file, options.context),
-        sequences: options.parallel,
         mode: options.mode,
-        ..Default::default()
+        ..planner::plan_settings(budgets, context, options.parallel)
     }
 }
 

@@ -272,17 +272,15 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<(TieredParams, u64)> {
     };
     // Validated before planning: the planner reads the hyperparameters llama.cpp asserts on.
     let file = GgufFile::open_validated(&args.model)?;
+    let budgets = Budgets {
+        gpu_bytes: gpu_budget,
+        ram_bytes: args.ram_budget,
+    };
+    let context = inspect::effective_context(&file, args.context);
     let settings = PlanSettings {
-        budgets: Budgets {
-            gpu_bytes: gpu_budget,
-            ram_bytes: args.ram_budget,
-        },
-        context_tokens: inspect::effective_context(&file, args.context),
-        sequences: 1,
         mode: args.mode,
         gpu: args.gpu_layers.map(GpuShare::Layers),
-        stream_cache_bytes: None,
-        ram_other_bytes: 0,
+        ..crate::pool::planner::plan_settings(budgets, context, 1)
     };
     // Charging the context's buffers and the model's metadata too.
     let n_ctx = settings.context_tokens;

@@ -12,10 +12,24 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use anyhow::{bail, Context as _};
 use hypura_gguf::GgufFile;
-use hypura_scheduler::plan::{Plan, PlanSettings};
+use hypura_scheduler::plan::{Budgets, Plan, PlanSettings};
 use hypura_scheduler::profile::{HardwareProfile, PROFILE_VERSION};
 use llama_tiered::hwprobe::{self, Effort};
 use llama_tiered::tiered::{plan_file, PlannedLoad, TieredParams};
+
+/// What the planner is asked for a model: the budgets, the context of each
+/// sequence in tokens and the sequences decoded together; the rest (mode,
+/// the GPU's share, the stream cache) left to the planner unless the caller
+/// fixes it on the result. The one builder of [`PlanSettings`] for the
+/// server's loads and budget, `hypura run` and `hypura inspect --plan`.
+pub fn plan_settings(budgets: Budgets, context_tokens: u32, sequences: u32) -> PlanSettings {
+    PlanSettings {
+        budgets,
+        context_tokens,
+        sequences,
+        ..PlanSettings::default()
+    }
+}
 
 /// A hardware profile and where it came from.
 pub struct LoadedProfile {

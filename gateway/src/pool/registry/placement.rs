@@ -18,7 +18,7 @@ use super::names::{ModelInfo, ModelSource, NamedModel};
 use super::{EngineSettings, ModelPolicy, Pin, Registry};
 use crate::core::validation::KeepAlive;
 use crate::pool::hybrid;
-use crate::pool::planner::{log_placement, plan_model};
+use crate::pool::planner::{self, log_placement, plan_model};
 use crate::pool::residency::{
     full_settings, streaming_settings, BudgetedModel, FullPlacement, Terms,
 };
@@ -56,15 +56,11 @@ pub(super) fn batch_config(named: &NamedModel, settings: &EngineSettings) -> Bat
 /// given a budget (`--gpu-budget`); making it the default is this line.
 pub(super) fn plan_settings(named: &NamedModel, settings: &EngineSettings) -> PlanSettings {
     let config = batch_config(named, settings);
-    PlanSettings {
-        budgets: Budgets {
-            gpu_bytes: Some(settings.gpu_budget_bytes.unwrap_or(0)),
-            ram_bytes: settings.ram_budget_bytes,
-        },
-        context_tokens: config.n_ctx_per_seq,
-        sequences: config.n_parallel,
-        ..Default::default()
-    }
+    let budgets = Budgets {
+        gpu_bytes: Some(settings.gpu_budget_bytes.unwrap_or(0)),
+        ram_bytes: settings.ram_budget_bytes,
+    };
+    planner::plan_settings(budgets, config.n_ctx_per_seq, config.n_parallel)
 }
 
 /// What the budget needs to know of a model: its streaming placement (with
