@@ -345,7 +345,7 @@ pub fn body_bytes(
 }
 
 /// Whether `error` comes from the body read timeout.
-fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(error);
     while let Some(e) = cause {
         if e.is::<tower_http::timeout::TimeoutError>() {

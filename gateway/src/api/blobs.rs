@@ -152,8 +152,15 @@ async fn receive(body: Body, dir: &Path, want: &str, max_bytes: u64) -> Result<P
     let mut header = Vec::with_capacity(GGUF_HEADER_BYTES);
     let mut chunks = body.into_data_stream();
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|_| {
-            ApiError::bad_request("the upload stopped before its end: send it again")
+        let chunk = chunk.map_err(|e| {
+            if crate::server::timed_out(&e) {
+                ApiError::RequestTimeout(format!(
+                    "the upload paused for more than {} s: send it again",
+                    crate::connections::BODY_READ_TIMEOUT.as_secs()
+                ))
+            } else {
+                ApiError::bad_request("the upload stopped before its end: send it again")
+            }
         })?;
         if header.len() < GGUF_HEADER_BYTES {
             let take = (GGUF_HEADER_BYTES - header.len()).min(chunk.len());
