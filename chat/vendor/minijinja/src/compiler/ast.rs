@@ -244,14 +244,21 @@ impl Expr<'_> {
 const MAX_FOLDED_LEN: usize = 4096;
 
 fn folded_len(value: &Value) -> usize {
-    value.as_str().map(str::len).or_else(|| value.len()).unwrap_or(0)
+    value
+        .as_str()
+        .map(str::len)
+        .or_else(|| value.len())
+        .unwrap_or(0)
 }
 
 fn eval_binop(op: BinOpKind, left: &Value, right: &Value) -> Option<Value> {
     let too_large = match op {
         BinOpKind::Mul => {
             let count = left.as_usize().or(right.as_usize()).unwrap_or(0);
-            folded_len(left).max(folded_len(right)).saturating_mul(count) > MAX_FOLDED_LEN
+            folded_len(left)
+                .max(folded_len(right))
+                .saturating_mul(count)
+                > MAX_FOLDED_LEN
         }
         BinOpKind::Add | BinOpKind::Concat => {
             folded_len(left).saturating_add(folded_len(right)) > MAX_FOLDED_LEN

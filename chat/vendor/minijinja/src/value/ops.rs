@@ -312,7 +312,9 @@ pub fn add(lhs: &Value, rhs: &Value) -> Result<Value, Error> {
             .map(int_as_value),
         Some(CoerceResult::F64(a, b)) => Ok((a + b).into()),
         // hypura patch: `+` on strings is capped like string repetition.
-        Some(CoerceResult::Str(a, b)) if a.len().saturating_add(b.len()) > MAX_REPEATED_STRING_LEN => {
+        Some(CoerceResult::Str(a, b))
+            if a.len().saturating_add(b.len()) > MAX_REPEATED_STRING_LEN =>
+        {
             Err(Error::new(
                 ErrorKind::InvalidOperation,
                 "concatenated string is too large",
