@@ -29,12 +29,13 @@ use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
 use super::SseEvents;
+use crate::api::dialect::openai::OpenAiSampling;
 use crate::core::backend::FinishReason;
 use crate::core::error::ApiError;
 use crate::core::infer::{infer, Answer, Generation, Outcome};
 use crate::core::request::{InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError};
+use crate::core::validation::{parse_json, ModelName, StopSpec, ValidationError};
 use crate::server::body_bytes;
 use crate::state::AppState;
 

@@ -7,6 +7,7 @@
 //! - [`responses`]: OpenAI's Responses API, `/v1/responses` (SSE events).
 //! - [`anthropic`]: Anthropic's Messages API, `/v1/messages` (SSE events).
 //! - [`logprobs`]: token log-probabilities in each dialect's shape.
+//! - [`dialect`]: what one family's routes share (Ollama's `options`, OpenAI's sampling and tool calls).
 //! - [`pull`] serves `/api/pull`.
 //! - [`create`] serves `/api/create` and `/api/push`, [`blobs`] `/api/blobs/:digest`;
 //!   [`modelfile`] reads and writes Ollama's Modelfile text.
@@ -17,6 +18,7 @@ pub mod anthropic;
 pub mod blobs;
 pub mod create;
 pub mod debug;
+pub mod dialect;
 pub mod health;
 pub mod logprobs;
 pub mod modelfile;

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
+use crate::api::dialect::ollama::OllamaOptions;
 use crate::api::logprobs::{self, TokenLogprob};
 use crate::core::backend::{ModelFacts, TierBytes, TokenLogprobs};
 use crate::core::error::{ApiError, OllamaError};
@@ -29,9 +30,7 @@ use crate::core::request::{
     EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{
-    self, parse_json, KeepAlive, ModelName, OllamaOptions, ValidationError,
-};
+use crate::core::validation::{self, parse_json, KeepAlive, ModelName, ValidationError};
 use crate::server::body_bytes;
 use crate::state::AppState;
 

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use crate::api::dialect::openai::{openai_tool_calls, OpenAiSampling};
 use crate::api::logprobs::{self, ChoiceLogprobs, CompletionLogprobs};
 use crate::core::backend::TokenLogprobs;
 use crate::core::error::{ApiError, OpenAiError};
@@ -33,7 +34,7 @@ use crate::core::request::{
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{
-    self, parse_json, ModelName, OpenAiSampling, StopSpec, ValidationError, MAX_CHOICES,
+    self, parse_json, ModelName, StopSpec, ValidationError, MAX_CHOICES,
 };
 use crate::server::body_bytes;
 use crate::state::AppState;
@@ -566,7 +567,7 @@ fn chat_choice(index: u32, outcome: &Outcome) -> ChatChoice {
     let (content, tool_calls) = match &outcome.reply {
         Some(reply) => (
             reply.content.clone(),
-            structured::openai_tool_calls(&reply.tool_calls, false),
+            openai_tool_calls(&reply.tool_calls, false),
         ),
         None => (outcome.text.clone(), Vec::new()),
     };
@@ -812,7 +813,7 @@ impl StreamIds {
                 out.extend_from_slice(&self.text_chunk(content, std::mem::take(&mut tokens)));
             }
             if !reply.tool_calls.is_empty() {
-                let calls = structured::openai_tool_calls(&reply.tool_calls, true);
+                let calls = openai_tool_calls(&reply.tool_calls, true);
                 out.extend_from_slice(&self.tool_calls_chunk(calls));
             }
         }

@@ -6,8 +6,9 @@ use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
 use super::{anthropic, blobs, create, health, ollama, openai, pull, responses};
+use crate::api::dialect::ollama::OllamaOptions;
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
-use crate::core::validation::{OllamaOptions, StopSpec};
+use crate::core::validation::StopSpec;
 use crate::state::AppState;
 
 #[derive(OpenApi)]

@@ -31,12 +31,13 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 
 use super::SseEvents;
+use crate::api::dialect::openai::{openai_tool_calls, OpenAiSampling};
 use crate::core::backend::FinishReason;
 use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{infer, Answer, Generation, Outcome};
 use crate::core::request::{InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, ModelName, OpenAiSampling, ValidationError};
+use crate::core::validation::{parse_json, ModelName, ValidationError};
 use crate::server::body_bytes;
 use crate::state::AppState;
 
@@ -499,7 +500,7 @@ fn call_items(outcome: &Outcome) -> Vec<OutputItem> {
     let calls = outcome
         .reply
         .as_ref()
-        .map(|r| structured::openai_tool_calls(&r.tool_calls, false))
+        .map(|r| openai_tool_calls(&r.tool_calls, false))
         .unwrap_or_default();
     calls
         .into_iter()

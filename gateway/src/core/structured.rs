@@ -527,28 +527,6 @@ pub fn ollama_tool_calls(calls: &[ToolCall]) -> Vec<Value> {
         .collect()
 }
 
-/// OpenAI's `tool_calls`: `[{"id", "type": "function", "function": {"name",
-/// "arguments": "<JSON text>"}}]`; `with_index` adds `index` (stream deltas).
-pub fn openai_tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
-    calls
-        .iter()
-        .enumerate()
-        .map(|(index, call)| {
-            let id = call.id.clone().unwrap_or_else(|| unique_id("call_"));
-            let arguments = Value::Object(call.arguments.clone()).to_string();
-            let mut value = json!({
-                "id": id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": arguments},
-            });
-            if with_index {
-                value["index"] = index.into();
-            }
-            value
-        })
-        .collect()
-}
-
 /// A fresh id: `prefix`, the time and a process-wide counter (`call_…`, `chatcmpl-…`).
 pub fn unique_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -893,11 +871,6 @@ mod tests {
             vec![
                 json!({"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}})
             ]
-        );
-        assert_eq!(
-            openai_tool_calls(std::slice::from_ref(&call), true),
-            vec![json!({"id": "call_1", "type": "function", "index": 0,
-                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})]
         );
         let input = json!([{"function": {"name": "f", "arguments": {"a": 1}}}]);
         assert_eq!(

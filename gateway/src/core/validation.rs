@@ -1,15 +1,14 @@
 //! Raw request pieces → checked values, before anything runs: JSON bodies,
-//! model names, `keep_alive` durations, Ollama `options` and OpenAI sampling
-//! fields → [`GenerationParams`]. Every failure is a 400 that says
-//! which field was wrong and how.
+//! model names, `keep_alive` durations, the sampling values every dialect
+//! sets (each dialect's own fields are read in [`crate::core`]'s callers,
+//! the API modules). Every failure is a 400 that says which field was wrong
+//! and how.
 use std::time::Duration;
 
 use llama_tiered::llama::{SamplingParams, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-
-use crate::core::request::GenerationParams;
 
 /// Why a request was refused before anything ran: one variant per rule the
 /// gateway checks. Each message says what was wrong and what to send instead;
@@ -536,175 +535,8 @@ impl StopSpec {
     }
 }
 
-/// Ollama's `options` object. Keys clients send that hypura does not use
-/// (mirostat, tfs_z, numa, low_vram, f16_kv, use_mlock…) are ignored; a known
-/// key of the wrong type is a 400.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
-// Some keys are only type-checked: they are part of the API but hypura's own
-// settings (threads, batch, placement) apply.
-#[allow(dead_code)]
-pub struct OllamaOptions {
-    /// Context window for this request, up to the model's training context
-    /// (a larger one than the model is loaded with reloads it).
-    pub num_ctx: Option<i64>,
-    /// Most tokens to generate; -1 (default) or -2 = until the context is full.
-    pub num_predict: Option<i64>,
-    /// 0.8 by default; 0 is greedy.
-    pub temperature: Option<f32>,
-    /// 40 by default; 0 disables.
-    pub top_k: Option<i32>,
-    /// 0.9 by default; 1 disables.
-    pub top_p: Option<f32>,
-    /// 0 by default.
-    pub min_p: Option<f32>,
-    /// Accepted for compatibility; not applied.
-    pub typical_p: Option<f32>,
-    /// 64 by default; 0 disables the penalties, -1 = whole context.
-    pub repeat_last_n: Option<i32>,
-    /// 1.0 (off) by default, as Ollama's `DefaultOptions` since 2026 (1.1 before).
-    pub repeat_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    /// -1 (default) picks a random seed.
-    pub seed: Option<i64>,
-    /// Strings that end generation (not returned).
-    #[schema(value_type = Vec<String>)]
-    pub stop: Option<StopSpec>,
-    /// Accepted; the server's batch size applies.
-    pub num_batch: Option<i64>,
-    /// Accepted; the server's thread count applies.
-    pub num_thread: Option<i64>,
-    /// Accepted; the placement is the scheduler's.
-    pub num_gpu: Option<i64>,
-    pub num_keep: Option<i64>,
-}
-
-impl OllamaOptions {
-    /// Ollama's defaults (its `DefaultOptions`): temperature 0.8, top_k 40,
-    /// top_p 0.9, min_p 0, repeat_last_n 64, repeat_penalty 1.0, random
-    /// seed; no limit here (the server's `default_max_tokens` then applies).
-    pub fn to_params(&self) -> Result<GenerationParams, ValidationError> {
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(0.8),
-            top_k: self.top_k.unwrap_or(40),
-            top_p: self.top_p.unwrap_or(0.9),
-            min_p: self.min_p.unwrap_or(0.0),
-            repeat_penalty: self.repeat_penalty.unwrap_or(1.0),
-            repeat_last_n: self.repeat_last_n.unwrap_or(64),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: seed(self.seed),
-            ..SamplingParams::default()
-        };
-        check_ranges(&[
-            ("options.temperature", Some(sampling.temperature), 0.0, 10.0),
-            ("options.top_p", Some(sampling.top_p), 0.0, 1.0),
-            ("options.min_p", Some(sampling.min_p), 0.0, 1.0),
-            ("options.typical_p", self.typical_p, 0.0, 1.0),
-            (
-                "options.presence_penalty",
-                Some(sampling.presence_penalty),
-                -2.0,
-                2.0,
-            ),
-            (
-                "options.frequency_penalty",
-                Some(sampling.frequency_penalty),
-                -2.0,
-                2.0,
-            ),
-        ])?;
-        check_sampling(&sampling, "options.")?;
-        let max_tokens = match self.num_predict {
-            None | Some(-1) | Some(-2) => None,
-            Some(n) if n < 0 => return Err(ValidationError::NumPredict(n)),
-            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-        };
-        let num_ctx = match self.num_ctx {
-            None | Some(0) => None,
-            Some(n) if n < 0 => return Err(ValidationError::NumCtx(n)),
-            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-        };
-        Ok(GenerationParams {
-            sampling,
-            max_tokens,
-            stop: self
-                .stop
-                .clone()
-                .map(StopSpec::into_vec)
-                .unwrap_or_default(),
-            num_ctx,
-            skip_prompt_cache: false,
-        })
-    }
-}
-
 /// Most choices (`n`) of one OpenAI request: each is a generation of its own.
 pub const MAX_CHOICES: u32 = 8;
-
-/// OpenAI's sampling fields, with OpenAI's defaults (temperature 1, top_p 1,
-/// no top-k or min-p).
-#[derive(Debug, Clone, Default)]
-pub struct OpenAiSampling {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub seed: Option<i64>,
-    pub frequency_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub max_tokens: Option<u32>,
-    pub stop: Option<StopSpec>,
-}
-
-impl OpenAiSampling {
-    pub fn to_params(&self) -> Result<GenerationParams, ValidationError> {
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: 0,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: seed(self.seed),
-            ..SamplingParams::default()
-        };
-        check_sampling(&sampling, "")?;
-        check_ranges(&[("top_p", Some(sampling.top_p), 0.0, 1.0)])?;
-        if !(0.0..=2.0).contains(&sampling.temperature) {
-            return Err(ValidationError::OutOfRange {
-                field: "temperature",
-                min: 0,
-                max: 2,
-                value: sampling.temperature,
-            });
-        }
-        for (name, value) in [
-            ("frequency_penalty", sampling.frequency_penalty),
-            ("presence_penalty", sampling.presence_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&value) {
-                return Err(ValidationError::OutOfRange {
-                    field: name,
-                    min: -2,
-                    max: 2,
-                    value,
-                });
-            }
-        }
-        Ok(GenerationParams {
-            sampling,
-            max_tokens: self.max_tokens,
-            stop: self
-                .stop
-                .clone()
-                .map(StopSpec::into_vec)
-                .unwrap_or_default(),
-            num_ctx: None,
-            skip_prompt_cache: false,
-        })
-    }
-}
 
 /// The log-probabilities a request asks for, as
 /// [`SamplingParams::top_logprobs`]: none unless `wanted`, then `top`
@@ -723,7 +555,7 @@ pub fn logprobs(
 
 /// A negative seed (Ollama's -1) asks for a random one; larger seeds are
 /// folded into 32 bits (llama.cpp's seed width).
-fn seed(seed: Option<i64>) -> Option<u32> {
+pub fn seed(seed: Option<i64>) -> Option<u32> {
     match seed {
         Some(s) if s >= 0 => Some((s as u64 % u64::from(u32::MAX)) as u32),
         _ => None,
@@ -731,7 +563,9 @@ fn seed(seed: Option<i64>) -> Option<u32> {
 }
 
 /// Each `(field, value, min, max)`: the value, when given, within `[min, max]`.
-fn check_ranges(ranges: &[(&'static str, Option<f32>, f32, f32)]) -> Result<(), ValidationError> {
+pub fn check_ranges(
+    ranges: &[(&'static str, Option<f32>, f32, f32)],
+) -> Result<(), ValidationError> {
     for &(field, value, min, max) in ranges {
         if let Some(value) = value.filter(|v| !(min..=max).contains(v)) {
             return Err(ValidationError::OptionOutOfRange {
@@ -745,7 +579,12 @@ fn check_ranges(ranges: &[(&'static str, Option<f32>, f32, f32)]) -> Result<(), 
     Ok(())
 }
 
-fn check_sampling(sampling: &SamplingParams, prefix: &'static str) -> Result<(), ValidationError> {
+/// `sampling` as llama.cpp's sampler accepts it; a field it refuses is named
+/// with `prefix` (`options.` for Ollama).
+pub fn check_sampling(
+    sampling: &SamplingParams,
+    prefix: &'static str,
+) -> Result<(), ValidationError> {
     sampling
         .validate()
         .map_err(|e| ValidationError::SamplingOption {
@@ -815,58 +654,6 @@ mod tests {
     }
 
     #[test]
-    fn options_map_to_params_with_ollama_defaults() {
-        let o: OllamaOptions = parse_json(
-            br#"{"num_predict":5,"temperature":0,"seed":42,"stop":["\n"],"mirostat":2,"num_ctx":256}"#,
-        )
-        .unwrap();
-        let p = o.to_params().unwrap();
-        assert_eq!(p.max_tokens, Some(5));
-        assert_eq!(p.sampling.temperature, 0.0);
-        assert_eq!(p.sampling.seed, Some(42));
-        assert_eq!(p.sampling.top_k, 40);
-        assert_eq!(p.sampling.top_p, 0.9);
-        assert_eq!(p.stop, vec!["\n"]);
-        assert_eq!(p.num_ctx, Some(256));
-        let p = OllamaOptions::default().to_params().unwrap();
-        assert_eq!(p.max_tokens, None);
-        assert_eq!(p.sampling.seed, None);
-    }
-
-    #[test]
-    fn wrong_option_types_name_the_field() {
-        #[derive(Deserialize, Debug)]
-        #[allow(dead_code)]
-        struct Req {
-            options: Option<OllamaOptions>,
-        }
-        let e = parse_json::<Req>(br#"{"options":{"temperature":"hot"}}"#).unwrap_err();
-        assert!(
-            e.to_string().contains("options.temperature"),
-            "{}",
-            e.to_string()
-        );
-        let e = parse_json::<Req>(b"{not json").unwrap_err();
-        assert!(e.to_string().starts_with("invalid JSON body"), "{e}");
-        let e = parse_json::<Req>(b"").unwrap_err();
-        assert!(e.to_string().contains("missing request body"), "{e}");
-    }
-
-    #[test]
-    fn bad_sampling_values_are_400s() {
-        let o = OllamaOptions {
-            top_p: Some(-1.0),
-            ..Default::default()
-        };
-        assert!(o.to_params().is_err());
-        let s = OpenAiSampling {
-            temperature: Some(3.0),
-            ..Default::default()
-        };
-        assert!(s.to_params().is_err());
-    }
-
-    #[test]
     fn context_fit_caps_max_tokens() {
         let mut max_tokens = None;
         fit_to_context(10, &mut max_tokens, 16).unwrap();
@@ -898,27 +685,6 @@ mod tests {
                 .to_string(),
             "logprobs must be between 0 and 20, got 21"
         );
-    }
-
-    #[test]
-    fn body_rules_have_their_own_variants() {
-        #[derive(Deserialize, Debug)]
-        #[allow(dead_code)]
-        struct Req {
-            options: Option<OllamaOptions>,
-        }
-        assert_eq!(
-            parse_json::<Req>(b"  \n").unwrap_err(),
-            ValidationError::MissingBody
-        );
-        assert!(matches!(
-            parse_json::<Req>(b"{not json").unwrap_err(),
-            ValidationError::InvalidJson(m) if m.starts_with("key must be a string")
-        ));
-        assert!(matches!(
-            parse_json::<Req>(br#"{"options":{"top_k":"many"}}"#).unwrap_err(),
-            ValidationError::InvalidJson(m) if m.starts_with("options.top_k: invalid type")
-        ));
     }
 
     #[test]
@@ -988,96 +754,6 @@ mod tests {
     }
 
     #[test]
-    fn sampling_rules_have_their_own_variants() {
-        let ollama = OllamaOptions {
-            repeat_penalty: Some(0.0),
-            ..OllamaOptions::default()
-        };
-        let e = ollama.to_params().unwrap_err();
-        assert_eq!(
-            e,
-            ValidationError::SamplingOption {
-                prefix: "options.",
-                message: "invalid argument: repeat_penalty must be > 0 (1.0 disables it), got 0"
-                    .into()
-            }
-        );
-        let hot = OpenAiSampling {
-            temperature: Some(3.0),
-            ..OpenAiSampling::default()
-        };
-        let e = hot.to_params().unwrap_err();
-        assert_eq!(
-            e,
-            ValidationError::OutOfRange {
-                field: "temperature",
-                min: 0,
-                max: 2,
-                value: 3.0
-            }
-        );
-        assert_eq!(e.to_string(), "temperature must be between 0 and 2, got 3");
-        let pushy = OpenAiSampling {
-            presence_penalty: Some(-2.5),
-            ..OpenAiSampling::default()
-        };
-        assert_eq!(
-            pushy.to_params().unwrap_err().to_string(),
-            "presence_penalty must be between -2 and 2, got -2.5"
-        );
-    }
-
-    #[test]
-    fn option_ranges_have_their_own_variant() {
-        let top_p = OllamaOptions {
-            top_p: Some(5.0),
-            ..OllamaOptions::default()
-        };
-        let e = top_p.to_params().unwrap_err();
-        assert_eq!(
-            e,
-            ValidationError::OptionOutOfRange {
-                field: "options.top_p",
-                min: 0.0,
-                max: 1.0,
-                value: 5.0
-            }
-        );
-        assert_eq!(
-            e.to_string(),
-            "options.top_p must be between 0 and 1, got 5"
-        );
-        let cold = OllamaOptions {
-            temperature: Some(-1.0),
-            ..OllamaOptions::default()
-        };
-        assert_eq!(
-            cold.to_params().unwrap_err().to_string(),
-            "options.temperature must be between 0 and 10, got -1"
-        );
-        let typical = OllamaOptions {
-            typical_p: Some(1.5),
-            ..OllamaOptions::default()
-        };
-        assert!(matches!(
-            typical.to_params().unwrap_err(),
-            ValidationError::OptionOutOfRange {
-                field: "options.typical_p",
-                ..
-            }
-        ));
-        let openai = OpenAiSampling {
-            top_p: Some(1.5),
-            ..OpenAiSampling::default()
-        };
-        assert_eq!(
-            openai.to_params().unwrap_err().to_string(),
-            "top_p must be between 0 and 1, got 1.5"
-        );
-        assert!(OllamaOptions::default().to_params().is_ok());
-    }
-
-    #[test]
     fn embed_and_prompt_sizes_have_their_own_variants() {
         let mut many = vec!["x".to_string(); MAX_EMBED_INPUTS + 1];
         assert_eq!(
@@ -1108,19 +784,6 @@ mod tests {
 
     #[test]
     fn length_rules_have_their_own_variants() {
-        let options = |num_predict, num_ctx| OllamaOptions {
-            num_predict,
-            num_ctx,
-            ..OllamaOptions::default()
-        };
-        assert_eq!(
-            options(Some(-3), None).to_params().unwrap_err(),
-            ValidationError::NumPredict(-3)
-        );
-        assert_eq!(
-            options(None, Some(-1)).to_params().unwrap_err(),
-            ValidationError::NumCtx(-1)
-        );
         let mut max_tokens = None;
         let e = fit_to_context(512, &mut max_tokens, 512).unwrap_err();
         assert_eq!(
