@@ -254,3 +254,64 @@ fn under_a_budget_the_ram_tier_is_charged_and_limited() {
     assert!(charged > eighth as f64, "{charged}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn idle_slots_keep_more_conversations_than_decode_at_once_and_are_charged() {
+    let dir = cache_dir("idle");
+    let no_tiers = ["--prompt-cache-ram", "0", "--prompt-cache-disk", "0"];
+    let model = "model=\"SmolLM2-135M-Instruct.Q4_1:latest\"";
+    let kv_bytes = |extra: &[&str]| {
+        let args: Vec<&str> = ["--parallel", "1", "--ram-budget", "4GiB"]
+            .iter()
+            .chain(&no_tiers)
+            .chain(extra)
+            .copied()
+            .collect();
+        let s = serve(&dir, &args);
+        s.post_json(
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "Hi", "options": {"num_predict": 1}}),
+            200,
+        );
+        let charged = metric(&s, "hypura_budget_charged_bytes{tier=\"ram\"}");
+        (s, charged)
+    };
+    let (_, one_slot) = kv_bytes(&[]);
+    let (s, three_slots) = kv_bytes(&["--idle-slots", "2"]);
+    // Two more slots' KV cache (SmolLM2 at 4096 tokens: 90 MiB each).
+    assert!(
+        three_slots - one_slot > 100e6,
+        "{one_slot} -> {three_slots}"
+    );
+
+    // Three users, each with a system prompt of their own, take turns on
+    // one decoding slot: every later turn finds its conversation in a slot.
+    let users: Vec<Vec<Value>> = ["Alice", "Bob", "Carol"]
+        .iter()
+        .map(|name| {
+            vec![
+                json!({"role": "system", "content": format!("You help {name}. {}", system())}),
+                json!({"role": "user", "content": "Where is the config?"}),
+            ]
+        })
+        .collect();
+    let mut histories = Vec::new();
+    for mut messages in users {
+        let reply = chat(&s, &messages, true);
+        messages.push(reply["choices"][0]["message"].clone());
+        messages.push(json!({"role": "user", "content": "And the tests?"}));
+        histories.push((messages, reply["usage"]["prompt_tokens"].as_u64().unwrap()));
+    }
+    for (messages, first_prompt) in &histories {
+        let reply = chat(&s, messages, true);
+        let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached >= *first_prompt, "{}", reply["usage"]);
+    }
+    assert_eq!(
+        metric(&s, &format!("hypura_prompt_cache_saves_total{{{model}}}")),
+        0.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -148,7 +148,7 @@ impl Worker {
         let shared = shared_with(best);
         let holder = &self.kept[best];
         let would_lose = holder.tokens.len().saturating_sub(shared);
-        if shared == 0 || would_lose == 0 || free.len() <= remaining {
+        if shared == 0 || would_lose < MIN_SAVE_TOKENS || free.len() <= remaining {
             return Choice::take(best);
         }
         let victim = free
@@ -156,13 +156,14 @@ impl Worker {
             .copied()
             .filter(|&seq| seq != best)
             .min_by_key(|&seq| (!self.kept[seq].tokens.is_empty(), self.kept[seq].last_used));
-        // A copy costs a device copy of one slot's KV: always less than
-        // recomputing what it keeps. An empty slot takes it for any gain;
-        // an older conversation gives its slot up only for one worth saving.
+        // A copy costs a copy of one slot's KV and, on a GPU, llama.cpp's
+        // new graph reservation after it (25–40 ms for an 8B on an H200):
+        // worth it only when the holder would lose a tail worth saving (a
+        // turn's reply re-tokenized a little differently is not). An older
+        // conversation gives its slot up for it, a more recent one does not.
         let fork = victim.filter(|&seq| {
             let victim = &self.kept[seq];
-            victim.tokens.is_empty()
-                || (victim.last_used < holder.last_used && would_lose >= MIN_SAVE_TOKENS)
+            victim.tokens.is_empty() || victim.last_used < holder.last_used
         });
         match fork {
             Some(seq) => Choice {

@@ -60,7 +60,8 @@ pub(super) fn plan_settings(named: &NamedModel, settings: &EngineSettings) -> Pl
         gpu_bytes: Some(settings.gpu_budget_bytes.unwrap_or(0)),
         ram_bytes: settings.ram_budget_bytes,
     };
-    planner::plan_settings(budgets, config.n_ctx_per_seq, config.n_parallel)
+    // Idle slots hold KV cache too.
+    planner::plan_settings(budgets, config.n_ctx_per_seq, config.n_slots())
 }
 
 /// What the budget needs to know of a model: its streaming placement (with
