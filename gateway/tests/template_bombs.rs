@@ -126,7 +126,16 @@ fn template_bombs_are_a_400_naming_the_limit_on_every_route() {
     std::fs::create_dir_all(&dir).unwrap();
     let bombed_gguf = dir.join("smollm2-bomb.gguf");
     copy_with_template(&common::smollm2(), &bombed_gguf, BOMBS[0].1);
-    let s = Server::start(&[bombed_gguf.to_str().unwrap(), "--context", "512"]);
+    // Created models go to a folder of the test's own, never the shared cache.
+    let models = dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let s = Server::start(&[
+        bombed_gguf.to_str().unwrap(),
+        "--context",
+        "512",
+        "--models-dir",
+        models.to_str().unwrap(),
+    ]);
 
     for (index, (name, source, words)) in BOMBS.iter().enumerate() {
         let generate = json!({"model": MODEL, "prompt": "Hi", "template": source,
