@@ -270,7 +270,7 @@ fn idle_slots_keep_more_conversations_than_decode_at_once_and_are_charged() {
         let s = serve(&dir, &args);
         s.post_json(
             "/api/generate",
-            json!({"model": MODEL, "prompt": "Hi", "options": {"num_predict": 1}}),
+            json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": {"num_predict": 1}}),
             200,
         );
         let charged = metric(&s, "hypura_budget_charged_bytes{tier=\"ram\"}");
