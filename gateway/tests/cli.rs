@@ -195,3 +195,28 @@ fn absurd_options_are_rejected_before_loading() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("top_p"), "{}", stderr(&out));
 }
+
+#[test]
+fn serve_refuses_more_slots_than_a_context_holds() {
+    let model = smollm2();
+    let model = model.to_str().unwrap();
+    let out = hypura(&["serve", model, "--port", "0", "--idle-slots", "300"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--idle-slots"), "{}", stderr(&out));
+    let out = hypura(&[
+        "serve",
+        model,
+        "--port",
+        "0",
+        "--parallel",
+        "200",
+        "--idle-slots",
+        "100",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("at most 256 slots in all"),
+        "{}",
+        stderr(&out)
+    );
+}
