@@ -203,6 +203,7 @@ impl Worker {
                 Some(src) => {
                     self.save(seq, &kept, 0);
                     if n > 0 && self.ctx.copy_seq(src as i32, seq as i32) {
+                        self.pending_copies.push((src, seq));
                         (self.keep_prefix(seq, n), Tier::Slot)
                     } else {
                         self.ctx.clear_seq(seq as i32, -1);

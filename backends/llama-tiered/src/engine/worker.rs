@@ -230,10 +230,7 @@ impl Worker {
         for (i, mut q) in admitted.into_iter().enumerate() {
             let choice = self.choose_slot(&q.prompt, q.cache_prompt, &free, n_admitted - i);
             let seq = choice.seq;
-            free.retain(|&s| s != seq && Some(s) != choice.fork_from);
-            if let Some(from) = choice.fork_from {
-                self.pending_copies.push((from, seq));
-            }
+            free.retain(|&s| s != seq);
             if !Arc::ptr_eq(&q.model, self.ctx.model()) {
                 // Queued before a switch: its sampler knows the old model.
                 if let Err(e) = q.sequence.rebind(self.ctx.model()) {
@@ -244,6 +241,8 @@ impl Worker {
                 }
             }
             let n_cached = self.prepare_slot(&choice, &q.prompt, q.cache_prompt);
+            // A slot being copied from is written by nothing before the copy.
+            free.retain(|&s| !self.pending_copies.iter().any(|&(from, _)| from == s));
             let Queued {
                 id,
                 prompt,
