@@ -124,18 +124,20 @@ impl PromptCacheMetrics {
         ] {
             add(&self.restores, &[model, tier], now, before);
         }
-        let micros = now
-            .restore_micros_total
-            .saturating_sub(before.restore_micros_total);
-        self.restore_seconds
-            .with_label_values(&m)
-            .inc_by(micros as f64 / 1e6);
-        let micros = now
-            .save_micros_total
-            .saturating_sub(before.save_micros_total);
-        self.save_seconds
-            .with_label_values(&m)
-            .inc_by(micros as f64 / 1e6);
+        let add_seconds = |c: &CounterVec, now_micros: u64, before_micros: u64| {
+            let micros = now_micros.saturating_sub(before_micros);
+            c.with_label_values(&m).inc_by(micros as f64 / 1e6);
+        };
+        add_seconds(
+            &self.restore_seconds,
+            now.restore_micros_total,
+            before.restore_micros_total,
+        );
+        add_seconds(
+            &self.save_seconds,
+            now.save_micros_total,
+            before.save_micros_total,
+        );
         for (tier, bytes, entries) in [
             ("ram", now.ram_bytes, now.ram_entries),
             ("disk", now.disk_bytes, now.disk_entries),
