@@ -174,6 +174,11 @@ fn two_users_on_one_slot_alternate_through_the_ram_tier() {
     assert_eq!(engine.status().prompt_cache.ram_limit_bytes, 0);
 }
 
+/// The next turn's prompt: `prompt`, its `reply`, then `text`.
+fn continued(model: &Model, prompt: &[i32], reply: &Completion, text: &str) -> Vec<i32> {
+    [prompt, &reply.tokens, &tokens(model, text)[1..]].concat()
+}
+
 /// The same requests one after another on an engine of one slot: each
 /// later one starts from what the slot kept, the computation a slot hit
 /// makes, token for token (a cold run computes a reply's tokens in one
@@ -204,11 +209,10 @@ fn idle_slots_keep_more_conversations_than_decode_at_once() {
         })
         .collect();
     let first: Vec<Completion> = users.iter().map(|p| run(&engine, p, true)).collect();
+    // Each user's second prompt, and that turn's reply.
     let mut seconds = Vec::new();
     for (user, reply) in users.iter().zip(&first) {
-        let mut next = user.clone();
-        next.extend(&reply.tokens);
-        next.extend(tokens(&model, "\nUser: What was my name?")[1..].iter());
+        let next = continued(&model, user, reply, "\nUser: What was my name?");
         let again = run(&engine, &next, true);
         assert_eq!(
             again.timings.cached_prompt_tokens,
@@ -217,29 +221,28 @@ fn idle_slots_keep_more_conversations_than_decode_at_once() {
         // What the same turns give in a slot of their own.
         let alone = in_one_slot(&model, &[user, &next]);
         assert_eq!(again.tokens, alone[1].tokens);
-        next.extend(&again.tokens);
-        seconds.push(next);
+        seconds.push((next, again));
     }
     let status = engine.status();
     assert_eq!(status.prompt_cache.slot_hits_total, 3, "{status:?}");
     assert_eq!(status.prompt_cache.saves_total, 0, "{status:?}");
 
-    // Dave's prompt leaves Alice's conversation 40 tokens before its end:
+    // Dave's prompt leaves Alice's conversation 60 tokens before its end:
     // the shared prefix is copied into the empty slot, and Alice's next
     // turn still finds all of hers.
-    let alice = &seconds[0];
+    let (alice2, alice2_reply) = &seconds[0];
+    let alice = [alice2.as_slice(), &alice2_reply.tokens].concat();
     let shared = alice.len() - 60;
     let mut dave = alice[..shared].to_vec();
     dave.extend(tokens(&model, " Something else entirely, Dave speaking.")[1..].iter());
     let reply = run(&engine, &dave, true);
     assert_eq!(reply.timings.cached_prompt_tokens, shared);
-    let alone = in_one_slot(&model, &[&users[0], &alice[..alice.len() - 12], &dave]);
+    let alone = in_one_slot(&model, &[&users[0], alice2, &dave]);
     assert_eq!(reply.tokens, alone[2].tokens);
-    let mut alice3 = alice.clone();
-    alice3.extend(tokens(&model, "\nUser: And again?")[1..].iter());
+    let alice3 = continued(&model, alice2, alice2_reply, "\nUser: And again?");
     let again = run(&engine, &alice3, true);
     assert!(again.timings.cached_prompt_tokens >= alice.len() - 1);
-    let alone = in_one_slot(&model, &[&users[0], &alice[..alice.len() - 12], &alice3]);
+    let alone = in_one_slot(&model, &[&users[0], alice2, &alice3]);
     assert_eq!(again.tokens, alone[2].tokens);
 
     // Three at once: one decodes, two wait, though four slots are free.

@@ -298,12 +298,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_model_that_can_never_fit_is_refused_with_why() {
-        let registry = Registry::new(testing::settings(Some(0), Some(1 << 30)));
-        let ghost = testing::name("ghost");
-        let path = "/nonexistent/ghost.gguf";
-        registry
-            .register(ghost.clone(), path.into(), testing::info(None))
-            .unwrap();
+        let (registry, ghost) = testing::with_ghost();
         let why = registry.unfit_reason(&ghost).unwrap();
         let e = registry.acquire("ghost", &ghost, None).await.err().unwrap();
         assert_eq!(

@@ -267,6 +267,17 @@ pub(super) mod testing {
         ModelName::parse(raw, "model").unwrap()
     }
 
+    /// A registry under a 1 GiB RAM budget (no GPU) that names `ghost`, a
+    /// file that does not exist and so can never be planned.
+    pub fn with_ghost() -> (super::Registry, ModelName) {
+        let registry = super::Registry::new(settings(Some(0), Some(1 << 30)));
+        let ghost = name("ghost");
+        registry
+            .register(ghost.clone(), "/nonexistent/ghost.gguf".into(), info(None))
+            .unwrap();
+        (registry, ghost)
+    }
+
     /// `name` served from `path`, with this training context and policy.
     pub fn named(name: &str, path: &str, context: Option<u64>, policy: ModelPolicy) -> NamedModel {
         NamedModel {

@@ -316,12 +316,7 @@ mod tests {
 
     #[test]
     fn a_file_that_cannot_be_planned_is_listed_unfit_under_a_budget() {
-        let registry = Registry::new(testing::settings(Some(0), Some(1 << 30)));
-        let ghost = testing::name("ghost");
-        let path = "/nonexistent/ghost.gguf";
-        registry
-            .register(ghost.clone(), path.into(), testing::info(None))
-            .unwrap();
+        let (registry, ghost) = testing::with_ghost();
         let why = registry.unfit_reason(&ghost).expect("unfit");
         assert_eq!(registry.unfit(), [("ghost:latest".to_string(), why)]);
         assert!(registry.resolve(&ghost).is_some(), "listed all the same");
