@@ -450,6 +450,7 @@ mod tests {
             config.prompt_cache_disk_bytes,
             Some(DEFAULT_PROMPT_CACHE_DISK)
         );
+        assert_eq!(config.idle_slots, Some(0));
         assert_eq!(
             config.telemetry,
             crate::telemetry::TelemetryConfig {
