@@ -570,6 +570,81 @@ fn embeddings_are_unit_vectors_that_tell_texts_apart() {
     assert!(matches!(err, EngineError::InvalidArgument(_)), "{err}");
 }
 
+/// A text longer than one piece of [`llama_tiered::engine::EMBED_N_CTX`]
+/// tokens is embedded whole, up to the served context: the same vector as
+/// one decode of every token in a context as large as the text, and its
+/// tail changes it.
+#[test]
+fn embeddings_cover_the_served_context_in_pieces() {
+    let model = smollm2();
+    let engine = BatchEngine::start(
+        Arc::clone(&model),
+        BatchConfig {
+            n_ctx_per_seq: 2048,
+            ..config(1)
+        },
+    )
+    .unwrap();
+    assert_eq!(engine.embed_n_ctx(), 2048);
+    let head = "The quick brown fox jumps over the lazy dog. ".repeat(60);
+    let tail_a = "Apples are red and grow on trees in the orchard. ".repeat(15);
+    let tail_b = "Stock markets fell sharply after the bank raised rates. ".repeat(15);
+    let a = model
+        .tokenize(&format!("{head}{tail_a}"), true, false)
+        .unwrap();
+    let b = model
+        .tokenize(&format!("{head}{tail_b}"), true, false)
+        .unwrap();
+    assert!(a.len() > 600 && a.len() < 1024, "{}", a.len());
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared > 590, "{shared}");
+    let vectors = engine.embed_tokens(&[a.clone(), b]).unwrap();
+    let cosine: f32 = vectors[0].iter().zip(&vectors[1]).map(|(x, y)| x * y).sum();
+    eprintln!("two texts, the same first {shared} tokens: cosine {cosine}");
+    assert!(cosine < 0.9999, "cosine {cosine}");
+
+    // One decode of the whole text, pooled by llama.cpp.
+    let params = ContextParams {
+        n_ctx: 1024,
+        n_batch: 1024,
+        n_threads: 2,
+        embeddings: true,
+        mean_pooling: true,
+        ..Default::default()
+    };
+    let mut ctx = Context::new(Arc::clone(&model), &params).unwrap();
+    let mut batch = llama_tiered::llama::Batch::new(a.len());
+    for (pos, &token) in a.iter().enumerate() {
+        batch.push(token, pos as i32, 0, true).unwrap();
+    }
+    ctx.decode(&batch).unwrap();
+    let whole = ctx.embeddings_seq(0).unwrap();
+    let norm = whole.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let cosine: f32 = whole
+        .iter()
+        .zip(&vectors[0])
+        .map(|(x, y)| x / norm * y)
+        .sum();
+    eprintln!("pieces against one decode: cosine {cosine}");
+    assert!(cosine > 0.9999, "cosine {cosine}");
+
+    let err = engine.embed_tokens(&[vec![0; 2049]]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::PromptTooLong {
+                n_ctx: 2048,
+                prompt_tokens: 2049
+            }
+        ),
+        "{err}"
+    );
+    let err = engine
+        .embed_tokens(&[vec![model.n_vocab() as i32]])
+        .unwrap_err();
+    assert!(matches!(err, EngineError::InvalidArgument(_)), "{err}");
+}
+
 /// Aggregate decode throughput, 8 parallel requests against 1. Prints, asserts nothing:
 /// `cargo test --release -p llama-tiered --test batch -- --ignored --nocapture`
 /// (`HYPURA_BENCH_THREADS` sets the decoding threads; default all cores).

@@ -106,7 +106,13 @@ impl BatchConfig {
     ) -> [ContextParams; crate::tiered::footprint::DECODING_CONTEXTS as usize] {
         [
             self.generation_context(),
-            embed_context(n_ctx_train, self.n_threads),
+            // Charged as a causal model's (pieces of EMBED_N_CTX tokens): a
+            // non-causal encoder's batch is its whole context.
+            embed_context(
+                self.n_ctx_per_seq.min(n_ctx_train.max(1)),
+                true,
+                self.n_threads,
+            ),
         ]
     }
 

@@ -125,7 +125,14 @@ impl Context {
         let mut raw_params = unsafe { sys::llama_context_default_params() };
         raw_params.n_ctx = params.n_ctx;
         raw_params.n_batch = params.n_batch;
-        raw_params.n_ubatch = params.n_batch.min(512);
+        // An embedding batch is pooled per decode, and a non-causal model
+        // must see all of it in one micro-batch (llama-server's n_ubatch =
+        // n_batch for embeddings).
+        raw_params.n_ubatch = if params.embeddings {
+            params.n_batch
+        } else {
+            params.n_batch.min(512)
+        };
         raw_params.n_seq_max = params.n_seq_max;
         // A batch of one token (a decode step of one sequence) is computed
         // with `n_threads`, larger ones with `n_threads_batch`. When the host
