@@ -427,3 +427,86 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// What Grafana's import does with the data source picked for an input:
+/// every `${NAME}` of the input in every string becomes its uid.
+fn import_with(value: &Value, input: &str, uid: &str) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.replace(&format!("${{{input}}}"), uid)),
+        Value::Array(items) => items.iter().map(|v| import_with(v, input, uid)).collect(),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| (k.clone(), import_with(v, input, uid)))
+            .collect(),
+        other => other.clone(),
+    }
+}
+
+/// Every `datasource` field of a dashboard, with where it is.
+fn datasources(value: &Value, at: &str, out: &mut Vec<(String, Value)>) {
+    match value {
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                datasources(v, &format!("{at}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                if k == "datasource" {
+                    out.push((format!("{at}/{k}"), v.clone()));
+                }
+                datasources(v, &format!("{at}/{k}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_data_source_chosen_at_import_is_the_one_every_query_reads() {
+    for (name, dashboard) in dashboards() {
+        assert_eq!(
+            dashboard["__inputs"],
+            json!([{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
+                    "pluginId": "prometheus", "pluginName": "Prometheus"}]),
+            "{name}"
+        );
+        // Provisioned without an import, `${DS_PROMETHEUS}` is the dashboard's
+        // data source variable of that name (Grafana's default Prometheus).
+        let variables = dashboard["templating"]["list"].as_array().unwrap();
+        let variable = variables
+            .iter()
+            .find(|v| v["type"] == "datasource")
+            .unwrap_or_else(|| panic!("{name}: no data source variable"));
+        assert_eq!(variable["name"], "DS_PROMETHEUS", "{name}");
+        assert_eq!(variable["query"], "prometheus", "{name}");
+
+        let imported = import_with(&dashboard, "DS_PROMETHEUS", "chosen-at-import");
+        // Every panel and every query names it: one without a data source
+        // would read Grafana's default instead.
+        for panel in imported["panels"].as_array().unwrap() {
+            let title = panel["title"].as_str().unwrap();
+            let want = json!({"type": "prometheus", "uid": "chosen-at-import"});
+            assert_eq!(panel["datasource"], want, "{name}: panel {title}");
+            for target in panel["targets"].as_array().unwrap() {
+                assert_eq!(target["datasource"], want, "{name}: {title}: {target}");
+            }
+        }
+        let mut all = Vec::new();
+        datasources(&imported, "", &mut all);
+        // Every query, its panel, and the query variables.
+        assert!(all.len() > queries(&dashboard).len(), "{name}");
+        for (at, datasource) in all {
+            assert_eq!(
+                datasource,
+                json!({"type": "prometheus", "uid": "chosen-at-import"}),
+                "{name}: {at}"
+            );
+        }
+        assert_eq!(
+            import_with(variable, "DS_PROMETHEUS", "chosen-at-import")["current"]["value"],
+            "chosen-at-import",
+            "{name}: the variable starts at the data source chosen"
+        );
+    }
+}
