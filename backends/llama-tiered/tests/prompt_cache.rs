@@ -47,10 +47,21 @@ fn greedy(max_tokens: u32, cache_prompt: bool) -> GenerateParams {
 }
 
 fn run(engine: &BatchEngine, prompt: &[i32], cache_prompt: bool) -> Completion {
+    run_for(engine, prompt, cache_prompt, 12)
+}
+
+/// `run` with a reply of `max_tokens`: long enough, a reply shows whether
+/// the KV under it was the prompt's own.
+fn run_for(
+    engine: &BatchEngine,
+    prompt: &[i32],
+    cache_prompt: bool,
+    max_tokens: u32,
+) -> Completion {
     let (tx, rx) = mpsc::channel();
     let request = GenerateRequest {
         prompt: prompt.to_vec(),
-        params: greedy(12, cache_prompt),
+        params: greedy(max_tokens, cache_prompt),
     };
     engine
         .submit(request, Box::new(move |e| tx.send(e).is_ok()))
@@ -136,8 +147,11 @@ fn two_users_on_one_slot_alternate_through_the_ram_tier() {
     };
     let engine = BatchEngine::start(Arc::clone(&model), config(1, cache)).unwrap();
     let alice = tokens(&model, &format!("{}\nUser: I am Alice.", system_text()));
-    let bob = tokens(&model, "A different conversation about the weather in Lisbon, which is mild in winter and warm from May. \
-        The user asks about the best month to travel, the sea temperature and which beaches are reachable by train.");
+    let bob = tokens(
+        &model,
+        "<|im_start|>user\nWrite a long travel guide to Lisbon: its weather in each month, \
+        the sea temperature, and which beaches are reachable by train.<|im_end|>\n<|im_start|>assistant\n",
+    );
     let a1 = run(&engine, &alice, true);
     let b1 = run(&engine, &bob, true);
     // Alice's next turn: her slot went to Bob, her state waits in RAM.
@@ -151,13 +165,25 @@ fn two_users_on_one_slot_alternate_through_the_ram_tier() {
     // Bob's too.
     let mut bob2 = bob.clone();
     bob2.extend(&b1.tokens);
-    bob2.extend(tokens(&model, " And in autumn?")[1..].iter());
-    let b2 = run(&engine, &bob2, true);
+    bob2.extend(
+        tokens(
+            &model,
+            "<|im_end|>\n<|im_start|>user\nNow the same for Porto.<|im_end|>\n<|im_start|>assistant\n",
+        )[1..]
+            .iter(),
+    );
+    // Saving Alice's turn drops her first one from RAM: Bob's lookup must
+    // still restore Bob's state, not whatever took its place in the tier.
+    let b2 = run_for(&engine, &bob2, true, 48);
     assert_eq!(
         b2.timings.cached_prompt_tokens,
         bob.len() + b1.tokens.len() - 1
     );
-    assert_eq!(b2.tokens, cold(&model, &bob2).tokens);
+    // The reference: Bob's two turns in a slot of his own (his restored KV
+    // was computed that way: the prompt in a batch, the reply token by token).
+    let alone = BatchEngine::start(Arc::clone(&model), config(1, Default::default())).unwrap();
+    assert_eq!(run(&alone, &bob, true).tokens, b1.tokens);
+    assert_eq!(b2.tokens, run_for(&alone, &bob2, true, 48).tokens);
 
     let status = engine.status().prompt_cache;
     assert_eq!(status.ram_restores_total, 2, "{status:?}");

@@ -9,6 +9,7 @@ use super::prompt_cache::disk::DiskTier;
 use super::prompt_cache::ram::RamTier;
 use super::prompt_cache::{common_prefix, CacheKey, Costs, Counters, PromptCacheConfig, Tier};
 use super::worker::{Slot, Worker};
+use crate::llama::{StateBuffer, StateBuffers};
 
 /// Shorter shared prefixes do not count when choosing a slot: every prompt
 /// of a chat template shares a few tokens, not worth a conversation's slot.
@@ -31,6 +32,9 @@ pub(super) struct Tiers {
     disk: Option<DiskTier>,
     costs: Costs,
     clock: u64,
+    /// Memory saves write into: what the RAM tier's limit leaves beside its
+    /// entries is kept for the next save.
+    buffers: StateBuffers,
 }
 
 impl Tiers {
@@ -55,12 +59,15 @@ impl Tiers {
                     .map_err(|e| tracing::warn!("prompt cache: no NVMe tier ({})", e.kind()))
                     .ok()
             });
-        Tiers {
+        let tiers = Tiers {
             ram: RamTier::new(config.ram_bytes),
             disk,
             costs: Costs::new(config.disk_read_bytes_per_second),
             clock: 0,
-        }
+            buffers: StateBuffers::for_this_machine(),
+        };
+        tiers.buffers.set_keep(config.ram_bytes);
+        tiers
     }
 
     fn saves(&self) -> bool {
@@ -68,12 +75,22 @@ impl Tiers {
     }
 
     /// Keeps a saved state in RAM and writes it through to NVMe.
-    fn keep(&mut self, tokens: Vec<i32>, state: Arc<Vec<u8>>) {
+    fn keep(&mut self, tokens: Vec<i32>, state: Arc<StateBuffer>) {
         if let Some(disk) = &self.disk {
             disk.write(tokens.clone(), Arc::clone(&state));
         }
-        // What RAM evicts is already on NVMe (or was dropped by a full disk).
-        drop(self.ram.insert(tokens, state));
+        // What RAM evicts is already on NVMe (or was dropped by a full disk);
+        // its memory goes back to the pool once the room left is known.
+        let evicted = self.ram.insert(tokens, state);
+        self.keep_spare_memory();
+        drop(evicted);
+    }
+
+    /// Memory kept for saves fills what the RAM tier's entries leave of its
+    /// limit, so entries and spare memory together stay within the charge.
+    fn keep_spare_memory(&self) {
+        let spare = self.ram.limit_bytes().saturating_sub(self.ram.bytes());
+        self.buffers.set_keep(spare);
     }
 
     fn publish(&self, counters: &Counters) {
@@ -216,8 +233,9 @@ impl Worker {
                 }
             },
             Source::Ram(i, n) => {
-                self.save(seq, &kept, 0);
+                // Taken before the save: saving may drop or move entries.
                 let state = Arc::clone(&self.tiers.ram.touch(i).state);
+                self.save(seq, &kept, 0);
                 (self.restore(seq, &state, n, Tier::Ram), Tier::Ram)
             }
             Source::Disk(i, n) => {
@@ -225,7 +243,8 @@ impl Worker {
                 let read = Instant::now();
                 // The writer thread may have changed the index since the
                 // lookup: the file read must still hold the prefix.
-                let loaded = self.tiers.disk.as_ref().and_then(|d| d.read(i));
+                let buffers = &self.tiers.buffers;
+                let loaded = self.tiers.disk.as_ref().and_then(|d| d.read(i, buffers));
                 let cached = match loaded.filter(|(t, _)| common_prefix(t, prompt) >= n) {
                     Some((tokens, state)) => {
                         let seconds = read.elapsed().as_secs_f64();
@@ -327,7 +346,7 @@ impl Worker {
             return;
         }
         let started = Instant::now();
-        match self.ctx.seq_state(seq as i32) {
+        match self.ctx.seq_state(seq as i32, &self.tiers.buffers) {
             Ok(state) if !state.is_empty() => {
                 let counters = &self.shared.counters.prompt_cache;
                 Counters::add(&counters.saves, 1);
@@ -361,7 +380,9 @@ impl Worker {
 
     /// Applies a new RAM limit (the memory budget moved).
     pub(super) fn set_ram_limit(&mut self, bytes: u64) {
-        drop(self.tiers.ram.set_limit(bytes));
+        let evicted = self.tiers.ram.set_limit(bytes);
+        self.tiers.keep_spare_memory();
+        drop(evicted);
         self.tiers.publish(&self.shared.counters.prompt_cache);
     }
 
@@ -375,7 +396,7 @@ impl Worker {
             if self.kept[seq].tokens.len() < MIN_SAVE_TOKENS {
                 continue;
             }
-            if let Ok(state) = self.ctx.seq_state(seq as i32) {
+            if let Ok(state) = self.ctx.seq_state(seq as i32, &self.tiers.buffers) {
                 disk.write_now(self.kept[seq].tokens.clone(), &state);
             }
         }

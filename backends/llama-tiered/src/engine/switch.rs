@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError};
 use super::queue::{BatchEngine, Counters, Current, GenerationEvent, Queued};
 use super::worker::{send, Worker};
 use crate::error::EngineError;
-use crate::llama::{Context, EvalHook, Model};
+use crate::llama::{Context, EvalHook, Model, StateBuffers};
 
 /// A context of the new model, handed to the worker to switch to.
 pub(super) struct Switch {
@@ -99,7 +99,7 @@ impl Worker {
         for seq in 0..self.slots.len() {
             // Idle slots' kept conversations move too.
             if self.slots[seq].is_some() || self.holds_kept(seq) {
-                let state = self.ctx.seq_state(seq as i32)?;
+                let state = self.ctx.seq_state(seq as i32, &StateBuffers::default())?;
                 ctx.set_seq_state(seq as i32, &state)?;
             }
         }

@@ -27,4 +27,5 @@ pub use context::{default_threads, Batch, Context, ContextMemory, ContextParams,
 pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
 pub use model::{GpuOffload, LoadMode, Model, ModelParams};
 pub use sampler::{Sampler, SamplingParams, MAX_TOP_LOGPROBS};
+pub use state::{StateBuffer, StateBuffers};
 pub use stream::{EvalHook, LoadReport, Node, StreamBufferType, StreamRegion, PAGE};

@@ -1,20 +1,36 @@
-//! One sequence's KV state out of a context and into another: how a batch
-//! engine moves its sequences onto a new placement of the same model between
-//! two decode steps (`llama_state_seq_*`).
+//! One sequence's KV state out of a context and into another
+//! (`llama_state_seq_*`): how the prompt cache saves a conversation before
+//! its slot goes to another, and how a batch engine moves its sequences onto
+//! a new placement of the same model between two decode steps.
+//!
+//! States are saved into [`StateBuffers`]: host memory kept for reuse, pinned
+//! for the GPU where there is one. A state is often a gigabyte; writing it
+//! into fresh memory costs a page fault per page, and a GPU copies into
+//! pageable memory through a bounce buffer at a fraction of the bus's speed,
+//! so a save into a new `Vec` took ten times its restore.
+use std::ops::Deref;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
+
 use hypura_llama_sys as sys;
 
 use super::context::Context;
+use super::device::{devices, Device, PinnedHostBytes};
 use crate::error::EngineError;
 
 impl Context {
-    /// A copy of sequence `seq`'s KV cache (empty for an unused sequence).
-    pub fn seq_state(&mut self, seq: i32) -> Result<Vec<u8>, EngineError> {
+    /// A copy of sequence `seq`'s KV cache (empty for an unused sequence),
+    /// in memory from `buffers`.
+    pub fn seq_state(
+        &mut self,
+        seq: i32,
+        buffers: &StateBuffers,
+    ) -> Result<StateBuffer, EngineError> {
         // SAFETY: the context is alive; the size call only reads it.
         let size = unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) };
-        let mut state = Vec::with_capacity(size);
-        huge_pages(state.spare_capacity_mut());
-        // SAFETY: `state` has room for `size` bytes, the size llama.cpp
-        // asked for; it writes at most that many.
+        let mut state = buffers.take(size)?;
+        // SAFETY: `state` has room for `size` bytes (`take`), the size
+        // llama.cpp asked for; it writes at most that many.
         let written =
             unsafe { sys::llama_state_seq_get_data(self.as_ptr(), state.as_mut_ptr(), size, seq) };
         if written != size {
@@ -22,8 +38,7 @@ impl Context {
                 "llama.cpp wrote {written} of the {size} bytes of sequence {seq}'s state"
             )));
         }
-        // SAFETY: llama.cpp initialized all `size` bytes.
-        unsafe { state.set_len(size) };
+        state.len = size;
         Ok(state)
     }
 
@@ -49,19 +64,323 @@ impl Context {
     }
 }
 
-/// Asks the kernel for transparent huge pages under a large, still untouched
-/// buffer: a sequence's state is often a gigabyte, written once by a device
-/// copy, and faulting it in 4 KiB pages costs more than the copy (a 2 MiB
-/// page takes one fault for 512). Only whole 2 MiB pages inside the buffer
-/// are advised; where THP is off this does nothing.
-fn huge_pages(buffer: &mut [std::mem::MaybeUninit<u8>]) {
-    const HUGE: usize = 2 << 20;
-    let start = buffer.as_mut_ptr() as usize;
-    let first = start.next_multiple_of(HUGE);
-    let end = (start + buffer.len()) / HUGE * HUGE;
+/// A pool of host memory for sequence states. A [`StateBuffer`] returns its
+/// memory here when dropped; the pool keeps up to [`StateBuffers::set_keep`]
+/// bytes of it for later saves and frees the rest. Cloning shares the pool.
+#[derive(Clone, Default)]
+pub struct StateBuffers(Arc<Pool>);
+
+#[derive(Default)]
+struct Pool {
+    /// The GPU whose pinned host memory states go into; `None`: mapped pages.
+    pin: Option<Device>,
+    free: Mutex<Free>,
+}
+
+#[derive(Default)]
+struct Free {
+    /// Oldest returned first.
+    buffers: Vec<Memory>,
+    bytes: u64,
+    keep_bytes: u64,
+}
+
+impl StateBuffers {
+    /// A pool whose memory is pinned for the first GPU when this process has
+    /// one (copies from and to its KV run at the bus's speed), else mapped
+    /// host pages. It keeps nothing until [`StateBuffers::set_keep`].
+    pub fn for_this_machine() -> StateBuffers {
+        let pin = devices().into_iter().find(Device::is_gpu);
+        StateBuffers(Arc::new(Pool {
+            pin,
+            free: Mutex::default(),
+        }))
+    }
+
+    /// Keeps at most `bytes` of returned memory for reuse (the room a
+    /// memory budget gives the saves), freeing the oldest beyond it.
+    pub fn set_keep(&self, bytes: u64) {
+        let mut free = self.0.lock();
+        free.keep_bytes = bytes;
+        free.trim();
+    }
+
+    /// Bytes of memory held for reuse.
+    pub fn kept_bytes(&self) -> u64 {
+        self.0.lock().bytes
+    }
+
+    /// A buffer of `len` bytes that `fill` wrote (`None` when it failed or
+    /// no memory could be had).
+    pub fn filled(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Option<StateBuffer> {
+        let mut buffer = self.take(len).ok()?;
+        // SAFETY: `take` gave room for `len` bytes of memory this buffer
+        // owns alone; whatever they held is overwritten or ignored.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr(), len) };
+        if !fill(bytes) {
+            return None;
+        }
+        buffer.len = len;
+        Some(buffer)
+    }
+
+    /// A buffer with room for `size` bytes (its length 0): the smallest kept
+    /// one that fits and is not more than twice too big, else new memory
+    /// with room for the state to grow by an eighth.
+    fn take(&self, size: usize) -> Result<StateBuffer, EngineError> {
+        let reused = {
+            let mut free = self.0.lock();
+            let fits = |m: &Memory| m.capacity() >= size && m.capacity() <= 2 * size + HUGE_PAGE;
+            let best = (0..free.buffers.len())
+                .filter(|&i| fits(&free.buffers[i]))
+                .min_by_key(|&i| free.buffers[i].capacity());
+            best.map(|i| {
+                let m = free.buffers.remove(i);
+                free.bytes -= m.capacity() as u64;
+                m
+            })
+        };
+        let memory = match reused {
+            Some(m) => m,
+            None => self
+                .0
+                .alloc((size + size / 8).next_multiple_of(HUGE_PAGE))?,
+        };
+        Ok(StateBuffer {
+            memory: Some(memory),
+            len: 0,
+            home: Arc::downgrade(&self.0),
+        })
+    }
+}
+
+// SAFETY: `pin` is a handle into ggml's device registry, which lives as long
+// as the process; it is only used to allocate host buffers, which ggml allows
+// from any thread. `free` is behind its mutex.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn alloc(&self, capacity: usize) -> Result<Memory, EngineError> {
+        if let Some(dev) = &self.pin {
+            match PinnedHostBytes::alloc(dev, capacity) {
+                Ok(Some(pinned)) => return Ok(Memory::Pinned(pinned)),
+                Ok(None) => {}
+                Err(e) => tracing::debug!("state buffer: no pinned memory ({e}): mapped pages"),
+            }
+        }
+        Mapped::new(capacity).map(Memory::Mapped)
+    }
+}
+
+impl Free {
+    fn trim(&mut self) {
+        while self.bytes > self.keep_bytes && !self.buffers.is_empty() {
+            let oldest = self.buffers.remove(0);
+            self.bytes -= oldest.capacity() as u64;
+        }
+    }
+}
+
+/// One saved state: `len` bytes of memory from a [`StateBuffers`] pool,
+/// which gets the memory back on drop.
+pub struct StateBuffer {
+    memory: Option<Memory>,
+    len: usize,
+    home: Weak<Pool>,
+}
+
+impl StateBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.memory
+            .as_mut()
+            .map_or(NonNull::dangling().as_ptr(), Memory::as_mut_ptr)
+    }
+}
+
+impl Deref for StateBuffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.memory {
+            // SAFETY: `len` ≤ the memory's capacity, and llama.cpp wrote
+            // those bytes ([`Context::seq_state`] sets `len` after it did).
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+}
+
+impl From<&[u8]> for StateBuffer {
+    /// A copy of `bytes` outside any pool (tests, and states read from disk).
+    fn from(bytes: &[u8]) -> StateBuffer {
+        StateBuffer {
+            memory: Some(Memory::Heap(bytes.to_vec().into_boxed_slice())),
+            len: bytes.len(),
+            home: Weak::new(),
+        }
+    }
+}
+
+impl Drop for StateBuffer {
+    fn drop(&mut self) {
+        let (Some(memory), Some(pool)) = (self.memory.take(), self.home.upgrade()) else {
+            return;
+        };
+        if matches!(memory, Memory::Heap(_)) {
+            return;
+        }
+        let mut free = pool.lock();
+        free.bytes += memory.capacity() as u64;
+        free.buffers.push(memory);
+        free.trim();
+    }
+}
+
+const HUGE_PAGE: usize = 2 << 20;
+
+enum Memory {
+    Pinned(PinnedHostBytes),
+    Mapped(Mapped),
+    Heap(Box<[u8]>),
+}
+
+// SAFETY: each variant owns its memory outright (no aliasing handle is kept
+// elsewhere); ggml frees a host buffer from any thread.
+unsafe impl Send for Memory {}
+// SAFETY: shared access only reads the bytes.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    fn capacity(&self) -> usize {
+        match self {
+            Memory::Pinned(p) => p.as_slice().len(),
+            Memory::Mapped(m) => m.capacity,
+            Memory::Heap(b) => b.len(),
+        }
+    }
+
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Memory::Pinned(p) => p.as_slice().as_ptr(),
+            Memory::Mapped(m) => m.ptr.as_ptr(),
+            Memory::Heap(b) => b.as_ptr(),
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            Memory::Pinned(p) => p.as_mut_slice().as_mut_ptr(),
+            Memory::Mapped(m) => m.ptr.as_ptr(),
+            Memory::Heap(b) => b.as_mut_ptr(),
+        }
+    }
+}
+
+/// Anonymous private pages, advised huge (one fault per 2 MiB where
+/// transparent huge pages are on in `madvise` mode).
+struct Mapped {
+    ptr: NonNull<u8>,
+    capacity: usize,
+}
+
+impl Mapped {
+    fn new(capacity: usize) -> Result<Mapped, EngineError> {
+        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                capacity,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(EngineError::Context(format!(
+                "could not map {capacity} bytes for a sequence's state: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        huge_pages(raw.cast(), capacity);
+        Ok(Mapped {
+            ptr: NonNull::new(raw.cast()).expect("mmap returned null without failing"),
+            capacity,
+        })
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.capacity) };
+    }
+}
+
+/// Advises transparent huge pages for the whole 2 MiB pages inside
+/// `start..start + len`; where THP is off this does nothing.
+fn huge_pages(start: *mut u8, len: usize) {
+    let first = (start as usize).next_multiple_of(HUGE_PAGE);
+    let end = (start as usize + len) / HUGE_PAGE * HUGE_PAGE;
     if end > first {
-        // SAFETY: the range lies inside `buffer`'s allocation; MADV_HUGEPAGE
+        // SAFETY: the range lies inside the caller's mapping; MADV_HUGEPAGE
         // changes how its pages are backed, never their contents.
         unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(pool: &StateBuffers, size: usize, byte: u8) -> StateBuffer {
+        let mut b = pool.take(size).unwrap();
+        // SAFETY (test): `take` gave room for `size` bytes.
+        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), byte, size) };
+        b.len = size;
+        b
+    }
+
+    #[test]
+    fn dropped_buffers_are_reused_up_to_the_kept_bytes() {
+        let pool = StateBuffers::default();
+        pool.set_keep(64 << 20);
+        let a = filled(&pool, 10 << 20, 1);
+        assert_eq!(&a[..3], &[1, 1, 1]);
+        let first = a.as_ptr();
+        drop(a);
+        assert!(pool.kept_bytes() >= 10 << 20);
+        // A state that grew a little fits the same memory.
+        let b = filled(&pool, (10 << 20) + 4096, 2);
+        assert_eq!((b.as_ptr(), pool.kept_bytes()), (first, 0));
+        assert!(b.iter().all(|&x| x == 2));
+        // A much smaller state does not take a buffer twice its size.
+        drop(b);
+        let small = filled(&pool, 1 << 20, 3);
+        assert_ne!(small.as_ptr(), first);
+        drop(small);
+        // Keeping less frees the oldest first.
+        pool.set_keep(2 << 20);
+        assert!(pool.kept_bytes() <= 2 << 20);
+        pool.set_keep(0);
+        assert_eq!(pool.kept_bytes(), 0);
+    }
+
+    #[test]
+    fn a_buffer_outliving_its_pool_frees_its_memory() {
+        let pool = StateBuffers::default();
+        pool.set_keep(u64::MAX);
+        let a = filled(&pool, 4096, 9);
+        drop(pool);
+        assert_eq!(a.len(), 4096);
+        drop(a);
+        let copy = StateBuffer::from(&[1u8, 2, 3][..]);
+        assert_eq!(&copy[..], &[1, 2, 3]);
     }
 }

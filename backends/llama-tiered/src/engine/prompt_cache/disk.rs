@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use super::{common_prefix, CacheKey};
+use crate::llama::{StateBuffer, StateBuffers};
 
 const MAGIC: &[u8; 8] = b"HYPKV\0\0\x01";
 const HEADER_BYTES: usize = 8 + 32 + 4 + 8 + 4;
@@ -30,7 +31,7 @@ const MAX_TOKENS: u32 = 1 << 24;
 const WRITE_QUEUE: usize = 2;
 
 /// A state to write: its tokens and its bytes (shared with the RAM tier).
-type Pending = (Vec<i32>, Arc<Vec<u8>>);
+type Pending = (Vec<i32>, Arc<StateBuffer>);
 
 /// One file of this model's folder.
 struct DiskEntry {
@@ -134,9 +135,10 @@ impl DiskTier {
 
     /// Reads file `i` whole: its tokens and state, once its checks pass.
     /// A file that fails them (or is gone) is forgotten and removed.
-    pub(crate) fn read(&self, i: usize) -> Option<(Vec<i32>, Vec<u8>)> {
+    /// The state goes into memory from `buffers` (pinned where there is a GPU).
+    pub(crate) fn read(&self, i: usize, buffers: &StateBuffers) -> Option<(Vec<i32>, StateBuffer)> {
         let path = self.index().entries.get(i)?.path.clone();
-        let read = read_file(&path, &self.key);
+        let read = read_file(&path, &self.key, buffers);
         if read.is_none() {
             tracing::warn!("prompt cache: dropped a damaged or stale file");
             remove(&path);
@@ -149,7 +151,7 @@ impl DiskTier {
     }
 
     /// Queues a write; false when the writer is behind (nothing written).
-    pub(crate) fn write(&self, tokens: Vec<i32>, state: Arc<Vec<u8>>) -> bool {
+    pub(crate) fn write(&self, tokens: Vec<i32>, state: Arc<StateBuffer>) -> bool {
         if state.len() as u64 > self.folder.limit_bytes {
             return false;
         }
@@ -343,11 +345,15 @@ fn read_header(path: &Path, key: &CacheKey) -> Option<(Vec<i32>, u64)> {
     parse_header(&mut file, key).map(|(tokens, bytes, _)| (tokens, bytes))
 }
 
-fn read_file(path: &Path, key: &CacheKey) -> Option<(Vec<i32>, Vec<u8>)> {
+fn read_file(
+    path: &Path,
+    key: &CacheKey,
+    buffers: &StateBuffers,
+) -> Option<(Vec<i32>, StateBuffer)> {
     let mut file = File::open(path).ok()?;
     let (tokens, state_bytes, crc) = parse_header(&mut file, key)?;
-    let mut state = vec![0u8; usize::try_from(state_bytes).ok()?];
-    file.read_exact(&mut state).ok()?;
+    let len = usize::try_from(state_bytes).ok()?;
+    let state = buffers.filled(len, |bytes| file.read_exact(bytes).is_ok())?;
     (checksum(&tokens, &state) == crc).then_some((tokens, state))
 }
 
@@ -372,13 +378,14 @@ mod tests {
         let root = super::super::TestDir::new();
         {
             let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
-            assert!(tier.write(vec![1, 2, 3], Arc::new(vec![9; 100])));
+            assert!(tier.write(vec![1, 2, 3], Arc::new(StateBuffer::from(&[9u8; 100][..]))));
             wait_for(&tier, 1);
         }
         let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
         let (i, n, bytes) = tier.best(&[1, 2, 3, 4]).unwrap();
         assert_eq!((n, bytes), (3, 100));
-        assert_eq!(tier.read(i).unwrap(), (vec![1, 2, 3], vec![9; 100]));
+        let (tokens, state) = tier.read(i, &StateBuffers::default()).unwrap();
+        assert_eq!((tokens, &state[..]), (vec![1, 2, 3], &[9u8; 100][..]));
 
         // Another model's key sees nothing of it.
         let other = DiskTier::open(root.path(), key(2), 1 << 20).unwrap();
@@ -391,7 +398,7 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         fs::write(&file, &bytes).unwrap();
-        assert!(tier.read(i).is_none());
+        assert!(tier.read(i, &StateBuffers::default()).is_none());
         assert!(!file.exists());
         assert_eq!(tier.usage(), (0, 0));
 
@@ -417,7 +424,10 @@ mod tests {
         assert_eq!(tier.best(&[1]).map(|b| b.1), Some(1));
         assert_eq!(tier.best(&[1, 5]).map(|b| b.1), Some(2));
         // Larger than the cap: not written.
-        assert!(!tier.write(vec![7], Arc::new(vec![0; cap as usize + 1])));
+        assert!(!tier.write(
+            vec![7],
+            Arc::new(StateBuffer::from(&vec![0u8; cap as usize + 1][..]))
+        ));
     }
 
     #[test]

@@ -13,11 +13,12 @@
 use std::sync::Arc;
 
 use super::common_prefix;
+use crate::llama::StateBuffer;
 
 /// A saved sequence: the tokens whose KV it holds, and that KV.
 pub(crate) struct Entry {
     pub(crate) tokens: Vec<i32>,
-    pub(crate) state: Arc<Vec<u8>>,
+    pub(crate) state: Arc<StateBuffer>,
     last_used: u64,
 }
 
@@ -84,7 +85,7 @@ impl RamTier {
     /// a prefix of `tokens`) go. Returns what had to leave to make room,
     /// least recently used first, for a lower tier; `state` itself when it
     /// is larger than the whole tier.
-    pub(crate) fn insert(&mut self, tokens: Vec<i32>, state: Arc<Vec<u8>>) -> Vec<Entry> {
+    pub(crate) fn insert(&mut self, tokens: Vec<i32>, state: Arc<StateBuffer>) -> Vec<Entry> {
         self.clock += 1;
         if let Some(e) = self
             .entries
@@ -142,8 +143,8 @@ impl RamTier {
 mod tests {
     use super::*;
 
-    fn state(n: usize) -> Arc<Vec<u8>> {
-        Arc::new(vec![7; n])
+    fn state(n: usize) -> Arc<StateBuffer> {
+        Arc::new(StateBuffer::from(&vec![7u8; n][..]))
     }
 
     #[test]
