@@ -19,6 +19,7 @@
 #   restart   the disk tier: U users, T turns; SIGTERM; page cache dropped; start again on the
 #             same cache directory; one more turn (restored or recomputed, as the cost model
 #             says) against the same turn with cache_prompt: false
+#   mixrestart  the restart above on the Mixtral shape, in the cgroup below
 #   mixtral   the Mixtral shape at --gpu-budget 8GiB --ram-budget 12GiB against llama-server
 #             -ngl 99 --n-cpu-moe 23, each inside a cgroup of memory.max MIX_MAX, S=1260 T=3
 #
@@ -173,33 +174,57 @@ restart() {
   late restart && return 0
   wait_model "$DENSE" || return 1
   quiet_disk
-  local u=${1:-${RESTART_USERS:-4}} t=${2:-5} d=$OUT/restart cache=$W/restart-cache port=18450 pid
-  local name
-  name=$(basename "$DENSE" .gguf):latest
-  rm -rf "$cache" && mkdir -p "$cache" "$d" && : >"$d/results.jsonl"
-  log "restart: U=$u T=$t, hypura serve --parallel 4 --context 8192 $DENSE_HYPURA_ARGS"
+  CGW=()
   # shellcheck disable=SC2086
-  HYPURA_CACHE_DIR=$cache "$H" serve "$DENSE" --port $port --parallel 4 --context 8192 $DENSE_HYPURA_ARGS \
-    >"$d/hypura-1.log" 2>&1 &
+  restarted restart "$DENSE" 18450 "${1:-${RESTART_USERS:-4}}" "${2:-5}" "$AGENT_S" 100 \
+    --parallel 4 --context 8192 $DENSE_HYPURA_ARGS
+}
+
+# mixrestart: the same on the Mixtral shape at 8 GiB GPU + 12 GiB RAM in its cgroup, one
+# user, MIX_S words, 2 turns before the restart (decode is slow there: MIX_REPLY tokens a reply).
+mixrestart() {
+  late mixrestart && return 0
+  wait_model "$MOEFULL" || return 1
+  drop_caches
+  cgroup "${MIX_MAX:-13197090816}"
+  restarted mixrestart "$MOEFULL" 18470 1 2 "${MIX_S:-1260}" 3 \
+    --parallel 1 --context 4096 --gpu-budget 8GiB --ram-budget 12GiB --profile "$PROFILE"
+  cgroup_peak
+}
+
+# restarted NAME MODEL PORT U T S WARM SERVE_ARGS...: U users, T turns of an S-word agent
+# prompt; SIGTERM; page cache dropped; the server started again on the same cache
+# directory; one more turn (restored or recomputed, as the cost model says) against the same
+# turn with cache_prompt: false. Servers start inside CGW (see cgroup) when set.
+restarted() {
+  local name=$1 model=$2 port=$3 u=$4 t=$5 s=$6 warm_n=$7 pid tag
+  shift 7
+  local d=$OUT/$name cache=$W/$name-cache
+  tag=$(basename "$model" .gguf):latest
+  rm -rf "$cache" && mkdir -p "$cache" "$d" && : >"$d/results.jsonl"
+  log "$name: U=$u T=$t S=$s, hypura serve $*"
+  "${CGW[@]}" env HYPURA_CACHE_DIR="$cache" "$H" serve "$model" --port "$port" "$@" >"$d/hypura-1.log" 2>&1 &
   pid=$!
-  up $port "$d/hypura-1.log" $pid && warm $port "$name" || { kill $pid; return 1; }
-  python3 scripts/bench_agent.py --url http://127.0.0.1:$port --label hypura --model "$name" \
-    --system-tokens "$AGENT_S" --turns "$t" --users "$u" --state "$d/state.json" >>"$d/results.jsonl"
-  curl -s http://127.0.0.1:$port/metrics | grep -E '^hypura_(prompt_cache|prefix_cache)' >"$d/metrics-1.txt"
+  up "$port" "$d/hypura-1.log" $pid && warm "$port" "$tag" "$warm_n" || { kill $pid; return 1; }
+  python3 scripts/bench_agent.py --url "http://127.0.0.1:$port" --label hypura --model "$tag" \
+    --system-tokens "$s" --turns "$t" --users "$u" --max-tokens "${MIX_REPLY:-32}" \
+    --state "$d/state.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^hypura_(prompt_cache|prefix_cache)' >"$d/metrics-1.txt"
   local t0=$SECONDS
   kill -TERM $pid; wait $pid
-  log "restart: stopped in $((SECONDS - t0)) s; prompt-cache files: $(find "$cache/prompt-cache" -type f | wc -l), $(du -sh "$cache/prompt-cache" | cut -f1)"
+  log "$name: stopped in $((SECONDS - t0)) s; prompt-cache files: $(find "$cache/prompt-cache" -type f | wc -l), $(du -sh "$cache/prompt-cache" | cut -f1)"
   drop_caches
-  HYPURA_CACHE_DIR=$cache "$H" serve "$DENSE" --port $port --parallel 4 --context 8192 $DENSE_HYPURA_ARGS \
-    >"$d/hypura-2.log" 2>&1 &
+  "${CGW[@]}" env HYPURA_CACHE_DIR="$cache" "$H" serve "$model" --port "$port" "$@" >"$d/hypura-2.log" 2>&1 &
   pid=$!
-  up $port "$d/hypura-2.log" $pid && warm $port "$name" || { kill $pid; return 1; }
+  up "$port" "$d/hypura-2.log" $pid && warm "$port" "$tag" "$warm_n" || { kill $pid; return 1; }
   cp "$d/state.json" "$d/state-cold.json"
-  python3 scripts/bench_agent.py --url http://127.0.0.1:$port --label hypura-restart --model "$name" \
-    --system-tokens "$AGENT_S" --turns 1 --users "$u" --state "$d/state.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
-  python3 scripts/bench_agent.py --url http://127.0.0.1:$port --label hypura-cold --model "$name" \
-    --system-tokens "$AGENT_S" --turns 1 --users "$u" --no-cache --state "$d/state-cold.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
-  curl -s http://127.0.0.1:$port/metrics | grep -E '^hypura_(prompt_cache|prefix_cache)' | tee "$d/metrics-2.txt" | tee -a "$OUT/log.txt"
+  python3 scripts/bench_agent.py --url "http://127.0.0.1:$port" --label hypura-restart --model "$tag" \
+    --system-tokens "$s" --turns 1 --users "$u" --max-tokens "${MIX_REPLY:-32}" \
+    --state "$d/state.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
+  python3 scripts/bench_agent.py --url "http://127.0.0.1:$port" --label hypura-cold --model "$tag" \
+    --system-tokens "$s" --turns 1 --users "$u" --max-tokens "${MIX_REPLY:-32}" --no-cache \
+    --state "$d/state-cold.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^hypura_(prompt_cache|prefix_cache)' | tee "$d/metrics-2.txt" | tee -a "$OUT/log.txt"
   kill -TERM $pid; wait $pid
   grep -E "prompt cache|placement of" "$d"/hypura-*.log | cut -c1-300 | tee -a "$OUT/log.txt"
 }
