@@ -381,3 +381,102 @@ except ollama.ResponseError as e:
         "the ollama client's create failed: {status:?}"
     );
 }
+
+/// `dir` made empty, named for this process and `what`.
+fn empty_dir_for(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hypura-create-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_failed_create_removes_the_blobs_it_uploaded() {
+    let dir = empty_dir_for("failed");
+    let blobs = dir.join("blobs");
+    let smol_bytes = std::fs::read(common::smollm2()).unwrap();
+    let digest = format!("sha256:{}", sha256_hex(&smol_bytes));
+    // A GGUF header, then the file cut short: a valid upload, not a model.
+    let cut = smol_bytes[..1 << 20].to_vec();
+    let cut_digest = format!("sha256:{}", sha256_hex(&cut));
+    let s = Server::start(&["--models-dir", dir.to_str().unwrap()]);
+    let nothing = Vec::<String>::new();
+
+    // Each way a create fails, after its upload: the blob goes with it.
+    let failures = [
+        (
+            json!({"model": "bad-template", "from": digest, "template": "{{ .System }}"}),
+            400,
+            "Go templates are not supported",
+        ),
+        (
+            json!({"model": "bad-option", "files": {"smol.gguf": digest},
+                   "parameters": {"temperature": "hot"}}),
+            400,
+            "parameters.temperature",
+        ),
+        (
+            json!({"model": "bad-modelfile",
+                   "modelfile": format!("FROM {digest}\nPARAMETER top_p 7")}),
+            400,
+            "top_p",
+        ),
+        (
+            json!({"model": MODEL, "files": {"smol.gguf": digest}}),
+            400,
+            "is taken by the model served from",
+        ),
+        (
+            json!({"model": "quantized", "from": digest, "quantize": "q4_K_M"}),
+            501,
+            "quantize is not supported",
+        ),
+        (
+            json!({"model": "nested", "from": format!("@{digest}"), "messages":
+                   [{"role": "wizard", "content": "hi"}]}),
+            400,
+            "the role 'wizard'",
+        ),
+    ];
+    for (body, status, words) in failures {
+        assert_eq!(upload(&s, &digest, smol_bytes.clone()).0, 201, "{body}");
+        assert_eq!(listing(&blobs), [digest.replace(':', "-")]);
+        let error = error_of(&s, "/api/create", body.clone(), status);
+        assert!(error.contains(words), "{body}: {error}");
+        assert_eq!(listing(&blobs), nothing, "after {body}");
+        assert_eq!(head(&s, &format!("/api/blobs/{digest}")), 404);
+    }
+    assert_eq!(upload(&s, &cut_digest, cut).0, 201);
+    let error = error_of(
+        &s,
+        "/api/create",
+        json!({"model": "cut", "files": {"cut.gguf": cut_digest}}),
+        400,
+    );
+    assert!(!error.contains(dir.to_str().unwrap()), "{error}");
+    assert_eq!(listing(&blobs), nothing);
+
+    // A blob a model uses stays when another create from it fails.
+    assert_eq!(upload(&s, &digest, smol_bytes).0, 201);
+    let kept = json!({"model": "kept", "from": digest, "stream": false});
+    assert_eq!(
+        s.post_json("/api/create", kept, 200),
+        json!({"status": "success"})
+    );
+    let error = error_of(
+        &s,
+        "/api/create",
+        json!({"model": "kept2", "from": digest, "template": "{% if %}"}),
+        400,
+    );
+    assert!(error.starts_with("template: "), "{error}");
+    assert_eq!(head(&s, &format!("/api/blobs/{digest}")), 200);
+    assert_eq!(listing(&blobs), [digest.replace(':', "-")]);
+    let reply = generate(
+        &s,
+        json!({"model": "kept", "prompt": PROMPT, "options": {"num_predict": 1}}),
+    );
+    assert_eq!(reply["eval_count"], 1, "{reply}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

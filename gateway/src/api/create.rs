@@ -17,9 +17,10 @@
 //! hypura has no quantizer.
 //!
 //! Everything is checked before the first byte is answered, so a failure
-//! has its own status. With `stream` (the default) the answer is Ollama's
-//! NDJSON status lines ending in `{"status":"success"}`; without, that
-//! last object.
+//! has its own status; a failed create removes the uploaded blobs it names
+//! that no model uses (nothing is left behind; a retry uploads again).
+//! With `stream` (the default) the answer is Ollama's NDJSON status lines
+//! ending in `{"status":"success"}`; without, that last object.
 //!
 //! Requests for a created model get its defaults: the system prompt,
 //! template and messages in [`crate::core::infer`] (every dialect); its
@@ -143,6 +144,45 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let request: CreateRequest = parse_json(&body_bytes(body)?)?;
+    let uploaded = blob_digests(&request);
+    // One create at a time: a failed one must not prune a blob that another
+    // is about to register.
+    let _one_at_a_time = CREATES.lock().await;
+    let created = create_model(state.clone(), request).await;
+    if !created.as_ref().is_ok_and(|r| r.status().is_success()) {
+        if let Some(dir) = state.models_dir.as_deref() {
+            for hex in &uploaded {
+                if let Some(path) = find_blob(dir, hex) {
+                    prune_blob(&state.registry, dir, &path);
+                }
+            }
+        }
+    }
+    created
+}
+
+/// Serializes creates (each reads a GGUF header and writes a small manifest).
+static CREATES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The hex digests of the blobs a create names (`from`, `files`, its
+/// Modelfile's FROM): uploaded for it, they go when it fails and no model
+/// uses them (a client uploads again to retry).
+fn blob_digests(request: &CreateRequest) -> Vec<String> {
+    let from_file = request
+        .modelfile
+        .as_deref()
+        .and_then(|text| modelfile::parse(text).ok())
+        .map(|file| file.from);
+    let named = request.from.iter().chain(from_file.iter());
+    let files = request.files.iter().flat_map(|files| files.values());
+    named
+        .chain(files)
+        .filter_map(|from| parse_digest(from.trim().trim_start_matches('@')).ok())
+        .map(str::to_string)
+        .collect()
+}
+
+async fn create_model(state: AppState, request: CreateRequest) -> Result<Response, OllamaError> {
     let stream = request.stream.unwrap_or(true);
     let quantize = request
         .quantize
