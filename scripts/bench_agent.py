@@ -60,6 +60,8 @@ def stream(url, body, timeout):
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         event = json.loads(line[6:])
+        if event.get("error"):  # a failure after the stream began
+            raise RuntimeError(f"error event: {json.dumps(event['error'])[:300]}")
         for choice in event.get("choices", []):
             piece = choice.get("text", "")
             if piece and first is None:
