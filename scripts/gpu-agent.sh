@@ -153,19 +153,21 @@ up() { # PORT LOG PID: waits until the server answers /v1/models
 }
 
 # warm PORT MODEL [REPEATS]: loads the model (hypura loads on first use) with a 700-token prompt
-# outside the prompt cache (cache_prompt: false), which also gives the cost model a
-# measured prompt speed, as a server that has served anything has.
+# outside the prompt cache (cache_prompt: false), twice: the cost model takes its prompt speed
+# from the second (a context's first step runs cold), as a server that has served anything has.
 warm() {
   python3 - "$1" "$2" "${3:-100}" <<'EOF' | tee -a "$OUT/log.txt"
 import json, sys, time, urllib.request
 port, model, repeats = sys.argv[1:]
-body = {"model": model, "prompt": " ".join(["warm up the model and its kernels"] * int(repeats)),
-        "max_tokens": 1, "temperature": 0, "cache_prompt": False}
-t = time.time()
-req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
-                             {"Content-Type": "application/json"})
-r = json.load(urllib.request.urlopen(req, timeout=900))
-print(f"warm-up: {time.time() - t:.2f} s, usage {json.dumps(r.get('usage'))}")
+for i in range(2):
+    words = ["warm up the model and its kernels", f"pass {i}"] * int(repeats)
+    body = {"model": model, "prompt": " ".join(words), "max_tokens": 1, "temperature": 0,
+            "cache_prompt": False}
+    t = time.time()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=900))
+    print(f"warm-up {i}: {time.time() - t:.2f} s, usage {json.dumps(r.get('usage'))}")
 EOF
 }
 
@@ -224,7 +226,8 @@ restarted() {
   python3 scripts/bench_agent.py --url "http://127.0.0.1:$port" --label hypura-cold --model "$tag" \
     --system-tokens "$s" --turns 1 --users "$u" --max-tokens "${MIX_REPLY:-32}" --no-cache \
     --state "$d/state-cold.json" | tee -a "$d/results.jsonl" "$OUT/log.txt"
-  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^hypura_(prompt_cache|prefix_cache)' | tee "$d/metrics-2.txt" | tee -a "$OUT/log.txt"
+  curl -s -m 20 "http://127.0.0.1:$port/metrics" | grep -E '^hypura_(prompt_cache|prefix_cache)' | tee "$d/metrics-2.txt" | tee -a "$OUT/log.txt"
+  curl -s -m 20 "http://127.0.0.1:$port/api/ps" | cut -c1-600 | tee -a "$OUT/log.txt"; echo
   kill -TERM $pid; wait $pid
   grep -E "prompt cache|placement of" "$d"/hypura-*.log | cut -c1-300 | tee -a "$OUT/log.txt"
 }

@@ -345,7 +345,16 @@ impl Worker {
         if !self.tiers.saves() || kept.len().saturating_sub(keep) < MIN_SAVE_TOKENS {
             return;
         }
+        if self.tiers.ram.holds(kept) {
+            return;
+        }
         let started = Instant::now();
+        // Room first: what leaves RAM gives its memory to this save (a new
+        // gigabyte of pinned memory costs more than the copy into it).
+        let bytes = self.ctx.seq_state_bytes(seq as i32) as u64;
+        let gone = self.tiers.ram.make_room(kept, bytes);
+        self.tiers.keep_spare_memory();
+        drop(gone);
         match self.ctx.seq_state(seq as i32, &self.tiers.buffers) {
             Ok(state) if !state.is_empty() => {
                 let counters = &self.shared.counters.prompt_cache;

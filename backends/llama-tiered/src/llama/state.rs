@@ -19,6 +19,12 @@ use super::device::{devices, Device, PinnedHostBytes};
 use crate::error::EngineError;
 
 impl Context {
+    /// The bytes of sequence `seq`'s state ([`Context::seq_state`]).
+    pub fn seq_state_bytes(&mut self, seq: i32) -> usize {
+        // SAFETY: the context is alive; the size call only reads it.
+        unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) }
+    }
+
     /// A copy of sequence `seq`'s KV cache (empty for an unused sequence),
     /// in memory from `buffers`.
     pub fn seq_state(
@@ -26,8 +32,7 @@ impl Context {
         seq: i32,
         buffers: &StateBuffers,
     ) -> Result<StateBuffer, EngineError> {
-        // SAFETY: the context is alive; the size call only reads it.
-        let size = unsafe { sys::llama_state_seq_get_size(self.as_ptr(), seq) };
+        let size = self.seq_state_bytes(seq);
         let mut state = buffers.take(size)?;
         // SAFETY: `state` has room for `size` bytes (`take`), the size
         // llama.cpp asked for; it writes at most that many.
@@ -196,6 +201,11 @@ pub struct StateBuffer {
 }
 
 impl StateBuffer {
+    /// The memory this state holds: its bytes and the room left to grow.
+    pub fn memory_bytes(&self) -> usize {
+        self.memory.as_ref().map_or(0, Memory::capacity)
+    }
+
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.memory
             .as_mut()

@@ -100,6 +100,10 @@ pub(crate) struct Costs {
     /// Prompt tokens per second, measured on decode steps that read prompts
     /// (`0` until measured: then a restore is assumed to win).
     prefill_tokens_per_second: f64,
+    /// Whether a context's first prompt step was seen: it runs colder than
+    /// any later one (kernels loaded, buffers grown, graphs made), so it
+    /// is not a measurement.
+    warmed_up: bool,
     ram_bytes_per_second: f64,
     disk_bytes_per_second: f64,
 }
@@ -111,6 +115,7 @@ impl Costs {
     pub(crate) fn new(disk_read_bytes_per_second: u64) -> Costs {
         Costs {
             prefill_tokens_per_second: 0.0,
+            warmed_up: false,
             // A memcpy into the KV buffers; corrected by the first restore.
             ram_bytes_per_second: 4e9,
             disk_bytes_per_second: if disk_read_bytes_per_second > 0 {
@@ -140,6 +145,9 @@ impl Costs {
     }
 
     pub(crate) fn measured_prefill(&mut self, tokens: usize, seconds: f64) {
+        if tokens >= 16 && seconds > 0.0 && !std::mem::replace(&mut self.warmed_up, true) {
+            return;
+        }
         if tokens >= 16 && seconds > 0.0 {
             smooth(&mut self.prefill_tokens_per_second, tokens as f64 / seconds);
         }
@@ -279,13 +287,18 @@ mod tests {
         let mut costs = Costs::new(1_000_000_000);
         // Nothing measured yet: restore.
         assert!(costs.restore_wins(Tier::Disk, 1 << 30, 10));
+        // A context's first prompt step runs cold (here at a tenth of the
+        // speed): it is not taken as the speed.
+        costs.measured_prefill(900, 1.0);
+        let per_token = 128 << 10;
+        assert!(costs.restore_wins(Tier::Disk, 7000 * per_token, 7000));
         // A GPU reading 9,000 prompt tokens/s; an 8B's KV is 128 KiB a token.
         costs.measured_prefill(9000, 1.0);
-        let per_token = 128 << 10;
         assert!(!costs.restore_wins(Tier::Disk, 7000 * per_token, 7000));
         assert!(costs.restore_wins(Tier::Ram, 7000 * per_token, 7000));
         // Two CPU cores at 150 tokens/s: the disk wins.
         let mut cpu = Costs::new(1_500_000_000);
+        cpu.measured_prefill(300, 2.0);
         cpu.measured_prefill(300, 2.0);
         assert!(cpu.restore_wins(Tier::Disk, 2800 * (23 << 10), 2800));
         assert!(!cpu.restore_wins(Tier::Disk, 1 << 30, 0));

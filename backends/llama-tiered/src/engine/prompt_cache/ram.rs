@@ -22,7 +22,7 @@ pub(crate) struct Entry {
     last_used: u64,
 }
 
-/// Entries under a byte limit (their states' bytes).
+/// Entries under a byte limit (their states' memory).
 #[derive(Default)]
 pub(crate) struct RamTier {
     entries: Vec<Entry>,
@@ -70,6 +70,35 @@ impl RamTier {
         self.entries[i].state.len() as u64
     }
 
+    /// Whether an entry already holds `tokens` (or a longer conversation
+    /// that begins with them): saving them again would add nothing.
+    pub(crate) fn holds(&self, tokens: &[i32]) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(tokens))
+    }
+
+    /// Makes room for a state of `bytes` saved for `tokens` before it is
+    /// made, so the memory of what leaves can hold it: the entries it will
+    /// supersede go first, then the least recently used. Returns what left.
+    pub(crate) fn make_room(&mut self, tokens: &[i32], bytes: u64) -> Vec<Entry> {
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < self.entries.len() {
+            if tokens.starts_with(&self.entries[i].tokens) {
+                let entry = self.entries.swap_remove(i);
+                self.bytes -= memory_bytes(&entry);
+                gone.push(entry);
+            } else {
+                i += 1;
+            }
+        }
+        if bytes <= self.limit_bytes {
+            gone.extend(self.evict_to(self.limit_bytes - bytes));
+        }
+        gone
+    }
+
     pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.entries.iter()
     }
@@ -101,19 +130,19 @@ impl RamTier {
             state,
             last_used: self.clock,
         };
-        if entry.state.len() as u64 > self.limit_bytes {
+        if memory_bytes(&entry) > self.limit_bytes {
             return vec![entry];
         }
         let mut i = 0;
         while i < self.entries.len() {
             if entry.tokens.starts_with(&self.entries[i].tokens) {
                 let gone = self.entries.swap_remove(i);
-                self.bytes -= gone.state.len() as u64;
+                self.bytes -= memory_bytes(&gone);
             } else {
                 i += 1;
             }
         }
-        self.bytes += entry.state.len() as u64;
+        self.bytes += memory_bytes(&entry);
         self.entries.push(entry);
         self.evict_to(self.limit_bytes)
     }
@@ -132,11 +161,16 @@ impl RamTier {
                 break;
             };
             let gone = self.entries.swap_remove(oldest);
-            self.bytes -= gone.state.len() as u64;
+            self.bytes -= memory_bytes(&gone);
             evicted.push(gone);
         }
         evicted
     }
+}
+
+/// What an entry takes of the tier: its state's memory (room to grow included).
+fn memory_bytes(entry: &Entry) -> u64 {
+    entry.state.memory_bytes() as u64
 }
 
 #[cfg(test)]
@@ -168,6 +202,29 @@ mod tests {
         // A prefix of what is held adds nothing.
         assert!(tier.insert(vec![1, 2, 3], state(15)).is_empty());
         assert_eq!((tier.len(), tier.bytes()), (1, 20));
+    }
+
+    #[test]
+    fn room_is_made_from_superseded_entries_first_then_the_oldest() {
+        let mut tier = RamTier::new(30);
+        tier.insert(vec![1], state(10));
+        tier.insert(vec![2], state(10));
+        tier.insert(vec![3, 4], state(10));
+        assert!(tier.holds(&[3]) && tier.holds(&[3, 4]) && !tier.holds(&[3, 4, 5]));
+        // [3, 4] is superseded by [3, 4, 5]: its room is enough.
+        let gone = tier.make_room(&[3, 4, 5], 10);
+        assert_eq!(
+            gone.iter().map(|e| e.tokens.clone()).collect::<Vec<_>>(),
+            vec![vec![3, 4]]
+        );
+        assert_eq!(tier.bytes(), 20);
+        // Twenty bytes more: the least recently used leaves too.
+        let gone = tier.make_room(&[9], 20);
+        assert_eq!(
+            gone.iter().map(|e| e.tokens[0]).collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert_eq!(tier.bytes(), 10);
     }
 
     #[test]
