@@ -70,8 +70,13 @@ pub fn with_system(messages: &[ChatMessage], system: &str) -> Vec<ChatMessage> {
     out
 }
 
+/// Most calls of one reply when parallel calls are allowed (one otherwise):
+/// a small model repeating itself stops there rather than at the token limit.
+pub const MAX_CALLS: usize = 8;
+
 /// The JSON Schema a reply must follow, for `tools` as `(name, parameters
-/// schema)`. `required`: a call must be made (no `response`).
+/// schema)`. `required`: a call must be made (no `response`); `parallel`:
+/// up to [`MAX_CALLS`] calls in a `tool_calls` list, else one `tool_call`.
 pub fn reply_schema(tools: &[(String, Value)], parallel: bool, required: bool) -> Value {
     let calls: Vec<Value> = tools
         .iter()
@@ -84,7 +89,9 @@ pub fn reply_schema(tools: &[(String, Value)], parallel: bool, required: bool) -
     let calls = if parallel {
         json!({
             "type": "object",
-            "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+            "properties": {"tool_calls": {
+                "type": "array", "items": call, "minItems": 1, "maxItems": MAX_CALLS,
+            }},
             "required": ["tool_calls"],
         })
     } else {
@@ -105,6 +112,22 @@ pub fn reply_schema(tools: &[(String, Value)], parallel: bool, required: bool) -
     json!({ "anyOf": [calls, response] })
 }
 
+/// `grammar` (llama.cpp's conversion of [`reply_schema`]) without free
+/// whitespace between tokens: its `space` rule allows up to two newlines
+/// and twenty blanks at every turn, which a small model spends its tokens
+/// on (a pretty-printed reply cut by the token limit); here one blank at
+/// most, as in `{"name": "f"}`.
+pub fn compact_grammar(grammar: &str) -> String {
+    grammar
+        .lines()
+        .map(|line| match line.strip_prefix("space ::=") {
+            Some(_) => "space ::= \" \"?",
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A reply in the generic format → content and calls. Anything else (a
 /// reply cut short, no grammar) stays content; a `response` cut short is
 /// read as far as it goes.
@@ -114,7 +137,13 @@ pub fn parse(text: &str) -> ParsedReply {
         tool_calls: Vec::new(),
     };
     let Ok(Value::Object(mut object)) = serde_json::from_str::<Value>(text) else {
-        return cut_response(text).map_or_else(|| whole(text), |c| whole(&c));
+        if let Some(response) = cut_response(text) {
+            return whole(&response);
+        }
+        // Internal JSON is never content: a reply cut before a call or a
+        // response began says nothing.
+        return cut_calls(text)
+            .unwrap_or_else(|| whole(if looks_generic(text) { "" } else { text }));
     };
     let calls: Option<Vec<ToolCall>> =
         match (object.remove("tool_calls"), object.remove("tool_call")) {
@@ -148,7 +177,183 @@ fn call(value: Value) -> Option<ToolCall> {
         name,
         arguments,
         id: None,
+        cut_arguments: None,
     })
+}
+
+/// Whether `text` is the beginning of a generic-format object: `{`, then
+/// nothing or the start of one of its keys.
+fn looks_generic(text: &str) -> bool {
+    let Some(rest) = text.trim_start().strip_prefix('{') else {
+        return false;
+    };
+    let rest = rest.trim_start();
+    let key = rest.strip_prefix('"').unwrap_or(rest);
+    let key = key.split('"').next().unwrap_or_default();
+    rest.is_empty()
+        || (rest.starts_with('"')
+            && ["tool_calls", "tool_call", "response"]
+                .iter()
+                .any(|k| k.starts_with(key) || key.starts_with(k)))
+}
+
+/// The calls of a reply that stopped inside its `tool_call` or
+/// `tool_calls` (the token limit), as OpenAI reports one: every call whose
+/// name was written, the last with the arguments as far as they go (read
+/// into `arguments`, as written in `cut_arguments`).
+fn cut_calls(text: &str) -> Option<ParsedReply> {
+    let scan = PartialJson::scan(text);
+    let Value::Object(mut object) = scan.closed()? else {
+        return None;
+    };
+    let list = match (object.remove("tool_calls"), object.remove("tool_call")) {
+        (Some(Value::Array(list)), _) => list,
+        (_, Some(one)) => vec![one],
+        _ => return None,
+    };
+    // A call is known once its arguments began (its name, written before
+    // them, is whole); the text stops in the last one's arguments, or after
+    // them.
+    let cut_in_last = list.last().is_some_and(|c| c.get("arguments").is_some());
+    let mut tool_calls: Vec<ToolCall> = list
+        .into_iter()
+        .filter(|c| c.get("arguments").is_some())
+        .filter_map(call)
+        .collect();
+    let last = tool_calls.last_mut()?;
+    let arguments = scan.last_value_of("arguments").unwrap_or_default();
+    let whole = serde_json::Deserializer::from_str(arguments)
+        .into_iter::<Value>()
+        .next()
+        .is_some_and(|v| v.is_ok());
+    if cut_in_last && !whole {
+        last.cut_arguments = Some(arguments.to_string());
+    }
+    Some(ParsedReply {
+        content: String::new(),
+        tool_calls,
+    })
+}
+
+/// A prefix of a JSON text, scanned: where each object key's value starts,
+/// and what is left open at its end.
+struct PartialJson<'a> {
+    text: &'a str,
+    /// `(depth, key, where its value starts)` for every key, in order.
+    keys: Vec<(usize, String, usize)>,
+}
+
+impl<'a> PartialJson<'a> {
+    fn scan(text: &'a str) -> PartialJson<'a> {
+        let mut keys = Vec::new();
+        let mut stack: Vec<u8> = Vec::new();
+        let mut in_string = false;
+        let mut escaped = false;
+        let mut expect_key = false;
+        let mut string_start = 0;
+        let mut pending_key: Option<String> = None;
+        for (i, c) in text.char_indices() {
+            if in_string {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => {
+                        in_string = false;
+                        if expect_key {
+                            pending_key = serde_json::from_str(&text[string_start..=i]).ok();
+                            expect_key = false;
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                '"' => {
+                    in_string = true;
+                    string_start = i;
+                }
+                '{' => {
+                    stack.push(b'{');
+                    expect_key = true;
+                }
+                '[' => stack.push(b'['),
+                '}' | ']' => {
+                    stack.pop();
+                }
+                ',' => expect_key = stack.last() == Some(&b'{'),
+                ':' => {
+                    if let Some(key) = pending_key.take() {
+                        let start =
+                            i + 1 + (text[i + 1..].len() - text[i + 1..].trim_start().len());
+                        keys.push((stack.len(), key, start));
+                    }
+                }
+                _ => {}
+            }
+        }
+        PartialJson { text, keys }
+    }
+
+    /// The text of the last value of `key` at the shallowest depth it has,
+    /// to the end of the text.
+    fn last_value_of(&self, key: &str) -> Option<&'a str> {
+        let depth = self.keys.iter().filter(|k| k.1 == key).map(|k| k.0).min()?;
+        let (_, _, start) = self
+            .keys
+            .iter()
+            .rev()
+            .find(|k| k.1 == key && k.0 == depth)?;
+        Some(&self.text[*start..])
+    }
+
+    /// The text closed into a JSON value: the longest prefix that parses
+    /// once its open string and containers are closed (a key without its
+    /// value, a dangling comma or a half-written literal is dropped).
+    fn closed(&self) -> Option<Value> {
+        let ends = self
+            .text
+            .char_indices()
+            .map(|(i, _)| i)
+            .chain([self.text.len()]);
+        let mut ends: Vec<usize> = ends.collect();
+        ends.reverse();
+        // Dropping a key or a literal takes a few characters, never many.
+        ends.into_iter().take(64).find_map(|end| {
+            let head = &self.text[..end];
+            serde_json::from_str(&format!("{head}{}", closers(head))).ok()
+        })
+    }
+}
+
+/// What closes `head`: its open string, then its open containers.
+fn closers(head: &str) -> String {
+    let mut stack = Vec::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in head.chars() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' => stack.push('}'),
+            '[' => stack.push(']'),
+            '}' | ']' => {
+                stack.pop();
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::from(if in_string { "\"" } else { "" });
+    out.extend(stack.iter().rev());
+    out
 }
 
 /// The text of `{"response": "…` when the reply stopped inside the string
@@ -294,7 +499,7 @@ mod tests {
         let auto = reply_schema(&tools, true, false);
         assert_eq!(
             auto["anyOf"][0]["properties"]["tool_calls"],
-            json!({"type": "array", "items": call, "minItems": 1})
+            json!({"type": "array", "items": call, "minItems": 1, "maxItems": MAX_CALLS})
         );
         assert_eq!(
             auto["anyOf"][1],
@@ -315,6 +520,7 @@ mod tests {
             name: name.into(),
             arguments: arguments.as_object().unwrap().clone(),
             id: None,
+            cut_arguments: None,
         }
     }
 
@@ -351,12 +557,68 @@ mod tests {
     }
 
     #[test]
+    fn the_grammar_has_no_free_whitespace() {
+        let grammar = "root ::= \"{\" space \"}\"\nspace ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\nx ::= \"a\"";
+        assert_eq!(
+            compact_grammar(grammar),
+            "root ::= \"{\" space \"}\"\nspace ::= \" \"?\nx ::= \"a\""
+        );
+        let schema = reply_schema(&[("f".to_string(), json!({"type": "object"}))], true, false);
+        assert_eq!(
+            schema["anyOf"][0]["properties"]["tool_calls"]["maxItems"],
+            MAX_CALLS
+        );
+    }
+
+    #[test]
+    fn a_call_cut_short_keeps_its_arguments_as_written() {
+        let cut = |text: &str| {
+            let reply = parse(text);
+            assert_eq!(reply.content, "", "{text}");
+            reply.tool_calls
+        };
+        let calls = cut(r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Par"#);
+        assert_eq!(
+            calls,
+            vec![ToolCall {
+                cut_arguments: Some(r#"{"city": "Par"#.into()),
+                ..call("get_weather", json!({"city": "Par"}))
+            }]
+        );
+        let calls = cut(r#"{"tool_call": {"name": "a", "arguments": {"n": 1.5, "x"#);
+        assert_eq!(calls[0].arguments, *json!({"n": 1.5}).as_object().unwrap());
+        assert_eq!(calls[0].cut_arguments.as_deref(), Some(r#"{"n": 1.5, "x"#));
+        // Whole calls before the cut one stay whole; one without its
+        // arguments yet is left out.
+        let two = r#"{"tool_calls": [{"name": "a", "arguments": {"x": "\"q\""}}, {"name": "b", "arguments": {"y": [1, tr"#;
+        let calls = cut(two);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0], call("a", json!({"x": "\"q\""})));
+        assert_eq!(calls[1].arguments, *json!({"y": [1]}).as_object().unwrap());
+        assert_eq!(calls[1].cut_arguments.as_deref(), Some(r#"{"y": [1, tr"#));
+        let calls = cut(r#"{"tool_calls": [{"name": "a", "arguments": {}}, {"name": "b"#);
+        assert_eq!(calls, vec![call("a", json!({}))]);
+        let calls = cut(r#"{"tool_calls": [{"name": "a", "arguments": {"x": 1}}"#);
+        assert_eq!(calls, vec![call("a", json!({"x": 1}))]);
+        // Cut before any call or response began: nothing, never the JSON.
+        for text in [
+            "{",
+            "{\"",
+            "{\"tool_c",
+            "{\"tool_calls\": [",
+            "{\"tool_call\": {\"name\": \"get_w",
+        ] {
+            assert!(cut(text).is_empty(), "{text}");
+        }
+    }
+
+    #[test]
     fn a_response_cut_short_reads_as_far_as_it_goes() {
         assert_eq!(parse(r#"{"response": "Hello, wor"#).content, "Hello, wor");
         assert_eq!(parse(r#"{ "response" : "a\"b\"#).content, "a\"b");
         assert_eq!(parse(r#"{"response": "caf\u00"#).content, "caf");
         let cut_call = r#"{"tool_call": {"name": "get_we"#;
-        assert_eq!(parse(cut_call).content, cut_call);
+        assert_eq!(parse(cut_call), ParsedReply::default());
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct ToolCall {
     pub arguments: Map<String, Value>,
     /// The id the model gave the call (Mistral writes them), if any.
     pub id: Option<String>,
+    /// The arguments as the model wrote them when the reply stopped inside
+    /// them (the token limit): not valid JSON. `arguments` then holds what
+    /// of them could be read.
+    pub cut_arguments: Option<String>,
 }
 
 /// A finished reply split into text and calls.
@@ -172,6 +176,7 @@ fn parse_mistral(text: &str) -> Option<(String, Vec<ToolCall>)> {
                 name: name.trim().to_string(),
                 arguments: arguments_object(arguments)?,
                 id: None,
+                cut_arguments: None,
             });
         }
     }
@@ -254,6 +259,7 @@ fn call_from_value(value: Value, need_arguments: bool) -> Option<ToolCall> {
         name,
         arguments,
         id,
+        cut_arguments: None,
     })
 }
 
@@ -400,6 +406,7 @@ mod tests {
             name: name.into(),
             arguments: arguments.as_object().unwrap().clone(),
             id: None,
+            cut_arguments: None,
         }
     }
 

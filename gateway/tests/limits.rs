@@ -205,7 +205,11 @@ fn oversized_inputs_are_refused_before_work() {
         json!({"model": MODEL, "input": "word ".repeat(40_000), "truncate": false}),
     );
     assert_eq!(r.status(), 400);
-    assert!(error_message(&r.json().unwrap()).starts_with("input 0 is 200000 bytes"));
+    let message = error_message(&r.json().unwrap());
+    assert!(
+        message.starts_with("input 0 has 40000 tokens, more than the context of 4096 tokens"),
+        "{message}"
+    );
     // Cut to the embedding context and embedded when truncation is on.
     let r = s.post(
         "/api/embed",

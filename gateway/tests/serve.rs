@@ -359,8 +359,8 @@ fn embeddings_all_routes() {
     );
     assert_eq!(v["embeddings"][0].as_array().unwrap().len(), 8);
 
-    // Longer than the embedding context (512 tokens): cut, unless truncate is false.
-    let long = "word ".repeat(700);
+    // Longer than the served context (4096 tokens): cut, unless truncate is false.
+    let long = "word ".repeat(4200);
     let v = s.post_json("/api/embed", json!({"model": MODEL, "input": long}), 200);
     assert_eq!(v["embeddings"][0].as_array().unwrap().len(), 576);
     let r = s.post(

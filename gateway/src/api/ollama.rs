@@ -27,7 +27,8 @@ use crate::core::error::{ApiError, OllamaError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::models::RunningModel;
 use crate::core::request::{
-    EmbedBatch, EmbedInput, EmbedRequest, GenerationParams, InferRequest, Prompt, ToolRequest,
+    EmbedBatch, EmbedInput, EmbedRequest, EmbedText, GenerationParams, InferRequest, Prompt,
+    ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{self, parse_json, KeepAlive, ModelName, ValidationError};
@@ -743,11 +744,15 @@ fn embed_request(
 ) -> Result<EmbedRequest> {
     let name = ModelName::parse(requested, "model")?;
     let keep_alive = keep_alive(keep_alive_value)?;
-    params(options)?;
+    let num_ctx = params(options)?.num_ctx;
     Ok(EmbedRequest {
         requested: requested.to_string(),
         name,
-        batch: EmbedBatch { texts, truncate },
+        batch: EmbedBatch {
+            inputs: texts.into_iter().map(EmbedText::Text).collect(),
+            truncate,
+            num_ctx,
+        },
         dimensions,
         keep_alive,
     })
@@ -1369,7 +1374,10 @@ mod tests {
             request.dimensions,
         )
         .unwrap();
-        assert_eq!(embed.batch.texts, ["a", "b"]);
+        assert_eq!(
+            embed.batch.inputs,
+            [EmbedText::Text("a".into()), EmbedText::Text("b".into())]
+        );
         assert!(!embed.batch.truncate);
         assert_eq!(embed.dimensions, Some(4));
         assert_eq!(embed.name.display, "m:latest");

@@ -30,7 +30,7 @@ use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::models::ListedModel;
 use crate::core::request::{
-    EmbedBatch, EmbedInput, EmbedRequest, InferRequest, Prompt, ToolRequest,
+    EmbedBatch, EmbedRequest, EmbedText, InferRequest, Prompt, ToolRequest,
 };
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{
@@ -291,11 +291,46 @@ pub struct TextCompletion {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct EmbeddingRequest {
     pub model: String,
+    /// A string, a list of strings, a list of token ids, or a list of lists
+    /// of token ids (what LangChain's `OpenAIEmbeddings` sends).
     #[schema(value_type = Object)]
-    pub input: EmbedInput,
+    pub input: EmbeddingInput,
     /// `float` (default) or `base64` (little-endian f32).
     pub encoding_format: Option<String>,
     pub dimensions: Option<usize>,
+}
+
+/// `/v1/embeddings`' `input`, in each of its shapes.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+impl EmbeddingInput {
+    /// The inputs, token ids checked to be ids at all (the model checks
+    /// them against its vocabulary).
+    fn into_inputs(self) -> std::result::Result<Vec<EmbedText>, ValidationError> {
+        let tokens = |list: Vec<i64>| {
+            list.iter()
+                .map(|&t| i32::try_from(t).ok().filter(|t| *t >= 0))
+                .collect::<Option<Vec<i32>>>()
+                .map(EmbedText::Tokens)
+                .ok_or(ValidationError::TokenIds)
+        };
+        Ok(match self {
+            EmbeddingInput::Text(text) => vec![EmbedText::Text(text)],
+            EmbeddingInput::Texts(texts) => texts.into_iter().map(EmbedText::Text).collect(),
+            EmbeddingInput::Tokens(list) => vec![tokens(list)?],
+            EmbeddingInput::TokenLists(lists) => lists
+                .into_iter()
+                .map(tokens)
+                .collect::<std::result::Result<_, _>>()?,
+        })
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -479,16 +514,18 @@ pub fn embedding_request(request: EmbeddingRequest) -> Result<(EmbedRequest, boo
             return Err(ApiError::from(ValidationError::EncodingFormat(other.to_string())).into())
         }
     };
-    let texts = request.input.into_vec();
-    if texts.is_empty() || texts.iter().any(String::is_empty) {
+    let inputs = request.input.into_inputs().map_err(ApiError::from)?;
+    if inputs.is_empty() || inputs.iter().any(EmbedText::is_empty) {
         return Err(ApiError::from(ValidationError::EmptyInput).into());
     }
+    // As OpenAI does: an input longer than the context is an error.
     let embed = EmbedRequest {
         requested: request.model,
         name,
         batch: EmbedBatch {
-            texts,
-            truncate: true,
+            inputs,
+            truncate: false,
+            num_ctx: None,
         },
         dimensions: request.dimensions,
         keep_alive: None,
@@ -1331,8 +1368,20 @@ mod tests {
             body(json!({"model": "e", "input": "hello", "encoding_format": "base64"}));
         let (embed, base64) = embedding_request(request).unwrap();
         assert!(base64);
-        assert_eq!(embed.batch.texts, ["hello"]);
-        assert!(embed.batch.truncate);
+        assert_eq!(embed.batch.inputs, [EmbedText::Text("hello".into())]);
+        assert!(!embed.batch.truncate);
+        let tokens = |input| embedding_request(body(json!({"model": "e", "input": input})));
+        assert_eq!(
+            tokens(json!([[1, 2], [3]])).unwrap().0.batch.inputs,
+            [EmbedText::Tokens(vec![1, 2]), EmbedText::Tokens(vec![3])]
+        );
+        assert_eq!(
+            tokens(json!([7, 8])).unwrap().0.batch.inputs,
+            [EmbedText::Tokens(vec![7, 8])]
+        );
+        assert!(tokens(json!([-1])).is_err());
+        assert!(tokens(json!([[4_294_967_296_i64]])).is_err());
+        assert!(tokens(json!([[]])).is_err());
         let list = serde_json::to_value(embedding_list("e".into(), vec![vec![1.0, 0.0]], 2, true))
             .unwrap();
         assert_eq!(

@@ -568,10 +568,9 @@ pub async fn embed(
 /// [`embed`] in its span.
 async fn embed_texts(
     inference: &Inference,
-    mut request: EmbedRequest,
+    request: EmbedRequest,
 ) -> Result<(Vec<Vec<f32>>, usize, Duration), ApiError> {
-    let truncate = request.batch.truncate;
-    validation::check_embed_texts(&mut request.batch.texts, truncate)?;
+    validation::check_embed_inputs(&request.batch.inputs)?;
     let models = inference.models.as_ref();
     let lease = match models.find(&request.name) {
         Some(Found::Remote(lease)) => lease,
@@ -586,7 +585,7 @@ async fn embed_texts(
         }
     };
     inference.observer.model_used(&request.name.display);
-    let (mut vectors, tokens) = if request.batch.texts.is_empty() {
+    let (mut vectors, tokens) = if request.batch.inputs.is_empty() {
         (Vec::new(), 0)
     } else {
         let output = lease.backend.embed(request.batch).await?;
@@ -599,8 +598,9 @@ async fn embed_texts(
 /// Keeps the first `n` dimensions and normalises again.
 pub fn shorten(vectors: &mut [Vec<f32>], n: Option<usize>) -> Result<(), ApiError> {
     let Some(n) = n else { return Ok(()) };
-    if n == 0 {
-        return Err(ValidationError::ZeroDimensions.into());
+    let max = vectors.first().map_or(usize::MAX, Vec::len);
+    if n == 0 || n > max {
+        return Err(ValidationError::Dimensions { value: n, max }.into());
     }
     for v in vectors.iter_mut() {
         if n < v.len() {
@@ -687,6 +687,7 @@ pub(crate) mod testing {
                 name: "get_weather".into(),
                 arguments,
                 id: Some("call_1".into()),
+                cut_arguments: None,
             }],
         });
         outcome

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::structured::ToolChoice;
-/// Embedding `input`: a string or several (the shape of `stop`).
+/// Embedding `input` on Ollama's routes: a string or several (the shape of `stop`).
 pub use super::validation::StopSpec as EmbedInput;
 use super::validation::{KeepAlive, ModelName};
 
@@ -168,7 +168,30 @@ pub struct EmbedRequest {
 /// What a backend embeds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbedBatch {
-    pub texts: Vec<String>,
-    /// Cut texts longer than the context (else they are an error).
+    pub inputs: Vec<EmbedText>,
+    /// Cut inputs longer than the context to its length (else they are an error).
     pub truncate: bool,
+    /// Ollama's `options.num_ctx`: the context inputs are measured
+    /// against, when smaller than the served one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_ctx: Option<u32>,
+}
+
+/// One input to embed: text (tokenized with BOS as the model wants it), or
+/// token ids embedded as they are (OpenAI's `input` may be either; on the
+/// wire, a string or an array of integers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbedText {
+    Text(String),
+    Tokens(Vec<i32>),
+}
+
+impl EmbedText {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            EmbedText::Text(text) => text.is_empty(),
+            EmbedText::Tokens(tokens) => tokens.is_empty(),
+        }
+    }
 }

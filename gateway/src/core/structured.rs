@@ -865,6 +865,7 @@ mod tests {
             name: "get_weather".into(),
             arguments: json!({"city": "Paris"}).as_object().unwrap().clone(),
             id: Some("call_1".into()),
+            cut_arguments: None,
         };
         assert_eq!(
             ollama_tool_calls(std::slice::from_ref(&call)),

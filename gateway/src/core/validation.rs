@@ -10,6 +10,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::request::EmbedText;
+
 /// Why a request was refused before anything ran: one variant per rule the
 /// gateway checks. Each message says what was wrong and what to send instead;
 /// they are the wire messages (end-to-end tests assert them byte for byte).
@@ -239,12 +241,15 @@ pub enum ValidationError {
     /// Embedding input empty, or with an empty string.
     #[error("input must be a non-empty string or list of them")]
     EmptyInput,
+    /// Embedding token ids that are no token ids (negative, or past 32 bits).
+    #[error("input token ids must be integers from 0 to the model's vocabulary size")]
+    TokenIds,
     /// An unknown `encoding_format`.
     #[error("encoding_format must be \"float\" or \"base64\", got {0:?}")]
     EncodingFormat(String),
-    /// Embedding `dimensions` of 0.
-    #[error("dimensions must be at least 1")]
-    ZeroDimensions,
+    /// Embedding `dimensions` of 0, or more than the model's vectors have.
+    #[error("dimensions must be between 1 and {max} (the model's embedding length), got {value}")]
+    Dimensions { value: usize, max: usize },
     /// More embedding inputs than one request may carry.
     #[error("input has {count} texts, more than the {limit} one request may embed: split it")]
     TooManyInputs { count: usize, limit: usize },
@@ -285,20 +290,30 @@ pub const MAX_EMBED_INPUTS: usize = 2048;
 /// `n_tokens * MAX_TOKEN_BYTES` bytes cannot fit in `n_tokens`, so it is
 /// refused (or cut) before it is tokenized.
 pub const MAX_TOKEN_BYTES: usize = 256;
-/// Tokens of the embedding context (`pool::local`'s 512).
-pub const EMBED_CONTEXT_TOKENS: usize = 512;
-
-/// Embedding texts: at most [`MAX_EMBED_INPUTS`]; each longer than the
-/// embedding context could hold cut there (`truncate`) or refused.
-pub fn check_embed_texts(texts: &mut [String], truncate: bool) -> Result<(), ValidationError> {
-    if texts.len() > MAX_EMBED_INPUTS {
+/// Embedding inputs: at most [`MAX_EMBED_INPUTS`], none empty.
+pub fn check_embed_inputs(inputs: &[EmbedText]) -> Result<(), ValidationError> {
+    if inputs.len() > MAX_EMBED_INPUTS {
         return Err(ValidationError::TooManyInputs {
-            count: texts.len(),
+            count: inputs.len(),
             limit: MAX_EMBED_INPUTS,
         });
     }
-    let limit = EMBED_CONTEXT_TOKENS * MAX_TOKEN_BYTES;
-    for (index, text) in texts.iter_mut().enumerate() {
+    Ok(())
+}
+
+/// Embedding texts for a context of `n_ctx` tokens, before they are
+/// tokenized: one of more bytes than `n_ctx` tokens can hold is cut there
+/// (`truncate`) or refused.
+pub fn check_embed_bytes(
+    inputs: &mut [EmbedText],
+    truncate: bool,
+    n_ctx: usize,
+) -> Result<(), ValidationError> {
+    let limit = n_ctx.saturating_mul(MAX_TOKEN_BYTES);
+    for (index, input) in inputs.iter_mut().enumerate() {
+        let EmbedText::Text(text) = input else {
+            continue;
+        };
         if text.len() <= limit {
             continue;
         }
@@ -755,22 +770,27 @@ mod tests {
 
     #[test]
     fn embed_and_prompt_sizes_have_their_own_variants() {
-        let mut many = vec!["x".to_string(); MAX_EMBED_INPUTS + 1];
+        let many = vec![EmbedText::Text("x".into()); MAX_EMBED_INPUTS + 1];
         assert_eq!(
-            check_embed_texts(&mut many, true).unwrap_err(),
+            check_embed_inputs(&many).unwrap_err(),
             ValidationError::TooManyInputs {
                 count: MAX_EMBED_INPUTS + 1,
                 limit: MAX_EMBED_INPUTS
             }
         );
-        let limit = EMBED_CONTEXT_TOKENS * MAX_TOKEN_BYTES;
-        let mut long = vec!["é".repeat(limit)];
+        let limit = 512 * MAX_TOKEN_BYTES;
+        let mut long = vec![
+            EmbedText::Text("é".repeat(limit)),
+            EmbedText::Tokens(vec![1; 600]),
+        ];
         assert!(matches!(
-            check_embed_texts(&mut long.clone(), false).unwrap_err(),
+            check_embed_bytes(&mut long.clone(), false, 512).unwrap_err(),
             ValidationError::InputTooLarge { index: 0, .. }
         ));
-        check_embed_texts(&mut long, true).unwrap();
-        assert_eq!(long[0].len(), limit);
+        check_embed_bytes(&mut long, true, 512).unwrap();
+        assert!(matches!(&long[0], EmbedText::Text(t) if t.len() == limit));
+        // Token ids are measured once they are known, by the backend.
+        assert_eq!(long[1], EmbedText::Tokens(vec![1; 600]));
         assert_eq!(
             check_prompt_bytes(28_000_000, 4096).unwrap_err(),
             ValidationError::PromptTooLarge {

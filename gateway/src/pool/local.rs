@@ -27,8 +27,8 @@ use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, DecodeRate, EmbedOutput, EventStream, FinishReason,
     Finished, KvCache, MemoryUse, ModelBackend, ModelFacts, Residency, StreamCounters,
 };
-use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams, Prompt};
-use crate::core::validation::fit_to_context;
+use crate::core::request::{BackendRequest, EmbedBatch, EmbedText, GenerationParams, Prompt};
+use crate::core::validation::{check_embed_bytes, fit_to_context};
 
 /// A model loaded in this process, held by one request's lease: the model
 /// stays loaded while this lives.
@@ -47,6 +47,18 @@ impl LocalBackend {
             local,
             tokenized: Tokenized::default(),
         }
+    }
+
+    /// [`ModelBackend::generate`], synchronously: renders and tokenizes the
+    /// prompt (unless its length was just asked) and queues it. A runner
+    /// calls it on a thread of its own, off its read loop.
+    pub fn submit(&self, request: BackendRequest) -> Result<EventStream, BackendError> {
+        let tokens = self.tokens(&request, true)?;
+        let running = submit(&self.lease, &self.local, tokens, &request.params)?;
+        Ok(record_rate(
+            events(running),
+            Arc::clone(&self.lease.decode_rate),
+        ))
     }
 
     /// The request's tokens, tokenized once for its length check
@@ -109,11 +121,7 @@ impl ModelBackend for LocalBackend {
         &self,
         request: BackendRequest,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
-        let submitted = self
-            .tokens(&request, true)
-            .and_then(|tokens| submit(&self.lease, &self.local, tokens, &request.params));
-        let rate = Arc::clone(&self.lease.decode_rate);
-        std::future::ready(submitted.map(|running| record_rate(events(running), rate))).boxed()
+        std::future::ready(self.submit(request)).boxed()
     }
 
     fn embed(&self, batch: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
@@ -494,9 +502,6 @@ fn seconds(s: f64) -> Duration {
     Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()
 }
 
-/// Most tokens per embedded text: the engine's embedding context
-/// (`llama_tiered::batch`, 512 tokens or the model's training context).
-const EMBED_MAX_TOKENS: usize = 512;
 /// Most tokens of one embedding request, all texts together (OpenAI's limit).
 pub const EMBED_MAX_TOTAL_TOKENS: usize = 300_000;
 
@@ -509,20 +514,25 @@ impl Drop for FlagOnDrop {
     }
 }
 
-/// Embeds each text (cut to the context unless `truncate` is off) as one
-/// vector, one text at a time so that `gone` (the client left) stops it
-/// between texts and other requests get the embedder in between.
+/// Embeds each input as one vector, one at a time so that `gone` (the
+/// client left) stops it between inputs and other requests get the
+/// embedder in between. An input may hold as many tokens as the served
+/// context (or `num_ctx`, when smaller); a longer one is cut to that many
+/// (`truncate`, counted as cut) or refused.
 fn embed(
     model: &Model,
     engine: &BatchEngine,
-    batch: EmbedBatch,
+    mut batch: EmbedBatch,
     gone: &AtomicBool,
 ) -> Result<EmbedOutput, BackendError> {
     let went_away = || BackendError::Failed("the client went away".into());
-    let limit = EMBED_MAX_TOKENS.min(model.n_ctx_train().max(1) as usize);
-    let mut inputs = Vec::with_capacity(batch.texts.len());
+    let served = engine.embed_n_ctx();
+    let limit = batch.num_ctx.map_or(served, |n| n.clamp(1, served)) as usize;
+    check_embed_bytes(&mut batch.inputs, batch.truncate, limit)
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut inputs = Vec::with_capacity(batch.inputs.len());
     let mut token_count = 0;
-    for (i, text) in batch.texts.into_iter().enumerate() {
+    for (i, input) in batch.inputs.into_iter().enumerate() {
         if gone.load(Ordering::Relaxed) {
             return Err(went_away());
         }
@@ -532,25 +542,33 @@ fn embed(
                  fewer or shorter inputs per request"
             )));
         }
-        // As the engine tokenizes texts to embed: BOS as the model wants, specials as text.
-        let tokens = model.tokenize(&text, true, false)?;
+        let mut tokens = match input {
+            // As the engine tokenizes texts to embed: BOS as the model wants, specials as text.
+            EmbedText::Text(text) => model.tokenize(&text, true, false)?,
+            EmbedText::Tokens(tokens) => tokens,
+        };
+        if tokens.is_empty() {
+            return Err(invalid(format!("input {i} is empty: nothing to embed")));
+        }
+        let n_vocab = model.n_vocab();
+        if let Some(bad) = tokens.iter().find(|&&t| t < 0 || t as usize >= n_vocab) {
+            return Err(invalid(format!(
+                "input {i} holds token {bad}, outside the vocabulary of {n_vocab} tokens"
+            )));
+        }
         if tokens.len() > limit {
             if !batch.truncate {
                 return Err(invalid(format!(
-                    "input {i} has {} tokens, more than the context of {limit}: shorten it \
-                     or set truncate: true",
+                    "input {i} has {} tokens, more than the context of {limit} tokens \
+                     embeddings take: shorten it (Ollama's /api/embed cuts it to the context \
+                     with truncate: true)",
                     tokens.len()
                 )));
             }
-            // A few tokens of margin: the cut text may tokenize a little differently.
-            let end = limit.saturating_sub(8).max(1);
-            let start = usize::from(model.token_bos() == tokens.first().copied());
-            inputs.push(model.detokenize(&tokens[start..end.max(start)], false));
-            token_count += end;
-        } else {
-            token_count += tokens.len();
-            inputs.push(text);
+            tokens.truncate(limit);
         }
+        token_count += tokens.len();
+        inputs.push(tokens);
     }
     if token_count > EMBED_MAX_TOTAL_TOKENS {
         return Err(invalid(format!(
@@ -563,7 +581,7 @@ fn embed(
         if gone.load(Ordering::Relaxed) {
             return Err(went_away());
         }
-        vectors.extend(engine.embed(input)?);
+        vectors.extend(engine.embed_tokens(input)?);
     }
     Ok(EmbedOutput {
         vectors,

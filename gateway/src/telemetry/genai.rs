@@ -67,7 +67,7 @@ pub fn embeddings_span(request: &EmbedRequest) -> Span {
         gen_ai.request.model = request.requested.as_str(),
         gen_ai.embeddings.dimension.count = Empty,
         gen_ai.usage.input_tokens = Empty,
-        hypura.inputs = count(request.batch.texts.len()),
+        hypura.inputs = count(request.batch.inputs.len()),
         hypura.load_seconds = Empty,
         error.type = Empty,
         otel.name = format!("embeddings {}", request.requested),

@@ -164,12 +164,12 @@ pub fn embed_body(kind: UpstreamKind, model: &str, batch: &EmbedBatch) -> (&'sta
     if kind.speaks_ollama() {
         (
             "/api/embed",
-            json!({"model": model, "input": batch.texts, "truncate": batch.truncate}),
+            json!({"model": model, "input": batch.inputs, "truncate": batch.truncate}),
         )
     } else {
         (
             "/v1/embeddings",
-            json!({"model": model, "input": batch.texts, "encoding_format": "float"}),
+            json!({"model": model, "input": batch.inputs, "encoding_format": "float"}),
         )
     }
 }
