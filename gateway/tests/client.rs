@@ -142,8 +142,8 @@ fn ps_list_show_run_stop_read_the_server() {
             "12",
         ],
     );
-    let options = json!({"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-        "repeat_penalty": 1.0, "num_predict": 12, "num_ctx": 4096});
+    // Only the options the command line sets: the rest are the server's.
+    let options = json!({"temperature": 0.0, "num_predict": 12});
     let reply = server.post_json(
         "/api/chat",
         json!({"model": MODEL, "stream": false, "options": options,
@@ -250,6 +250,7 @@ fn run_name_without_prompt_is_a_repl_keeping_the_conversation() {
             "0",
             "--max-tokens",
             "8",
+            "--verbose",
         ],
         "Hello!\nWhat did I just say?\n/bye\n",
     );
@@ -258,10 +259,10 @@ fn run_name_without_prompt_is_a_repl_keeping_the_conversation() {
     // Two replies; the second turn's prompt holds the whole first exchange.
     let counts = |key: &str| -> Vec<u64> {
         err.lines()
-            .filter_map(|l| l.split(key).nth(1)?.split(' ').next()?.parse().ok())
+            .filter_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
             .collect()
     };
-    let (prompts, generated) = (counts("prompt: "), counts("generated: "));
+    let (prompts, generated) = (counts("prompt eval count:"), counts("eval count:"));
     assert_eq!(prompts.len(), 2, "{err}");
     // The stats count the tokens evaluated: the second turn's prompt came
     // mostly from the prompt cache. The server's count of prompt tokens
@@ -275,15 +276,26 @@ fn run_name_without_prompt_is_a_repl_keeping_the_conversation() {
     let out = hypura_at(
         Some(&server.base),
         None,
-        &["run", MODEL, "--max-tokens", "4"],
+        &["run", MODEL, "--max-tokens", "4", "--verbose"],
         "Hi",
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(counts_in(&text(&out.stderr)), 1);
+    // Without --verbose, nothing but the reply.
+    let out = hypura_at(
+        Some(&server.base),
+        None,
+        &["run", MODEL, "--max-tokens", "4"],
+        "Hi",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
 }
 
 fn counts_in(err: &str) -> usize {
-    err.lines().filter(|l| l.starts_with("prompt: ")).count()
+    err.lines()
+        .filter(|l| l.starts_with("prompt eval count:"))
+        .count()
 }
 
 #[test]

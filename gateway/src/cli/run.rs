@@ -15,7 +15,7 @@ use llama_tiered::hwprobe;
 use llama_tiered::llama::{Context, ContextParams, SamplingParams};
 use llama_tiered::tiered::host::plan_charged;
 use llama_tiered::tiered::{GpuShare, Mode, PlannedLoad, TieredModel, TieredParams};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::client;
 use super::gpu::GpuBudget;
@@ -40,32 +40,43 @@ pub struct RunArgs {
     /// A system message (chat mode only).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
-    /// Chat in a loop, keeping the conversation.
+    /// Chat in a loop, keeping the conversation (`/?` lists its commands;
+    /// Ctrl-C stops a reply). A served model without a prompt on a
+    /// terminal chats so too.
     #[arg(long, short = 'i', conflicts_with_all = ["raw", "json"])]
     interactive: bool,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 512)]
-    max_tokens: u32,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    #[arg(long, default_value_t = 40)]
-    top_k: i32,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
+    /// Print the statistics after each reply: counts, durations and rates
+    /// (a served model: as `ollama run --verbose`; a file: its streaming too).
+    #[arg(long)]
+    verbose: bool,
+    /// Most tokens to generate [default: 512; a served model: the server's].
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    /// Sampling temperature; 0 is greedy [default: 0.8; a served model: the server's].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// [default: 40; a served model: the server's]
+    #[arg(long)]
+    top_k: Option<i32>,
+    /// [default: 0.95; a served model: the server's]
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// [default: 0.05; a served model: the server's]
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// [default: 1.0; a served model: the server's]
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
     /// Random seed (random when absent).
     #[arg(long)]
     seed: Option<u32>,
     /// Stop before this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Context length in tokens (capped at the model's training length).
-    #[arg(long, default_value_t = 4096)]
-    context: u32,
+    /// Context length in tokens (capped at the model's training length)
+    /// [default: 4096; a served model: the server's].
+    #[arg(long)]
+    context: Option<u32>,
     /// Threads for decoding (default: all cores).
     #[arg(long)]
     threads: Option<u32>,
@@ -108,6 +119,11 @@ pub struct RunArgs {
     gpu_budget: Option<u64>,
 }
 
+/// The file mode's context length.
+fn context(args: &RunArgs) -> u32 {
+    args.context.unwrap_or(4096)
+}
+
 fn parse_size(text: &str) -> Result<u64, String> {
     hypura_scheduler::size::parse_size(text)
 }
@@ -130,7 +146,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let model = Arc::clone(&tiered.model);
     let load_seconds = load_started.elapsed().as_secs_f64();
 
-    let n_ctx = args.context.clamp(16, model.n_ctx_train().max(16));
+    let n_ctx = context(&args).clamp(16, model.n_ctx_train().max(16));
     let mut ctx = tiered.new_context(&context_params(&args, n_ctx))?;
     // Everything but the stream cache is resident now: hold the process to
     // its RAM budget plus the host overhead.
@@ -166,7 +182,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         eprintln!("{}", summary(&completion, load_seconds));
-        if args.stats {
+        if args.stats || args.verbose {
             eprintln!("stats: {}", stats());
         }
     }
@@ -184,13 +200,20 @@ fn is_served_name(model: &std::path::Path) -> bool {
 /// The server's view of the sampling flags (Ollama `options`).
 fn chat_options(args: &RunArgs) -> client::chat::ChatOptions {
     let mut options = serde_json::Map::new();
-    options.insert("temperature".into(), json!(args.temperature));
-    options.insert("top_k".into(), json!(args.top_k));
-    options.insert("top_p".into(), json!(args.top_p));
-    options.insert("min_p".into(), json!(args.min_p));
-    options.insert("repeat_penalty".into(), json!(args.repeat_penalty));
-    options.insert("num_predict".into(), json!(args.max_tokens));
-    options.insert("num_ctx".into(), json!(args.context));
+    // Only what the command line sets: the rest is the model's (a created
+    // model's defaults) or the server's.
+    let mut set = |name: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            options.insert(name.into(), value);
+        }
+    };
+    set("temperature", args.temperature.map(|v| json!(v)));
+    set("top_k", args.top_k.map(|v| json!(v)));
+    set("top_p", args.top_p.map(|v| json!(v)));
+    set("min_p", args.min_p.map(|v| json!(v)));
+    set("repeat_penalty", args.repeat_penalty.map(|v| json!(v)));
+    set("num_predict", args.max_tokens.map(|v| json!(v)));
+    set("num_ctx", args.context.map(|v| json!(v)));
     if let Some(seed) = args.seed {
         options.insert("seed".into(), json!(seed));
     }
@@ -204,24 +227,25 @@ fn chat_options(args: &RunArgs) -> client::chat::ChatOptions {
         raw: args.raw,
         interactive: args.interactive,
         json: args.json,
+        verbose: args.verbose,
         options,
     }
 }
 
 fn generate_params(args: &RunArgs) -> anyhow::Result<GenerateParams> {
     let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
+        temperature: args.temperature.unwrap_or(0.8),
+        top_k: args.top_k.unwrap_or(40),
+        top_p: args.top_p.unwrap_or(0.95),
+        min_p: args.min_p.unwrap_or(0.05),
+        repeat_penalty: args.repeat_penalty.unwrap_or(1.0),
         seed: args.seed,
         ..SamplingParams::default()
     };
     sampling.validate()?;
     Ok(GenerateParams {
         sampling,
-        max_tokens: Some(args.max_tokens),
+        max_tokens: Some(args.max_tokens.unwrap_or(512)),
         stop: args.stop.clone(),
         cache_prompt: true,
     })
@@ -276,7 +300,7 @@ fn tiered_params(args: &RunArgs) -> anyhow::Result<(TieredParams, u64)> {
         gpu_bytes: gpu_budget,
         ram_bytes: args.ram_budget,
     };
-    let context = inspect::effective_context(&file, args.context);
+    let context = inspect::effective_context(&file, context(args));
     let settings = PlanSettings {
         mode: args.mode,
         gpu: args.gpu_layers.map(GpuShare::Layers),

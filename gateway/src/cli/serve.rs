@@ -1,5 +1,5 @@
 //! `hypura serve`: the HTTP gateway over GGUF files and directories of them.
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,10 +31,14 @@ pub struct ServeArgs {
     /// A TOML configuration file (config/hypura.toml documents every key); flags override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address or host name to listen on (`0.0.0.0` for the whole LAN) [default: 127.0.0.1].
+    /// Address or host name to listen on (`0.0.0.0` for the whole LAN); else
+    /// HYPURA_HOST's, else OLLAMA_HOST's (`[scheme://]host[:port]`, as
+    /// `ollama serve` reads it), else the file's [default: 127.0.0.1].
     #[arg(long)]
     host: Option<String>,
-    /// Port to listen on (0 picks a free one; the address is printed on stderr) [default: 11434].
+    /// Port to listen on (0 picks a free one; the address is printed on
+    /// stderr); else the port HYPURA_HOST or OLLAMA_HOST gives, else the
+    /// file's [default: 11434].
     #[arg(long)]
     port: Option<u16>,
     /// Context per request in tokens (capped at each model's training context) [default: 4096].
@@ -268,7 +272,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         register_configured(&registry, model).with_context(|| format!("models[{i}].path"))?;
         count += 1;
     }
-    let paths = if args.models.is_empty() && file.models.is_empty() && upstreams.is_none() {
+    let serves_default = args.models.is_empty() && file.models.is_empty() && upstreams.is_none();
+    let paths = if serves_default {
         vec![fetch::default_model()?]
     } else {
         args.models.clone()
@@ -286,16 +291,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(fetch::cache_dir)
         .map_err(|e| tracing::warn!("/api/pull cannot download: {e:#}"))
         .ok();
-    let host = args
-        .host
-        .or(file.host)
-        .unwrap_or_else(|| config::DEFAULT_HOST.to_string());
-    let port = args.port.or(file.port).unwrap_or(config::DEFAULT_PORT);
-    let addr = (host.as_str(), port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .with_context(|| format!("host {host}: not an address or a known host name"))?;
+    let (addr, host_from) =
+        listen_address(args.host.clone(), args.port, file.host.clone(), file.port)?;
+    if let Some(var) = host_from {
+        eprintln!("hypura: listening where {var} says");
+    }
     let api_key = args.api_key.or(file.api_key).filter(|k| !k.is_empty());
     let mut default_roots: Vec<PathBuf> = models_dir.iter().cloned().collect();
     default_roots.extend(paths.iter().cloned());
@@ -314,6 +314,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         crate::api::pull::remove_stale_parts(dir);
         crate::api::pull::remove_stale_parts(&crate::pool::manifest::blobs_dir(dir));
         crate::pool::manifest::register_saved(&registry, dir);
+    }
+    if serves_default {
+        alias_default_model(&registry);
     }
     if let Some(upstreams) = &upstreams {
         registry.attach_upstreams(Arc::clone(upstreams));
@@ -344,6 +347,68 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime
         .block_on(server::serve(addr, state, http))
         .with_context(|| format!("serving on {addr}"))
+}
+
+/// Where to listen: the flags, else `$HYPURA_HOST`, else `$OLLAMA_HOST`
+/// (read as `ollama serve` reads it: its scheme and path ignored, its port
+/// when it gives one), else the file, else 127.0.0.1:11434; with the
+/// variable read, if any.
+fn listen_address(
+    host: Option<String>,
+    port: Option<u16>,
+    file_host: Option<String>,
+    file_port: Option<u16>,
+) -> anyhow::Result<(SocketAddr, Option<&'static str>)> {
+    let env = super::client::host_from_env()
+        .filter(|_| host.is_none() || port.is_none())
+        .map(|(var, text)| (var, super::client::HostSpec::parse(&text)));
+    let env_host = env.as_ref().map(|(_, spec)| spec.host.clone());
+    let env_port = env
+        .as_ref()
+        .and_then(|(_, spec)| spec.port_given.then_some(spec.port));
+    let from_env = host.is_none() && env_host.is_some();
+    let host = host
+        .or(env_host)
+        .or(file_host)
+        .unwrap_or_else(|| config::DEFAULT_HOST.to_string());
+    let port = port
+        .or(env_port)
+        .or(file_port)
+        .unwrap_or(config::DEFAULT_PORT);
+    let var = env.map(|(var, _)| var);
+    let addr = (host.as_str(), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .with_context(|| match var.filter(|_| from_env) {
+            Some(var) => format!("host {host} (from {var}): not an address or a known host name"),
+            None => format!("host {host}: not an address or a known host name"),
+        })?;
+    Ok((addr, var.filter(|_| from_env || env_port.is_some())))
+}
+
+/// Short names of the default model, as `ollama run smollm2` asks for it.
+const DEFAULT_MODEL_ALIASES: &[&str] = &["smollm2", "smollm2:135m"];
+
+/// Serves the default model under [`DEFAULT_MODEL_ALIASES`] too, where no
+/// other model has the name.
+fn alias_default_model(registry: &Registry) {
+    let stem = fetch::FILE_NAME.trim_end_matches(".gguf");
+    let name = ModelName::from_file_stem(stem);
+    for alias in DEFAULT_MODEL_ALIASES {
+        let Ok(short) = ModelName::parse(alias, "alias") else {
+            continue;
+        };
+        let display = short.display.clone();
+        if registry.add_alias(&name, short) {
+            eprintln!("hypura: {} answers to {display} too", name.display);
+        } else {
+            eprintln!(
+                "hypura: {display} names another model: not an alias of {}",
+                name.display
+            );
+        }
+    }
 }
 
 /// What SIGHUP reloads: the API and admin keys of the configuration file

@@ -375,6 +375,24 @@ impl Registry {
         Ok(())
     }
 
+    /// Serves `target`'s model under `alias` too (a short name), unless
+    /// the alias names a model already; whether it names `target`'s now.
+    pub fn add_alias(&self, target: &ModelName, alias: ModelName) -> bool {
+        let Some(named) = self.resolve(target) else {
+            return false;
+        };
+        match self.names.entry(alias.key) {
+            dashmap::Entry::Occupied(_) => false,
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(NamedModel {
+                    name: alias.display,
+                    ..named
+                });
+                true
+            }
+        }
+    }
+
     /// `/api/delete`: forgets the name (the file is left alone); the model is
     /// unloaded when no other name serves its file. What the name served.
     pub fn delete(&self, name: &ModelName) -> Result<NamedModel, ModelsError> {
@@ -433,6 +451,19 @@ mod tests {
         let gone = ModelsError::NotFound("Smol:latest".into());
         assert_eq!(registry.delete(&smol).unwrap_err(), gone);
         assert_eq!(registry.copy(&smol, testing::name("x")).unwrap_err(), gone);
+
+        // An alias takes no name that is served already.
+        assert!(registry.add_alias(&testing::name("twin"), testing::name("short:1")));
+        let short = registry.resolve(&testing::name("SHORT:1")).unwrap();
+        assert_eq!(
+            (short.name.as_str(), short.source.to_string().as_str()),
+            ("short:1", "/m/smol.gguf")
+        );
+        assert!(!registry.add_alias(&testing::name("twin"), testing::name("short:1")));
+        assert!(
+            !registry.add_alias(&smol, testing::name("short:2")),
+            "no such target"
+        );
     }
 
     #[test]
