@@ -3,10 +3,17 @@
 //! closes, then exit.
 //!
 //! Replies go through one channel to one writer task, so frames of
-//! concurrent calls never interleave within a line. Each generation runs in
-//! a task of its own; `cancel` aborts that task, which drops the event
-//! stream and so cancels the generation in the engine.
+//! concurrent calls never interleave within a line. Each generation and
+//! token count runs in a task of its own; `cancel` aborts that task, which
+//! drops the event stream and so cancels the generation in the engine.
+//!
+//! The read loop never renders or tokenizes: a chat template render and its
+//! tokenization (up to a second each for a conversation of many messages)
+//! run on [`PromptWorkers`], so `status` (the gateway's heartbeat) and the
+//! other quick calls are answered meanwhile. A count or generation
+//! cancelled before its turn on a worker never runs.
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -24,15 +31,65 @@ use crate::pool::residency::BudgetedModel;
 /// The model this runner holds.
 struct Held {
     model: Arc<LoadedModel>,
-    backend: Arc<dyn ModelBackend>,
+    backend: Arc<LocalBackend>,
     budgeted: Option<BudgetedModel>,
 }
 
 struct Host {
     replies: mpsc::UnboundedSender<Reply>,
     held: OnceLock<Arc<Held>>,
-    /// Generations running, by call id.
+    /// Generations and token counts running, by call id.
     running: Mutex<HashMap<u64, tokio::task::AbortHandle>>,
+    prompts: PromptWorkers,
+}
+
+/// Threads that render and tokenize prompts, off the async runtime (whose
+/// two workers run the read loop). Jobs wait in one queue; a job whose
+/// caller is gone (its call cancelled, its task aborted) is skipped.
+struct PromptWorkers {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl PromptWorkers {
+    /// Renders at once: as many as the runtime's workers, so that counts and
+    /// generations of several clients go on side by side.
+    const THREADS: usize = 2;
+
+    fn start() -> std::io::Result<PromptWorkers> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..Self::THREADS {
+            let queue = Arc::clone(&queue);
+            std::thread::Builder::new()
+                .name(format!("prompt-{i}"))
+                .spawn(move || loop {
+                    // Held while waiting: the other thread waits for the lock.
+                    let job = lock(&queue).recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })?;
+        }
+        Ok(PromptWorkers { jobs })
+    }
+
+    /// Runs `work` on a worker; `None` if the workers are gone. Dropping the
+    /// future before a worker took the job cancels it.
+    async fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = Box::new(move || {
+            if !tx.is_closed() {
+                let _ = tx.send(work());
+            }
+        });
+        self.jobs.send(job).ok()?;
+        rx.await.ok()
+    }
+}
+
+fn workers_gone() -> BackendError {
+    BackendError::Failed("the runner's prompt workers stopped".into())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -86,6 +143,7 @@ pub async fn serve(socket: &Path) -> std::io::Result<()> {
         replies,
         held: OnceLock::new(),
         running: Mutex::new(HashMap::new()),
+        prompts: PromptWorkers::start()?,
     });
     let mut lines = BufReader::new(read).lines();
     while let Some(line) = lines.next_line().await? {
@@ -155,18 +213,10 @@ impl Host {
                 });
             }
             Op::CountTokens { text } => {
-                let msg = self
-                    .held()
-                    .and_then(|held| held.backend.count_tokens(&text))
-                    .map_or_else(Msg::Failed, Msg::Count);
-                self.reply(id, msg);
+                self.count(id, move |backend| backend.count_tokens(&text));
             }
             Op::PromptTokens(request) => {
-                let msg = self
-                    .held()
-                    .and_then(|held| held.backend.prompt_tokens(&request))
-                    .map_or_else(Msg::Failed, Msg::Count);
-                self.reply(id, msg);
+                self.count(id, move |backend| backend.prompt_tokens(&request));
             }
             Op::Status => {
                 let msg = self
@@ -273,7 +323,7 @@ impl Host {
             hold_to(&model, budgeted, budgeted.footprint_at(*level).ram_bytes);
         }
         let placement = local.placement.clone();
-        let backend: Arc<dyn ModelBackend> = Arc::new(LocalBackend::new(lease, Arc::clone(local)));
+        let backend = Arc::new(LocalBackend::new(lease, Arc::clone(local)));
         let held = Held {
             model,
             backend,
@@ -288,10 +338,36 @@ impl Host {
 
     fn generate(self: Arc<Self>, id: u64, request: crate::core::request::BackendRequest) {
         let host = Arc::clone(&self);
+        self.track(id, async move { host.stream(id, request).await });
+    }
+
+    /// Counts tokens with `count` on a prompt worker, and replies.
+    fn count(
+        self: Arc<Self>,
+        id: u64,
+        count: impl FnOnce(&LocalBackend) -> Result<usize, BackendError> + Send + 'static,
+    ) {
+        let host = Arc::clone(&self);
+        self.track(id, async move {
+            let counted = match host.held() {
+                Ok(held) => host
+                    .prompts
+                    .run(move || count(&held.backend))
+                    .await
+                    .unwrap_or_else(|| Err(workers_gone())),
+                Err(e) => Err(e),
+            };
+            host.reply(id, counted.map_or_else(Msg::Failed, Msg::Count));
+        });
+    }
+
+    /// Runs call `id`'s `work` in a task that `cancel {call: id}` aborts.
+    fn track(self: &Arc<Self>, id: u64, work: impl Future<Output = ()> + Send + 'static) {
+        let host = Arc::clone(self);
         // Held across the spawn: the task removes itself only once it is in.
         let mut running = lock(&self.running);
         let task = tokio::spawn(async move {
-            host.stream(id, request).await;
+            work.await;
             lock(&host.running).remove(&id);
         });
         running.insert(id, task.abort_handle());
@@ -305,7 +381,11 @@ impl Host {
             Ok(held) => held,
             Err(e) => return self.reply(id, Msg::Failed(e)),
         };
-        let mut events = match held.backend.generate(request).await {
+        // Tokenized (and rendered, unless its length was asked first) on a
+        // prompt worker.
+        let backend = Arc::clone(&held.backend);
+        let submitted = self.prompts.run(move || backend.submit(request)).await;
+        let mut events = match submitted.unwrap_or_else(|| Err(workers_gone())) {
             Ok(events) => events,
             Err(e) => return self.reply(id, Msg::Failed(e)),
         };

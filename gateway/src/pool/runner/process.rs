@@ -8,9 +8,11 @@
 //! crash is logged with what the runner said last.
 //!
 //! A runner must answer in time: the quick calls (status, memory, counters)
-//! wait [`QUICK_CALL_TIMEOUT`], the token counts [`COUNT_CALL_TIMEOUT`], and
-//! a watchdog thread asks for its status every [`HEARTBEAT_INTERVAL`]. Once
-//! a call goes unanswered past its deadline the runner is *stalled* until
+//! wait [`QUICK_CALL_TIMEOUT`], the token counts [`COUNT_CALL_TIMEOUT`] (a
+//! count past it is cancelled in the runner: it renders and tokenizes off
+//! its read loop, so a slow count is work, not silence), and a watchdog
+//! thread asks for its status every [`HEARTBEAT_INTERVAL`]. Once a quick
+//! call goes unanswered past its deadline the runner is *stalled* until
 //! that call's reply comes: the quick calls no longer wait for it (they
 //! answer with what it said last), and once stalled for
 //! [`REFUSE_STALLED_AFTER`] generations and token counts for it fail at
@@ -287,6 +289,10 @@ impl RunnerProcess {
         {
             return None;
         }
+        // Work (a count) runs off the runner's read loop: one that takes
+        // too long is cancelled there, and says nothing about whether the
+        // runner answers (the quick calls and the heartbeat tell).
+        let work = matches!(op, Op::CountTokens { .. } | Op::PromptTokens(_));
         let (id, reply) = match self.connection.ask(op) {
             Ok(asked) => asked,
             Err(e) => return Some(Msg::Failed(e)),
@@ -296,6 +302,10 @@ impl RunnerProcess {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Some(Msg::Failed(
                 BackendError::Failed("the model's runner process stopped".into()),
             )),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if work => {
+                self.connection.cancel(id);
+                None
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let mut stall = lock(&self.stall);
                 match &mut *stall {
