@@ -10,6 +10,7 @@
 # Steps, in the order a call usually chains them:
 #   setup     unpack .devcarry/{hypura,hypura-synth}.xz and the sdist
 #   build     CMake (Ninja when there) + CUDA sm_90: llama-server, llama-bench and the libraries
+#             (BUILD_TARGETS="llama llama-common ggml": the libraries hypura needs, nothing else)
 #   models    the synthetic Llama-8B shape, Q4_K (hypura-synth; in the background with `&`)
 #   bigmodel  the full-size Mixtral-8x7B shape (26 GB)
 #   dense1 dense4 dense8
@@ -75,7 +76,8 @@ build() {
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     >"$W/cmake.log" 2>&1 || { tail -30 "$W/cmake.log" | tee -a "$OUT/log.txt"; return 1; }
-  cmake --build "$W/build" -j"$(nproc)" --target llama-server llama-bench llama llama-common ggml >"$W/build.log" 2>&1 \
+  # shellcheck disable=SC2086
+  cmake --build "$W/build" -j"$(nproc)" --target ${BUILD_TARGETS:-llama-server llama-bench llama llama-common ggml} >"$W/build.log" 2>&1 \
     || { grep -E "error|Error" "$W/build.log" | head -30 | tee -a "$OUT/log.txt"; return 1; }
   log "build: $((SECONDS - t0)) s on $(nproc) cores"
   ls "$B" | tr '\n' ' ' | tee -a "$OUT/log.txt"; echo | tee -a "$OUT/log.txt"
@@ -189,7 +191,7 @@ mixrestart() {
   wait_model "$MOEFULL" || return 1
   drop_caches
   cgroup "${MIX_MAX:-13197090816}"
-  restarted mixrestart "$MOEFULL" 18470 1 2 "${MIX_S:-1260}" 3 \
+  restarted mixrestart "$MOEFULL" 18470 1 "${MIX_T:-2}" "${MIX_S:-1260}" 3 \
     --parallel 1 --context 4096 --gpu-budget 8GiB --ram-budget 12GiB --profile "$PROFILE"
   cgroup_peak
 }

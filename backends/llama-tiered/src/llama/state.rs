@@ -131,7 +131,8 @@ impl StateBuffers {
 
     /// A buffer with room for `size` bytes (its length 0): the smallest kept
     /// one that fits and is not more than twice too big, else new memory
-    /// with room for the state to grow by an eighth.
+    /// with room for the state to grow by a thirty-second (a few turns of
+    /// a long conversation; more would cost the RAM tier entries).
     fn take(&self, size: usize) -> Result<StateBuffer, EngineError> {
         let reused = {
             let mut free = self.0.lock();
@@ -149,7 +150,7 @@ impl StateBuffers {
             Some(m) => m,
             None => self
                 .0
-                .alloc((size + size / 8).next_multiple_of(HUGE_PAGE))?,
+                .alloc((size + size / 32).next_multiple_of(HUGE_PAGE))?,
         };
         Ok(StateBuffer {
             memory: Some(memory),

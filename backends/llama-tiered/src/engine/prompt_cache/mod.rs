@@ -149,7 +149,15 @@ impl Costs {
             return;
         }
         if tokens >= 16 && seconds > 0.0 {
-            smooth(&mut self.prefill_tokens_per_second, tokens as f64 / seconds);
+            // A step's time also holds the other streams' decoding and any
+            // stall: the machine's speed is what the fast steps show, so a
+            // faster sample is taken at once and a slower one smoothed in.
+            let sample = tokens as f64 / seconds;
+            if sample > self.prefill_tokens_per_second {
+                self.prefill_tokens_per_second = sample;
+            } else {
+                smooth(&mut self.prefill_tokens_per_second, sample);
+            }
         }
     }
 
@@ -293,6 +301,8 @@ mod tests {
         let per_token = 128 << 10;
         assert!(costs.restore_wins(Tier::Disk, 7000 * per_token, 7000));
         // A GPU reading 9,000 prompt tokens/s; an 8B's KV is 128 KiB a token.
+        // A step slowed by other streams before it does not hide that speed.
+        costs.measured_prefill(3000, 1.0);
         costs.measured_prefill(9000, 1.0);
         assert!(!costs.restore_wins(Tier::Disk, 7000 * per_token, 7000));
         assert!(costs.restore_wins(Tier::Ram, 7000 * per_token, 7000));
