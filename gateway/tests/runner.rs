@@ -202,3 +202,76 @@ fn runners_die_with_the_server() {
     });
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn signal(pid: u32, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{name} {pid}");
+}
+
+/// A runner that stops answering (here `SIGSTOP`ped, as a wedged llama.cpp
+/// or an endless render would leave it) is found by the heartbeat, killed
+/// and replaced: its in-flight request ends with an error saying so, the
+/// server answers meanwhile, and the model's next request runs in a new
+/// runner with the same tokens.
+#[test]
+fn a_stopped_runner_is_killed_and_replaced() {
+    let server = Server::start(&["--parallel", "2"]);
+    let before = greedy_text(&server, MODEL);
+    let runners = children(server.pid());
+    assert_eq!(runners.len(), 1, "one runner");
+    let wedged = runners[0];
+
+    let stream = open_stream(
+        &server,
+        "/api/generate",
+        json!({"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "raw": true,
+               "options": {"temperature": 0, "num_predict": 3000}}),
+    );
+    signal(wedged, "STOP");
+    // The server answers while its runner does not, from what it said last.
+    let ps = server.get("/api/ps");
+    assert_eq!(ps.status(), 200);
+    let ps: Value = ps.json().unwrap();
+    assert_eq!(ps["models"][0]["name"], MODEL, "{ps}");
+
+    // The stream ends with an error line once the watchdog killed it.
+    let lines = ndjson(&rest(stream));
+    let last = lines.last().unwrap();
+    let message = last["error"].as_str().unwrap_or_else(|| panic!("{last}"));
+    assert_eq!(
+        message,
+        format!(
+            "the runner process of model '{MODEL}' stopped answering and was killed: this \
+             request was ended; the model is reloaded on the next request"
+        )
+    );
+    assert!(lines.iter().all(|l| l["done"] != true));
+    // Failed first, then killed.
+    wait_until(
+        Duration::from_secs(10),
+        "the stopped runner is gone",
+        || !alive(wedged),
+    );
+
+    // The next request loads it in a new runner, with the same tokens.
+    assert_eq!(greedy_text(&server, MODEL), before);
+    let runners = children(server.pid());
+    assert_eq!(runners.len(), 1, "{runners:?}");
+    assert_ne!(runners[0], wedged);
+    assert_eq!(
+        server.metric(&format!(
+            "hypura_runner_crashes_total{{model=\"{MODEL}\"}} "
+        )),
+        Some(1.0)
+    );
+    let log = server.log();
+    assert!(
+        log.contains(&format!(
+            "the runner of {MODEL} (pid {wedged}) has not answered for"
+        )),
+        "{log}"
+    );
+}

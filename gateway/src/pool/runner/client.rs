@@ -186,6 +186,17 @@ impl Connection {
         }
     }
 
+    /// Ends the connection: every call waiting fails with `error` (and any
+    /// later one with its message), and the socket is shut so the reader
+    /// thread ends (the crash path) even if the runner never writes again.
+    pub fn close(&self, error: BackendError) {
+        let pending = std::mem::replace(&mut *lock(&self.waiting), Err(error.to_string()));
+        for (_, waiter) in pending.unwrap_or_default() {
+            waiter.send(Msg::Failed(error.clone()));
+        }
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+    }
+
     /// Whether the socket closed.
     pub fn is_closed(&self) -> bool {
         lock(&self.waiting).is_err()

@@ -366,6 +366,13 @@ impl RunnerProcess {
             self.pid,
             stalled_for.as_secs()
         );
+        // Its calls fail with why, before the socket's close would fail
+        // them as a crash.
+        self.connection.close(BackendError::Failed(format!(
+            "the runner process of model '{}' stopped answering and was killed: this request \
+             was ended; the model is reloaded on the next request",
+            self.name
+        )));
         // Locked only while the watch reaps it, which kills it too.
         if let Ok(mut child) = self.child.try_lock() {
             let _ = child.kill();
