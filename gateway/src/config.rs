@@ -67,6 +67,14 @@ pub struct ServerSection {
     /// A model idle this long is demoted to streaming (under a budget).
     pub demote_after: Option<Text>,
     pub max_body_bytes: Option<Text>,
+    /// Memory all request bodies in flight may take together.
+    pub body_memory: Option<Text>,
+    /// The longest a whole request body may take to arrive.
+    pub body_timeout: Option<Text>,
+    /// Connections open at once, all clients together.
+    pub max_connections: Option<usize>,
+    /// Connections open at once from one address.
+    pub max_connections_per_ip: Option<usize>,
     pub models_dir: Option<PathBuf>,
     pub gpu_budget: Option<Text>,
     pub ram_budget: Option<Text>,
@@ -163,6 +171,10 @@ pub struct Config {
     pub keep_alive: Option<KeepAlive>,
     pub demote_after: Option<KeepAlive>,
     pub max_body_bytes: Option<usize>,
+    pub body_memory_bytes: Option<usize>,
+    pub body_timeout: Option<std::time::Duration>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
     pub models_dir: Option<PathBuf>,
     pub gpu_budget_bytes: Option<u64>,
     pub ram_budget_bytes: Option<u64>,
@@ -262,6 +274,25 @@ pub fn check_batch(n: u32) -> Result<u32, String> {
     }
 }
 
+/// `--body-timeout` / `body_timeout`: a duration of at least one second.
+pub fn check_body_timeout(text: &str) -> Result<std::time::Duration, String> {
+    match KeepAlive::from_flag(text)? {
+        KeepAlive::For(d) if d >= std::time::Duration::from_secs(1) => Ok(d),
+        _ => Err(format!(
+            "{text:?} is out of range: give a duration of at least 1s (`30s`, `2m`)"
+        )),
+    }
+}
+
+/// `--max-connections` / `max_connections` and the per-address cap.
+pub fn check_connections(n: usize) -> Result<usize, String> {
+    if n >= 1 {
+        Ok(n)
+    } else {
+        Err("0 is too small: allow at least 1 connection".into())
+    }
+}
+
 fn at<T>(key: &str, result: Result<T, String>) -> Result<T, String> {
     result.map_err(|e| format!("{key}: {e}"))
 }
@@ -281,6 +312,14 @@ impl ConfigFile {
             Some(t) => Some(at(
                 "server.max_body_bytes",
                 usize::try_from(size("server.max_body_bytes", t)?)
+                    .map_err(|_| format!("{} is too large", t.0)),
+            )?),
+            None => None,
+        };
+        let body_memory_bytes = match &s.body_memory {
+            Some(t) => Some(at(
+                "server.body_memory",
+                usize::try_from(size("server.body_memory", t)?)
                     .map_err(|_| format!("{} is too large", t.0)),
             )?),
             None => None,
@@ -316,6 +355,19 @@ impl ConfigFile {
                 .map(|t| keep_alive("server.demote_after", &t))
                 .transpose()?,
             max_body_bytes,
+            body_memory_bytes,
+            body_timeout: s
+                .body_timeout
+                .map(|t| at("server.body_timeout", check_body_timeout(&t.0)))
+                .transpose()?,
+            max_connections: s
+                .max_connections
+                .map(|n| at("server.max_connections", check_connections(n)))
+                .transpose()?,
+            max_connections_per_ip: s
+                .max_connections_per_ip
+                .map(|n| at("server.max_connections_per_ip", check_connections(n)))
+                .transpose()?,
             models_dir: s.models_dir.map(|d| base.join(d)),
             gpu_budget_bytes: s
                 .gpu_budget
@@ -440,6 +492,22 @@ mod tests {
         assert_eq!(config.threads, None);
         assert_eq!(config.keep_alive, Some(DEFAULT_KEEP_ALIVE));
         assert_eq!(config.max_body_bytes, Some(DEFAULT_MAX_BODY_BYTES));
+        assert_eq!(
+            config.body_memory_bytes,
+            Some(crate::bodies::DEFAULT_BODY_MEMORY_BYTES)
+        );
+        assert_eq!(
+            config.body_timeout,
+            Some(crate::bodies::DEFAULT_BODY_TIMEOUT)
+        );
+        assert_eq!(
+            config.max_connections,
+            Some(crate::connections::DEFAULT_MAX_CONNECTIONS)
+        );
+        assert_eq!(
+            config.max_connections_per_ip,
+            Some(crate::connections::DEFAULT_MAX_CONNECTIONS_PER_IP)
+        );
         assert_eq!(config.gpu_budget_bytes, None);
         assert_eq!(config.ram_budget_bytes, None);
         assert_eq!(
@@ -496,7 +564,8 @@ mod tests {
             error("[server]\nport = 1\nprot = 2\n"),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `demote_after`, `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
+             `demote_after`, `max_body_bytes`, `body_memory`, `body_timeout`, \
+             `max_connections`, `max_connections_per_ip`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
              `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \

@@ -19,12 +19,15 @@
 //! - [`security`]: who may drive the API (origins, hosts, keys) and what a
 //!   pull may touch (model roots, allowed hosts, no private addresses).
 //! - [`server`]: the axum application (routes, auth, CORS, limits) and its
-//!   graceful shutdown; [`state`]: what every handler reaches.
+//!   graceful shutdown; [`connections`]: accepting connections (timeouts,
+//!   caps); [`bodies`]: request bodies read within their bounds (size,
+//!   memory of all together, time); [`state`]: what every handler reaches.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
 //!   the default model's download.
 //! - [`telemetry`]: log lines (text or JSON), the spans of requests, model
 //!   loads and moves, and their OTLP export.
 pub mod api;
+pub mod bodies;
 pub mod cli;
 pub mod config;
 pub mod connections;

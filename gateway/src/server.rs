@@ -3,10 +3,13 @@
 //!
 //! Layers, outermost first: the path's trailing slash trimmed, request id (`x-request-id`, generated when absent
 //! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
-//! panic → 500, CORS, body size limit (not on `/api/blobs` uploads, which
-//! their handler caps at `[server] pull_max_bytes`), bearer auth (when an API key is set;
+//! panic → 500, CORS, bearer auth (when an API key is set;
 //! `/`, `/api/version` and the docs stay open; `/metrics` too for loopback
-//! clients when so configured). Routed requests are counted
+//! clients when so configured), then, on routed requests only, the body read
+//! whole under its bounds ([`crate::bodies`]: size, the memory of all bodies,
+//! time; not on `/api/blobs` uploads, which their handler streams to disk and
+//! caps at `[server] pull_max_bytes`): an unauthenticated or unrouted body is
+//! never buffered. Routed requests are counted
 //! ([`crate::metrics::http::track`]).
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +23,6 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::normalize_path::NormalizePath;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::RequestBodyTimeoutLayer;
@@ -29,6 +31,7 @@ use tower_http::trace::TraceLayer;
 use crate::api::{
     anthropic, blobs, create, debug, health, ollama, openai, openapi, pull, responses,
 };
+use crate::bodies::{BodyBudget, Refusal};
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::metrics;
 use crate::pool::registry::Registry;
@@ -38,7 +41,13 @@ use crate::telemetry::http::HttpSpans;
 /// Server options beyond the models.
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
+    /// The largest body of one request.
     pub max_body_bytes: usize,
+    /// Bytes of request bodies in memory, all requests together.
+    pub body_memory_bytes: usize,
+    /// The longest a whole request body may take to arrive.
+    pub body_timeout: Duration,
+    pub connections: crate::connections::ConnectionLimits,
     /// How long a shutdown waits for in-flight requests before it cancels
     /// them (each then ends with an error line); the process is gone at most
     /// [`SHUTDOWN_HARD_STOP`] later.
@@ -77,8 +86,19 @@ const CORS_HEADERS: &[&str] = &[
     "x-stainless-timeout",
 ];
 
-/// The whole application.
-pub fn app(state: AppState, http: &HttpSettings) -> Router {
+impl HttpSettings {
+    /// The bound on the bodies in memory these settings ask for.
+    pub fn body_budget(&self) -> BodyBudget {
+        BodyBudget::new(
+            self.body_memory_bytes,
+            self.max_body_bytes,
+            self.body_timeout,
+        )
+    }
+}
+
+/// The whole application, its request bodies read within `bodies`.
+pub fn app(state: AppState, bodies: Arc<BodyBudget>) -> Router {
     let x_request_id = HeaderName::from_static("x-request-id");
     let origins = state.security.origins.clone();
     let cors = CorsLayer::new()
@@ -110,7 +130,10 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
             post(blobs::post_blob).head(blobs::head_blob),
         )
         .route_layer(middleware::from_fn(metrics::http::track))
-        .layer(middleware::from_fn_with_state(state.clone(), auth));
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(RequestBodyTimeoutLayer::new(
+            crate::connections::BODY_READ_TIMEOUT,
+        ));
     let routes = Router::new()
         .route("/", get(ollama::root).head(ollama::root))
         .route("/api/version", get(ollama::version))
@@ -140,16 +163,13 @@ pub fn app(state: AppState, http: &HttpSettings) -> Router {
         .route("/metrics", get(metrics::http::handler))
         .route("/status", get(metrics::status::page))
         .route("/api/status", get(metrics::status::data))
+        .route_layer(middleware::from_fn_with_state(bodies, read_body))
         .route_layer(middleware::from_fn(metrics::http::track))
         .layer(middleware::from_fn(crate::pool::upstream::hop_guard))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(http.max_body_bytes))
         .merge(uploads)
-        .layer(RequestBodyTimeoutLayer::new(
-            crate::connections::BODY_READ_TIMEOUT,
-        ))
         .layer(middleware::from_fn_with_state(state.clone(), origin_guard))
         .layer(cors)
         // A bug must cost one request a 500, never the server.
@@ -198,6 +218,47 @@ async fn not_found(request: Request) -> Response {
         &path,
         ApiError::NotFound(format!("no route {} {path}", request.method())),
     )
+}
+
+/// Reads the body whole ([`BodyBudget::read`]) before the handler runs; a
+/// refusal is answered in the route's family, and the connection closed
+/// when its body was not read to its end.
+async fn read_body(
+    State(bodies): State<Arc<BodyBudget>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    if axum::body::HttpBody::size_hint(&body).exact() == Some(0) {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let refusal = match bodies.read(body, declared).await {
+        Ok(bytes) => {
+            let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+            return next.run(request).await;
+        }
+        Err(refusal) => refusal,
+    };
+    let message = refusal.to_string();
+    let error = match refusal {
+        Refusal::TooLarge { .. } => ApiError::PayloadTooLarge(message),
+        Refusal::NoRoom { .. } => ApiError::Unavailable(message),
+        Refusal::TimedOut { .. } => ApiError::RequestTimeout(message),
+        Refusal::Broken(_) => ApiError::bad_request(message),
+    };
+    let mut response = family_error(parts.uri.path(), error);
+    let headers = response.headers_mut();
+    if matches!(refusal, Refusal::NoRoom { .. }) {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    } else {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Open without the key: the status page holds no data (it asks `/api/status`, which needs it).
@@ -325,8 +386,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The body of a request, or the error for one over the size limit or one
-/// that stopped arriving ([`crate::connections::BODY_READ_TIMEOUT`]).
+/// The body of a request (read whole before the handler by [`read_body`],
+/// so an error here is a bug or a route outside it).
 pub fn body_bytes(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<axum::body::Bytes, ApiError> {
@@ -366,21 +427,30 @@ pub async fn serve(addr: SocketAddr, state: AppState, http: HttpSettings) -> std
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     eprintln!("hypura: listening on http://{local}");
+    crate::bodies::return_freed_memory();
+    let bodies = Arc::new(http.body_budget());
     let registry = Arc::clone(&state.registry);
     let housekeeping = tokio::spawn({
         let registry = Arc::clone(&registry);
+        let bodies = Arc::clone(&bodies);
         async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
                 let registry = Arc::clone(&registry);
-                let _ = tokio::task::spawn_blocking(move || registry.run_pending_tasks()).await;
+                let bodies = Arc::clone(&bodies);
+                let _ = tokio::task::spawn_blocking(move || {
+                    registry.run_pending_tasks();
+                    bodies.trim_if_due();
+                })
+                .await;
             }
         }
     });
     crate::connections::serve(
         listener,
-        app(state, &http),
+        app(state, bodies),
+        http.connections,
         shutdown_signal(Arc::clone(&registry), http.shutdown_grace),
     )
     .await?;

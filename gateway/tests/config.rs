@@ -85,7 +85,8 @@ fn bad_configs_stop_start_up_naming_the_key() {
             "[server]\nprot = 8080\n".to_string(),
             "server.prot: unknown field `prot`, expected one of `host`, `port`, `api_key`, \
              `context`, `parallel`, `queue_limit`, `batch`, `threads`, `keep_alive`, \
-             `demote_after`, `max_body_bytes`, `models_dir`, `gpu_budget`, `ram_budget`, \
+             `demote_after`, `max_body_bytes`, `body_memory`, `body_timeout`, \
+             `max_connections`, `max_connections_per_ip`, `models_dir`, `gpu_budget`, `ram_budget`, \
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
              `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \

@@ -82,6 +82,22 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes [default: 33554432].
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    /// Memory all request bodies being read or handled may take together;
+    /// a body that finds no room within 2 s is a 503 (`256MiB`, bytes)
+    /// [default: 256MiB, at least --max-body-bytes].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    body_memory: Option<u64>,
+    /// The longest a whole request body may take to arrive, from its request's
+    /// head; then a 408 and the connection closed (`30s`, `2m`) [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = config::check_body_timeout)]
+    body_timeout: Option<Duration>,
+    /// Connections open at once; one more is answered 503 and closed [default: 512].
+    #[arg(long, value_name = "N", value_parser = flag_count(config::check_connections))]
+    max_connections: Option<usize>,
+    /// Connections open at once from one client address (a reverse proxy's
+    /// clients share its address) [default: 128].
+    #[arg(long, value_name = "N", value_parser = flag_count(config::check_connections))]
+    max_connections_per_ip: Option<usize>,
     /// Where `/api/pull` saves downloaded models
     /// [default: $HYPURA_MODELS_DIR, else ~/.cache/hypura/models].
     #[arg(long, value_name = "DIR")]
@@ -172,6 +188,19 @@ fn seconds(text: &str) -> Result<std::time::Duration, String> {
         .ok()
         .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
         .ok_or_else(|| format!("{text:?} is not a number of seconds (0 or more)"))
+}
+
+/// A count flag checked as its configuration key is.
+fn flag_count(
+    check: fn(usize) -> Result<usize, String>,
+) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |text| {
+        let n = text
+            .trim()
+            .parse::<usize>()
+            .map_err(|e| format!("{text:?} is not a whole number: {e}"))?;
+        check(n)
+    }
 }
 
 /// A numeric flag checked as its configuration key is.
@@ -334,6 +363,25 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .max_body_bytes
             .or(file.max_body_bytes)
             .unwrap_or(config::DEFAULT_MAX_BODY_BYTES),
+        body_memory_bytes: args
+            .body_memory
+            .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+            .or(file.body_memory_bytes)
+            .unwrap_or(crate::bodies::DEFAULT_BODY_MEMORY_BYTES),
+        body_timeout: args
+            .body_timeout
+            .or(file.body_timeout)
+            .unwrap_or(crate::bodies::DEFAULT_BODY_TIMEOUT),
+        connections: crate::connections::ConnectionLimits {
+            max_total: args
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(crate::connections::DEFAULT_MAX_CONNECTIONS),
+            max_per_ip: args
+                .max_connections_per_ip
+                .or(file.max_connections_per_ip)
+                .unwrap_or(crate::connections::DEFAULT_MAX_CONNECTIONS_PER_IP),
+        },
         shutdown_grace: args.shutdown_grace,
     };
     // Only once every model is registered: a server that fails to start
