@@ -296,3 +296,58 @@ fn memory_goes_back_after_a_burst() {
     eprintln!("RSS back to {} MiB", now / MIB);
     version_answers(&s);
 }
+
+/// The error's message, in any family's shape.
+fn message(body: &Value) -> &str {
+    body["error"]
+        .as_str()
+        .or(body["error"]["message"].as_str())
+        .unwrap()
+}
+
+/// A 10 MB `format` string came back whole inside the 400: now an error
+/// echoes at most a few hundred characters of any input, with what was
+/// cut counted.
+#[test]
+fn error_bodies_echo_a_bounded_part_of_the_input() {
+    let s = Server::start(&[]);
+    let big = "x".repeat(10 << 20);
+    let cases = [
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "Hi", "format": big}),
+            "invalid format \"xxx",
+            "xxx\": use \"json\" or a JSON Schema object",
+        ),
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "Hi", "options": {"temperature": big}}),
+            "invalid JSON body: options.temperature: invalid type: string \"xxx",
+            "xxx\", expected f32 at line 1 column 10485846",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": big, "messages": [{"role": "user", "content": "Hi"}]}),
+            "",
+            "",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 4, "temperature": big,
+                "messages": [{"role": "user", "content": "Hi"}]}),
+            "",
+            "",
+        ),
+    ];
+    for (path, body, starts, ends) in cases {
+        let answer = s.post(path, body);
+        assert_eq!(answer.status(), 400, "{path}");
+        let text = answer.text().unwrap();
+        assert!(text.len() < 1024, "{path}: {} bytes", text.len());
+        let body: Value = serde_json::from_str(&text).unwrap();
+        let message = message(&body);
+        assert!(message.starts_with(starts), "{path}: {message}");
+        assert!(message.ends_with(ends), "{path}: {message}");
+        assert!(message.contains(" bytes left out] "), "{path}: {message}");
+    }
+}

@@ -78,7 +78,7 @@ impl AnthropicError {
     pub fn body(&self) -> AnthropicErrorBody {
         AnthropicErrorBody {
             kind: "error".into(),
-            error: json!({"type": self.kind(), "message": self.0.to_string()}),
+            error: json!({"type": self.kind(), "message": self.0.message()}),
         }
     }
 }

@@ -51,9 +51,46 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// A message longer than this many characters is cut in its middle
+/// ([`capped`]).
+const MESSAGE_MAX_CHARS: usize = 512;
+/// What a cut message keeps of its start and of its end.
+const MESSAGE_HEAD_CHARS: usize = 240;
+const MESSAGE_TAIL_CHARS: usize = 160;
+
+/// `message` as sent to a client: one longer than [`MESSAGE_MAX_CHARS`]
+/// keeps its start and its end, its middle replaced by how many bytes were
+/// left out, so that an error never echoes a whole input (a 10 MB `format`
+/// string) while its field and its advice, at the ends, stay.
+pub fn capped(message: String) -> String {
+    if message.chars().nth(MESSAGE_MAX_CHARS).is_none() {
+        return message;
+    }
+    let head_end = message
+        .char_indices()
+        .nth(MESSAGE_HEAD_CHARS)
+        .map_or(message.len(), |(i, _)| i);
+    let tail_start = message
+        .char_indices()
+        .rev()
+        .nth(MESSAGE_TAIL_CHARS - 1)
+        .map_or(0, |(i, _)| i);
+    format!(
+        "{}… [{} bytes left out] …{}",
+        &message[..head_end],
+        tail_start - head_end,
+        &message[tail_start..]
+    )
+}
+
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::BadRequest(message.into())
+    }
+
+    /// The message a client is sent ([`capped`]).
+    pub fn message(&self) -> String {
+        capped(self.to_string())
     }
 
     pub fn status(&self) -> StatusCode {
@@ -107,7 +144,7 @@ impl ApiError {
     /// The body of an OpenAI error (also sent as an SSE event mid-stream).
     pub fn openai_body(&self) -> serde_json::Value {
         json!({"error": {
-            "message": self.to_string(),
+            "message": self.message(),
             "type": self.openai_type(),
             "param": self.openai_param(),
             "code": self.openai_code(),
@@ -163,7 +200,7 @@ impl From<ValidationError> for OllamaError {
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
         let body = OllamaErrorBody {
-            error: self.0.to_string(),
+            error: self.0.message(),
         };
         (self.0.status(), Json(body)).into_response()
     }
@@ -245,6 +282,20 @@ mod tests {
         for (e, status) in cases {
             assert_eq!(ApiError::from(e).status(), status);
         }
+    }
+
+    #[test]
+    fn long_messages_keep_their_ends() {
+        assert_eq!(capped("short".into()), "short");
+        let input = "é".repeat(10_000);
+        let message = capped(format!("invalid format \"{input}\": use \"json\""));
+        // 240 characters of the start, 160 of the end: 224 and 147 of the input's.
+        let expected = format!(
+            "invalid format \"{}… [19258 bytes left out] …{}\": use \"json\"",
+            "é".repeat(224),
+            "é".repeat(147)
+        );
+        assert_eq!(message, expected);
     }
 
     #[test]
