@@ -200,6 +200,14 @@ fn tool_results_in_history(s: &Server) {
     );
     let message = &r["choices"][0]["message"];
     match message["tool_calls"].as_array() {
+        // SmolLM2 calls again (and again): the limit may cut the last call.
+        Some(calls) if r["choices"][0]["finish_reason"] == "length" => {
+            let (last, whole) = calls.split_last().unwrap();
+            assert_eq!(last["function"]["name"], "get_weather", "{r}");
+            if !whole.is_empty() {
+                assert_openai_calls(&Value::Array(whole.to_vec()));
+            }
+        }
         Some(calls) => {
             assert_openai_calls(&Value::Array(calls.clone()));
         }
@@ -222,4 +230,107 @@ fn tool_results_in_history(s: &Server) {
     // The whole rendered history was evaluated (nothing read from the cache).
     assert!(r["prompt_eval_count"].as_u64().unwrap() > 100, "{r}");
     assert_eq!(r["done"], true);
+}
+
+/// A reply cut by the token limit (issue 29, item 3): never the format's
+/// JSON as content; a call the limit cut is a `tool_calls` entry with the
+/// arguments as far as they go, `finish_reason: "length"`, as OpenAI
+/// reports one. The grammar is compact, so a whole call fits in 60 tokens.
+#[test]
+fn replies_cut_by_the_token_limit_never_leak_the_json() {
+    let s = Server::start(&["--context", "2048"]);
+    let history = json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\",\"unit\":\"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 18 degrees celsius."},
+    ]);
+    let mut cut_calls = 0;
+    for (messages, choice) in [
+        (question(), "required"),
+        (question(), "auto"),
+        (history.clone(), "auto"),
+    ] {
+        for max_tokens in [6, 12, 20, 28, 40] {
+            let request = json!({"model": MODEL, "messages": messages, "tools": [weather_tool()],
+                "tool_choice": choice, "temperature": 0, "max_tokens": max_tokens});
+            let r = s.post_json("/v1/chat/completions", request.clone(), 200);
+            let choice_out = &r["choices"][0];
+            let message = &choice_out["message"];
+            let content = message["content"].as_str().unwrap_or_default();
+            assert!(
+                !content.contains("tool_call") && !content.trim_start().starts_with('{'),
+                "{r}"
+            );
+            let finish = choice_out["finish_reason"].as_str().unwrap();
+            if let Some(calls) = message["tool_calls"].as_array() {
+                assert_eq!(content, "", "{r}");
+                for call in calls {
+                    assert_eq!(call["function"]["name"], "get_weather", "{r}");
+                    assert!(call["function"]["arguments"].is_string(), "{r}");
+                }
+                let last = calls.last().unwrap()["function"]["arguments"]
+                    .as_str()
+                    .unwrap();
+                if serde_json::from_str::<Value>(last).is_err() {
+                    assert_eq!(finish, "length", "{r}");
+                    assert!(last.starts_with('{'), "{r}");
+                    cut_calls += 1;
+                }
+            }
+            if r["usage"]["completion_tokens"] == max_tokens {
+                assert_eq!(finish, "length", "{r}");
+            }
+
+            // Streamed: the same, as deltas.
+            let mut streamed = request;
+            streamed["stream"] = json!(true);
+            let events = sse(&s.post("/v1/chat/completions", streamed).text().unwrap());
+            let chunks: Vec<Value> = events[..events.len() - 1]
+                .iter()
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect();
+            let content: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            assert!(!content.contains("tool_call"), "{content}");
+            let finishes: Vec<&Value> = chunks
+                .iter()
+                .map(|c| &c["choices"][0]["finish_reason"])
+                .filter(|f| !f.is_null())
+                .collect();
+            assert_eq!(finishes, [finish], "{max_tokens}");
+        }
+    }
+    assert!(cut_calls > 0, "no reply was cut inside a call");
+
+    // Whole, a call takes few tokens: no whitespace to spend them on.
+    let r = s.post_json(
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": question(), "tools": [weather_tool()],
+            "tool_choice": "required", "temperature": 0, "max_tokens": 60}),
+        200,
+    );
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+    assert_openai_calls(&r["choices"][0]["message"]["tool_calls"]);
+
+    // Ollama: a cut call's arguments as far as they go (an object), or no
+    // call; never the JSON as content.
+    for num_predict in [6, 12, 20, 28] {
+        let r = s.post_json(
+            "/api/chat",
+            json!({"model": MODEL, "messages": question(), "tools": [weather_tool()],
+                "stream": false, "options": {"temperature": 0, "num_predict": num_predict}}),
+            200,
+        );
+        let content = r["message"]["content"].as_str().unwrap();
+        assert!(!content.contains("tool_call"), "{r}");
+        if let Some(calls) = r["message"]["tool_calls"].as_array() {
+            assert!(
+                calls.iter().all(|c| c["function"]["arguments"].is_object()),
+                "{r}"
+            );
+        }
+    }
 }

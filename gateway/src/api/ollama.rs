@@ -506,9 +506,7 @@ fn chat_messages(messages: &[Message], requested: &str) -> Result<Vec<ChatMessag
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            if m.role.trim().is_empty() {
-                return Err(ApiError::from(ValidationError::EmptyRole(i)).into());
-            }
+            validation::check_role(i, &m.role, validation::OLLAMA_ROLES).map_err(ApiError::from)?;
             no_images(m.images.as_ref(), requested)?;
             let mut message = ChatMessage::new(m.role.as_str(), m.content.as_str());
             message.tool_calls = structured::ollama_input_tool_calls(m.tool_calls.as_ref());

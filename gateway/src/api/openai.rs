@@ -25,7 +25,7 @@ use utoipa::ToSchema;
 
 use crate::api::dialect::openai::{openai_tool_calls, OpenAiSampling};
 use crate::api::logprobs::{self, ChoiceLogprobs, CompletionLogprobs};
-use crate::core::backend::TokenLogprobs;
+use crate::core::backend::{FinishReason, TokenLogprobs};
 use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{self, infer, Answer, Generation, InferEvent, Outcome};
 use crate::core::models::ListedModel;
@@ -404,9 +404,7 @@ fn chat_messages(messages: &[ChatCompletionMessage]) -> Result<Vec<ChatMessage>>
         .enumerate()
         .map(|(i, m)| {
             let content = content_text(m.content.as_ref(), i)?;
-            if m.role.trim().is_empty() {
-                return Err(ApiError::from(ValidationError::EmptyRole(i)).into());
-            }
+            validation::check_role(i, &m.role, validation::OPENAI_ROLES).map_err(ApiError::from)?;
             let mut message = ChatMessage::new(m.role.as_str(), content);
             message.tool_calls = m.tool_calls.clone().filter(|v| !v.is_null());
             message.name = m.name.clone();
@@ -550,8 +548,10 @@ pub fn usage(outcome: &Outcome) -> Usage {
 }
 
 /// OpenAI's `finish_reason`: `tool_calls` when the reply called tools.
+/// `length` when the token limit cut the reply, calls or not (OpenAI
+/// reports a cut call so), else `tool_calls` when it called tools.
 fn finish_reason(outcome: &Outcome) -> &'static str {
-    if outcome.called_tools() {
+    if outcome.called_tools() && outcome.finished.finish_reason != FinishReason::Length {
         "tool_calls"
     } else {
         outcome.finished.finish_reason.as_str()

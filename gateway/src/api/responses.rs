@@ -37,7 +37,7 @@ use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{infer, Answer, Generation, Outcome};
 use crate::core::request::{InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
-use crate::core::validation::{parse_json, ModelName, ValidationError};
+use crate::core::validation::{self, parse_json, ModelName, ValidationError};
 use crate::server::body_bytes;
 use crate::state::AppState;
 
@@ -306,9 +306,8 @@ pub fn input_messages(
         match item {
             InputItem::Message { role, content } => {
                 let text = content_text(&content, &where_)?;
-                if role.trim().is_empty() {
-                    return Err(ApiError::from(ValidationError::EmptyRole(i)).into());
-                }
+                validation::check_role(i, &role, validation::OPENAI_ROLES)
+                    .map_err(ApiError::from)?;
                 messages.push(ChatMessage::new(role, text));
             }
             InputItem::FunctionCall {

@@ -277,12 +277,64 @@ fn check_keywords(map: &Map<String, Value>, root: &Value, path: &str) -> Result<
             return fail(format!("{key} must be a number"));
         }
     }
+    if let Some(step) = map.get("multipleOf") {
+        if step.as_f64().is_none_or(|s| s <= 0.0) {
+            return fail(format!(
+                "multipleOf must be a number greater than 0, got {step}"
+            ));
+        }
+    }
+    if let Some(message) = empty_range(map) {
+        return fail(message);
+    }
     for key in ["pattern", "format"] {
         if map.get(key).is_some_and(|v| !v.is_string()) {
             return fail(format!("{key} must be a string"));
         }
     }
     Ok(())
+}
+
+/// Why no number can satisfy `map`'s bounds (`minimum` above `maximum`, or
+/// for an integer no whole number between them), if none can: llama.cpp
+/// would build a grammar that matches nothing, or ignore the bounds.
+fn empty_range(map: &Map<String, Value>) -> Option<String> {
+    let bound = |key: &'static str| map.get(key).and_then(Value::as_f64).map(|v| (key, v));
+    let lower = bound("minimum")
+        .into_iter()
+        .chain(bound("exclusiveMinimum"));
+    let upper = bound("maximum")
+        .into_iter()
+        .chain(bound("exclusiveMaximum"));
+    let integer = map.get("type").and_then(Value::as_str) == Some("integer");
+    for (low_key, low) in lower {
+        for (high_key, high) in upper.clone() {
+            let exclusive = low_key.starts_with("exclusive") || high_key.starts_with("exclusive");
+            let empty = if integer {
+                let least = if low_key == "minimum" {
+                    low.ceil()
+                } else {
+                    low.floor() + 1.0
+                };
+                let most = if high_key == "maximum" {
+                    high.floor()
+                } else {
+                    high.ceil() - 1.0
+                };
+                least > most
+            } else {
+                low > high || (exclusive && low >= high)
+            };
+            if empty {
+                let kind = if integer { "integer" } else { "number" };
+                return Some(format!(
+                    "{low_key} ({low}) and {high_key} ({high}) leave no {kind} between them: no \
+                     value can satisfy it"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// [`bounds::check_object`] on every object of the document but literal
@@ -434,7 +486,9 @@ pub fn prepare_tools(
             family,
             system_prompt: Some(generic::system_prompt(tools, parallel, !required)),
             definitions: Value::Array(tools.to_vec()),
-            grammar: Some(tool_grammar(&schema.to_string())?),
+            grammar: Some(generic::compact_grammar(&tool_grammar(
+                &schema.to_string(),
+            )?)),
         }));
     }
     let grammar = if required {
@@ -594,6 +648,37 @@ mod tests {
         assert!(err
             .to_string()
             .starts_with("response_format.json_schema.schema is required"));
+    }
+
+    #[test]
+    fn number_bounds_that_nothing_satisfies_are_refused() {
+        let n = |bounds: Value| {
+            let mut schema = json!({"type": "integer"});
+            schema
+                .as_object_mut()
+                .unwrap()
+                .extend(bounds.as_object().unwrap().clone());
+            schema_grammar(&schema, "format")
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert_eq!(
+            n(json!({"minimum": 10, "maximum": 5})).unwrap(),
+            "format: invalid JSON Schema: at #: minimum (10) and maximum (5) leave no integer \
+             between them: no value can satisfy it"
+        );
+        assert!(n(json!({"minimum": 1.5, "maximum": 1.9})).is_some());
+        assert!(n(json!({"exclusiveMinimum": 3, "maximum": 3})).is_some());
+        assert!(n(json!({"minimum": 5, "maximum": 5})).is_none());
+        assert_eq!(
+            n(json!({"multipleOf": 0})).unwrap(),
+            "format: invalid JSON Schema: at #: multipleOf must be a number greater than 0, got 0"
+        );
+        assert!(n(json!({"multipleOf": -2})).is_some());
+        let number = json!({"type": "number", "minimum": 1.5, "maximum": 1.9});
+        assert!(schema_grammar(&number, "format").is_ok());
+        let number = json!({"type": "number", "minimum": 2, "exclusiveMaximum": 2});
+        assert!(schema_grammar(&number, "format").is_err());
     }
 
     #[test]

@@ -33,6 +33,16 @@ pub enum ValidationError {
          digits and . _ - + characters"
     )]
     InvalidModelName { field: String, name: String },
+    /// A model name whose tag (after `:`) breaks the tag rule.
+    #[error(
+        "invalid {field} {name:?}: its tag {tag:?} must start with a letter, digit or _ and \
+         hold only letters, digits and . _ - characters (128 at most)"
+    )]
+    InvalidModelTag {
+        field: String,
+        name: String,
+        tag: String,
+    },
     /// A model name shaped like a file path (`../x`, `/x`, `a//b`, `./x`).
     #[error(
         "invalid {field} {name:?}: a model name is not a path: no leading or trailing '/', \
@@ -216,6 +226,27 @@ pub enum ValidationError {
     /// `messages[i].role` is empty.
     #[error("messages[{0}].role is empty")]
     EmptyRole(usize),
+    /// `messages[i].role` is none the route knows.
+    #[error("messages[{index}].role {role:?} is unknown: use one of {allowed}")]
+    UnknownRole {
+        index: usize,
+        role: String,
+        allowed: String,
+    },
+    /// An integer option outside its range (`top_k -1`, `num_thread 1000000`).
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    IntegerOutOfRange {
+        field: &'static str,
+        min: i64,
+        max: i64,
+        value: i64,
+    },
+    /// A `keep_alive` longer than any a server keeps.
+    #[error(
+        "keep_alive {0} is longer than {MAX_KEEP_ALIVE_SECONDS} seconds: use a negative value \
+         (\"-1\") to keep the model loaded"
+    )]
+    KeepAliveTooLong(String),
     /// An OpenAI content part with an image.
     #[error("messages[{0}]: this model does not support images")]
     ImagePart(usize),
@@ -407,6 +438,21 @@ impl ModelName {
                 name: name.to_string(),
             });
         }
+        if let Some((_, tag)) = base.split_once(':') {
+            // Ollama's tag rule: a letter, digit or `_`, then those, `.` and `-`.
+            let valid_tag = tag.len() <= 128
+                && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                && tag
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !valid_tag {
+                return Err(ValidationError::InvalidModelTag {
+                    field: field.to_string(),
+                    name: name.to_string(),
+                    tag: tag.to_string(),
+                });
+            }
+        }
         let display = if base.contains(':') {
             name.to_string()
         } else {
@@ -444,6 +490,10 @@ impl ModelName {
     }
 }
 
+/// The longest `keep_alive` a request may ask for: 10 years, in seconds
+/// (a longer one is surely a mistake; a negative one keeps a model loaded).
+pub const MAX_KEEP_ALIVE_SECONDS: u64 = 315_360_000;
+
 /// How long a model stays loaded after its last request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KeepAlive {
@@ -459,14 +509,14 @@ impl KeepAlive {
         match value {
             serde_json::Value::Number(n) => {
                 let seconds = n.as_f64().ok_or_else(bad)?;
-                Ok(Self::from_seconds(seconds))
+                Self::from_seconds(seconds).bounded(value)
             }
             serde_json::Value::String(s) => {
                 let s = s.trim();
                 if let Ok(seconds) = s.parse::<f64>() {
-                    return Ok(Self::from_seconds(seconds));
+                    return Self::from_seconds(seconds).bounded(value);
                 }
-                parse_go_duration(s).ok_or_else(bad)
+                parse_go_duration(s).ok_or_else(bad)?.bounded(value)
             }
             _ => Err(bad()),
         }
@@ -484,6 +534,16 @@ impl KeepAlive {
             KeepAlive::For(Duration::from_secs_f64(seconds.min(1e12)))
         } else {
             KeepAlive::Forever
+        }
+    }
+
+    /// A duration of at most [`MAX_KEEP_ALIVE_SECONDS`] (`value` as sent, for the error).
+    fn bounded(self, value: &serde_json::Value) -> Result<KeepAlive, ValidationError> {
+        match self {
+            KeepAlive::For(d) if d.as_secs_f64() > MAX_KEEP_ALIVE_SECONDS as f64 => {
+                Err(ValidationError::KeepAliveTooLong(value.to_string()))
+            }
+            k => Ok(k),
         }
     }
 
@@ -604,8 +664,55 @@ pub fn check_sampling(
         .validate()
         .map_err(|e| ValidationError::SamplingOption {
             prefix,
-            message: e.to_string(),
+            message: match e {
+                llama_tiered::EngineError::InvalidArgument(message) => message,
+                e => e.to_string(),
+            },
         })
+}
+
+/// Integer options in their ranges: `(field, value, min, max)`.
+pub fn check_integer_ranges(
+    ranges: &[(&'static str, Option<i64>, i64, i64)],
+) -> Result<(), ValidationError> {
+    for &(field, value, min, max) in ranges {
+        if let Some(value) = value.filter(|v| !(min..=max).contains(v)) {
+            return Err(ValidationError::IntegerOutOfRange {
+                field,
+                min,
+                max,
+                value,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Message roles Ollama's `/api/chat` takes.
+pub const OLLAMA_ROLES: &[&str] = &["system", "user", "assistant", "tool"];
+/// Message roles OpenAI's chat completions and Responses take.
+pub const OPENAI_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// `messages[index].role`: present and one of `allowed`.
+pub fn check_role(index: usize, role: &str, allowed: &[&str]) -> Result<(), ValidationError> {
+    if role.trim().is_empty() {
+        return Err(ValidationError::EmptyRole(index));
+    }
+    if !allowed.contains(&role) {
+        return Err(ValidationError::UnknownRole {
+            index,
+            role: role.to_string(),
+            allowed: allowed.join(", "),
+        });
+    }
+    Ok(())
 }
 
 /// Checks the prompt against the context window and caps `max_tokens` so

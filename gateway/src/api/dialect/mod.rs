@@ -41,8 +41,7 @@ mod tests {
             e,
             ValidationError::SamplingOption {
                 prefix: "options.",
-                message: "invalid argument: repeat_penalty must be > 0 (1.0 disables it), got 0"
-                    .into()
+                message: "repeat_penalty must be > 0 (1.0 disables it), got 0".into()
             }
         );
         let hot = OpenAiSampling {

@@ -5,7 +5,12 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::core::request::GenerationParams;
-use crate::core::validation::{check_ranges, check_sampling, seed, StopSpec, ValidationError};
+use crate::core::validation::{
+    check_integer_ranges, check_ranges, check_sampling, seed, StopSpec, ValidationError,
+};
+
+/// Most decoding threads `options.num_thread` may name (0: the server's).
+const MAX_THREADS: i64 = 1024;
 
 /// Ollama's `options` object. Keys clients send that hypura does not use
 /// (mirostat, tfs_z, numa, low_vram, f16_kv, use_mlock…) are ignored; a known
@@ -86,14 +91,22 @@ impl OllamaOptions {
             ),
         ])?;
         check_sampling(&sampling, "options.")?;
+        let most = i64::from(i32::MAX);
+        check_integer_ranges(&[
+            ("options.top_k", self.top_k.map(i64::from), 0, most),
+            ("options.num_thread", self.num_thread, 0, MAX_THREADS),
+            ("options.num_batch", self.num_batch, 1, most),
+            ("options.num_gpu", self.num_gpu, -1, most),
+            ("options.num_keep", self.num_keep, -1, most),
+        ])?;
         let max_tokens = match self.num_predict {
             None | Some(-1) | Some(-2) => None,
             Some(n) if n < 0 => return Err(ValidationError::NumPredict(n)),
             Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         };
         let num_ctx = match self.num_ctx {
-            None | Some(0) => None,
-            Some(n) if n < 0 => return Err(ValidationError::NumCtx(n)),
+            None => None,
+            Some(n) if n < 1 => return Err(ValidationError::NumCtx(n)),
             Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         };
         Ok(GenerationParams {
@@ -188,6 +201,26 @@ mod tests {
         assert_eq!(
             options(None, Some(-1)).to_params().unwrap_err(),
             ValidationError::NumCtx(-1)
+        );
+        assert_eq!(
+            options(None, Some(0)).to_params().unwrap_err(),
+            ValidationError::NumCtx(0)
+        );
+        let top_k = OllamaOptions {
+            top_k: Some(-1),
+            ..OllamaOptions::default()
+        };
+        assert_eq!(
+            top_k.to_params().unwrap_err().to_string(),
+            "options.top_k must be between 0 and 2147483647, got -1"
+        );
+        let threads = OllamaOptions {
+            num_thread: Some(1_000_000),
+            ..OllamaOptions::default()
+        };
+        assert_eq!(
+            threads.to_params().unwrap_err().to_string(),
+            "options.num_thread must be between 0 and 1024, got 1000000"
         );
     }
 }

@@ -81,7 +81,12 @@ pub fn openai_tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
         .enumerate()
         .map(|(index, call)| {
             let id = call.id.clone().unwrap_or_else(|| unique_id("call_"));
-            let arguments = Value::Object(call.arguments.clone()).to_string();
+            // A call cut by the token limit keeps its text as written (not
+            // JSON), as OpenAI reports one.
+            let arguments = call
+                .cut_arguments
+                .clone()
+                .unwrap_or_else(|| Value::Object(call.arguments.clone()).to_string());
             let mut value = json!({
                 "id": id,
                 "type": "function",
