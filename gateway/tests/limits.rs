@@ -207,7 +207,7 @@ fn oversized_inputs_are_refused_before_work() {
     assert_eq!(r.status(), 400);
     let message = error_message(&r.json().unwrap());
     assert!(
-        message.starts_with("input 0 has 40000 tokens, more than the context of 4096 tokens"),
+        message.starts_with("input 0 has 40001 tokens, more than the context of 4096 tokens"),
         "{message}"
     );
     // Cut to the embedding context and embedded when truncation is on.
