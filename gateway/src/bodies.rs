@@ -18,6 +18,7 @@
 //! After a burst of big bodies the memory goes back to the system: large
 //! buffers are mapped, not taken from the heap ([`return_freed_memory`] at
 //! start), and the heap is trimmed once they are freed ([`BodyBudget::trim_if_due`]).
+use std::ops::Not;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,9 @@ pub const ROOM_WAIT: Duration = Duration::from_secs(2);
 const UNIT_BYTES: usize = 1024;
 /// Room taken at first by a body of unknown length, then doubled as needed.
 const FIRST_ROOM_BYTES: usize = 64 * 1024;
+/// A body declared larger than the limit, up to this many times it, is
+/// read and dropped before its 413.
+const DRAIN_TOO_LARGE_TIMES: u64 = 4;
 /// A freed body at least this large asks for the heap to be trimmed.
 const TRIM_AFTER_BYTES: usize = 1 << 20;
 
@@ -146,11 +150,25 @@ impl BodyBudget {
     }
 
     /// Reads `body` whole within the bounds; `declared` is its
-    /// `Content-Length`, if sent.
-    pub async fn read(&self, body: Body, declared: Option<u64>) -> Result<Bytes, Refusal> {
+    /// `Content-Length`, if sent; `expects_continue`: the client waits for
+    /// `100 Continue` before it sends the body.
+    pub async fn read(
+        &self,
+        body: Body,
+        declared: Option<u64>,
+        expects_continue: bool,
+    ) -> Result<Bytes, Refusal> {
         let deadline = Instant::now() + self.timeout;
         if let Some(len) = declared {
             if len > self.max_bytes as u64 {
+                // A client that sends its whole body before it reads the
+                // answer (most do) would see a reset connection instead of
+                // the 413: up to a few times the limit, the body is read
+                // and dropped first. A client that waits (`Expect:
+                // 100-continue`) gets the 413 at once.
+                if expects_continue.not() && len <= DRAIN_TOO_LARGE_TIMES * self.max_bytes as u64 {
+                    drain(body, deadline, usize::try_from(len).unwrap_or(usize::MAX)).await;
+                }
                 return Err(Refusal::TooLarge {
                     limit: self.max_bytes,
                 });
@@ -313,7 +331,7 @@ mod tests {
     async fn room_is_held_while_the_bytes_live() {
         let budget = BodyBudget::new(8 * 1024, 4 * 1024, Duration::from_secs(5));
         let a = budget
-            .read(body(&[&[b'a'; 3000]]), Some(3000))
+            .read(body(&[&[b'a'; 3000]]), Some(3000), false)
             .await
             .unwrap();
         assert_eq!(a.len(), 3000);
@@ -329,25 +347,31 @@ mod tests {
     async fn no_room_is_a_refusal_after_the_wait() {
         let budget = BodyBudget::new(8 * 1024, 8 * 1024, Duration::from_secs(30));
         let held = budget
-            .read(body(&[&[b'a'; 8000]]), Some(8000))
+            .read(body(&[&[b'a'; 8000]]), Some(8000), false)
             .await
             .unwrap();
-        let refused = budget.read(body(&[b"{}"]), Some(2)).await;
+        let refused = budget.read(body(&[b"{}"]), Some(2), false).await;
         assert_eq!(refused, Err(Refusal::NoRoom { capacity: 8 * 1024 }));
         drop(held);
-        assert_eq!(budget.read(body(&[b"{}"]), Some(2)).await.unwrap(), "{}");
+        assert_eq!(
+            budget.read(body(&[b"{}"]), Some(2), false).await.unwrap(),
+            "{}"
+        );
     }
 
     #[tokio::test]
     async fn bodies_without_a_length_grow_to_the_limit() {
         let budget = BodyBudget::new(1 << 20, 100 * 1024, Duration::from_secs(5));
         let chunk: &'static [u8] = &[b'x'; 40 * 1024];
-        let read = budget.read(body(&[chunk, chunk]), None).await.unwrap();
+        let read = budget
+            .read(body(&[chunk, chunk]), None, false)
+            .await
+            .unwrap();
         assert_eq!(read.len(), 80 * 1024);
-        let refused = budget.read(body(&[chunk, chunk, chunk]), None).await;
+        let refused = budget.read(body(&[chunk, chunk, chunk]), None, false).await;
         assert_eq!(refused, Err(Refusal::TooLarge { limit: 100 * 1024 }));
         assert_eq!(
-            budget.read(body(&[]), Some(200 * 1024)).await,
+            budget.read(body(&[]), Some(200 * 1024), false).await,
             Err(Refusal::TooLarge { limit: 100 * 1024 })
         );
         drop(read);

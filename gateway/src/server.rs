@@ -158,6 +158,7 @@ pub fn app(state: AppState, bodies: Arc<BodyBudget>) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/responses", post(responses::create_response))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .merge(openapi::routes())
         .merge(debug::routes())
         .route("/metrics", get(metrics::http::handler))
@@ -237,7 +238,8 @@ async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let refusal = match bodies.read(body, declared).await {
+    let expects_continue = parts.headers.contains_key(header::EXPECT);
+    let refusal = match bodies.read(body, declared, expects_continue).await {
         Ok(bytes) => {
             let request = Request::from_parts(parts, axum::body::Body::from(bytes));
             return next.run(request).await;

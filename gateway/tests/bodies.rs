@@ -119,12 +119,22 @@ fn concurrent_big_bodies_stay_within_the_body_memory() {
         s.post("/api/show", json!({"model": MODEL})).status() == 200
     });
 
-    // A body declared larger than the limit is refused unread.
+    // A body declared larger than the limit is a 413, read and dropped (a
+    // client sending it whole sees the answer, not a reset connection)...
+    let answer = client()
+        .post(s.url("/api/generate"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 40 << 20])
+        .send()
+        .unwrap();
+    assert_eq!(answer.status(), 413);
+    // ... or unread when the client waits for `100 Continue`.
     let mut stream = TcpStream::connect(address).unwrap();
     stream
         .write_all(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n\
-              Content-Type: application/json\r\nContent-Length: 41943040\r\n\r\n",
+              Content-Type: application/json\r\nContent-Length: 41943040\r\n\
+              Expect: 100-continue\r\n\r\n",
         )
         .unwrap();
     let mut answer = String::new();
