@@ -1,11 +1,22 @@
-//! Mutated model files through `hypura run`: some 300 copies of a tiny synthetic llama and a
+//! Mutated model files through `hypura run`: some 400 copies of a tiny synthetic llama and a
 //! tiny Mixtral (about 1 MiB each), with hyperparameters set to the values llama.cpp asserts
 //! on, tokenizers it aborts on, and random mutations of the header, the metadata values and
 //! the tensor data. Each runs as `hypura run FILE --prompt hi --max-tokens 1`; none may die by
 //! a signal (a `GGML_ASSERT`'s SIGABRT, SIGSEGV, SIGFPE) or panic: it answers, or exits with a
 //! clean error. Every file hypura's validator refuses must be refused by `run` too.
 //!
+//! The same corpus through `hypura serve`: every request to each is answered (a reply or an
+//! error naming no file) within a deadline, and the server lives through all of them.
+//!
+//! The corpus is generated here, never stored: targeted edits of the metadata (values, types,
+//! tokenizers, chat templates that fail, loop, grow or recurse), of the tensor table (types per
+//! role and unknown ids, dimensions, offsets, missing, doubled or unknown tensors), of the
+//! header's fields and counts, metadata type ids and array counts, cuts at each section, and
+//! random mutations from a fixed seed.
+//!
 //! Prints a summary: per outcome (validator rule, llama.cpp refusal, answered) the count.
+mod common;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -402,6 +413,334 @@ fn moe_edits() -> Vec<(&'static str, Edit)> {
     ]
 }
 
+/// A tensor's entry in the table, as the file writes it.
+#[derive(Clone)]
+struct Entry {
+    name: String,
+    dims: Vec<u64>,
+    ggml_type: u32,
+    /// From the start of the data section.
+    offset: u64,
+}
+
+type TableEdit = Box<dyn Fn(&mut Vec<Entry>)>;
+type DimsEdit = Box<dyn Fn(&mut Vec<u64>)>;
+
+fn entries(file: &GgufFile) -> Vec<Entry> {
+    file.tensors()
+        .iter()
+        .map(|t| Entry {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: t.ggml_type,
+            offset: t.offset_in_file - file.data_offset(),
+        })
+        .collect()
+}
+
+fn put_string(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+impl Base {
+    /// Where the tensor table starts: the last copy of the first tensor's
+    /// name (as a GGUF string) before the data.
+    fn table_start(&self) -> usize {
+        let mut needle = Vec::new();
+        put_string(&mut needle, &self.file.tensors()[0].name);
+        let data_offset = self.file.data_offset() as usize;
+        self.bytes[..data_offset]
+            .windows(needle.len())
+            .rposition(|w| w == needle)
+            .expect("the tensor table")
+    }
+
+    /// The file with its tensor table replaced by `table` (the header
+    /// counting `count` tensors, else the table's), the data kept.
+    fn with_table(&self, table: &[Entry], count: Option<u64>) -> Vec<u8> {
+        let mut out = self.bytes[..self.table_start()].to_vec();
+        let count = count.unwrap_or(table.len() as u64);
+        out[8..16].copy_from_slice(&count.to_le_bytes());
+        for entry in table {
+            put_string(&mut out, &entry.name);
+            out.extend_from_slice(&(entry.dims.len() as u32).to_le_bytes());
+            for d in &entry.dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&entry.ggml_type.to_le_bytes());
+            out.extend_from_slice(&entry.offset.to_le_bytes());
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        out.extend_from_slice(&self.bytes[self.file.data_offset() as usize..]);
+        out
+    }
+
+    /// Where the value of metadata `key` starts (its type id).
+    fn value_at(&self, key: &str) -> usize {
+        let mut needle = Vec::new();
+        put_string(&mut needle, key);
+        let at = self
+            .bytes
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap_or_else(|| panic!("no {key}"));
+        at + needle.len()
+    }
+
+    /// The file with `bytes` written at `at`.
+    fn patched(&self, at: usize, bytes: &[u8]) -> Vec<u8> {
+        let mut out = self.bytes.clone();
+        out[at..at + bytes.len()].copy_from_slice(bytes);
+        out
+    }
+}
+
+fn on(name: &'static str, edit: impl Fn(&mut Entry) + 'static) -> TableEdit {
+    Box::new(move |table| {
+        let entry = table
+            .iter_mut()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"));
+        edit(entry);
+    })
+}
+
+/// Edits of the dense base's tensor table: types llama.cpp refuses or
+/// aborts on for the tensor's role, unknown type ids, dimensions that do
+/// not match the hyperparameters or overflow, offsets out of the file,
+/// misaligned or overlapping, tensors missing, doubled or unknown.
+fn table_edits() -> Vec<(String, TableEdit)> {
+    let mut edits: Vec<(String, TableEdit)> = Vec::new();
+    for ty in [1u32, 2, 8, 12, 30, 39, 40, 41, 1000, u32::MAX] {
+        edits.push((
+            format!("output_norm.weight type {ty}"),
+            on("output_norm.weight", move |e| e.ggml_type = ty),
+        ));
+    }
+    for ty in [0u32, 1, 6, 12, 14, 16, 23] {
+        edits.push((
+            format!("blk.0.attn_q.weight type {ty}"),
+            on("blk.0.attn_q.weight", move |e| e.ggml_type = ty),
+        ));
+    }
+    let dims: [(&str, &str, DimsEdit); 9] = [
+        ("token_embd.weight", "swapped", Box::new(|d| d.reverse())),
+        ("token_embd.weight", "rows 0", Box::new(|d| d[1] = 0)),
+        ("token_embd.weight", "rows +1", Box::new(|d| d[1] += 1)),
+        ("blk.0.ffn_up.weight", "row x2", Box::new(|d| d[0] *= 2)),
+        ("blk.0.ffn_down.weight", "3 dims", Box::new(|d| d.push(2))),
+        (
+            "output_norm.weight",
+            "5 dims",
+            Box::new(|d| d.extend([1; 4])),
+        ),
+        ("output_norm.weight", "no dims", Box::new(|d| d.clear())),
+        ("output_norm.weight", "2^40", Box::new(|d| d[0] = 1 << 40)),
+        (
+            "blk.0.attn_k.weight",
+            "2^32 x 2^32",
+            Box::new(|d| {
+                d[0] = 1 << 32;
+                d[1] = 1 << 32;
+            }),
+        ),
+    ];
+    for (name, what, edit) in dims {
+        edits.push((
+            format!("{name} dims {what}"),
+            Box::new(move |table: &mut Vec<Entry>| {
+                let entry = table.iter_mut().find(|e| e.name == name).unwrap();
+                edit(&mut entry.dims);
+            }),
+        ));
+    }
+    let offsets: [(&str, TableEdit); 6] = [
+        (
+            "output_norm offset u64::MAX",
+            on("output_norm.weight", |e| e.offset = u64::MAX),
+        ),
+        (
+            "output_norm offset 2^40",
+            on("output_norm.weight", |e| e.offset = 1 << 40),
+        ),
+        (
+            "output_norm offset misaligned",
+            on("output_norm.weight", |e| e.offset += 1),
+        ),
+        (
+            "last tensor past the end",
+            Box::new(|t| {
+                let last = t.iter_mut().max_by_key(|e| e.offset).unwrap();
+                last.offset += 1 << 20;
+            }),
+        ),
+        (
+            "two tensors at one offset",
+            Box::new(|t| {
+                let first = t[0].offset;
+                t[1].offset = first;
+            }),
+        ),
+        (
+            "every offset 0",
+            Box::new(|t| t.iter_mut().for_each(|e| e.offset = 0)),
+        ),
+    ];
+    for (what, edit) in offsets {
+        edits.push((what.to_string(), edit));
+    }
+    let tables: [(&str, TableEdit); 6] = [
+        (
+            "output_norm.weight missing",
+            Box::new(|t| t.retain(|e| e.name != "output_norm.weight")),
+        ),
+        (
+            "blk.1 missing",
+            Box::new(|t| t.retain(|e| !e.name.starts_with("blk.1."))),
+        ),
+        (
+            "blk.0.attn_q.weight twice",
+            Box::new(|t| {
+                let copy = t.iter().find(|e| e.name == "blk.0.attn_q.weight").cloned();
+                t.extend(copy);
+            }),
+        ),
+        (
+            "an unknown tensor",
+            Box::new(|t| {
+                let mut extra = t[0].clone();
+                extra.name = "blk.0.bogus.weight".into();
+                t.push(extra);
+            }),
+        ),
+        (
+            "an empty name",
+            on("output_norm.weight", |e| e.name.clear()),
+        ),
+        (
+            "a 64 KiB name",
+            on("output_norm.weight", |e| e.name = "n".repeat(1 << 16)),
+        ),
+    ];
+    for (what, edit) in tables {
+        edits.push((what.to_string(), edit));
+    }
+    edits
+}
+
+/// Byte-level edits of the dense base: the header's fields, metadata type
+/// ids and counts, strings longer than the file, and the file cut at each
+/// section.
+fn byte_cases(base: &Base) -> Vec<(String, Vec<u8>)> {
+    let mut cases = Vec::new();
+    for version in [0u32, 1, 2, 4, u32::MAX] {
+        cases.push((
+            format!("version {version}"),
+            base.patched(4, &version.to_le_bytes()),
+        ));
+    }
+    cases.push(("magic GGUG".into(), base.patched(0, b"GGUG")));
+    let tensors = base.file.tensors().len() as u64;
+    let keys = base.file.metadata().count() as u64;
+    for (what, at, n) in [
+        ("tensor count +1", 8, tensors + 1),
+        ("tensor count -1", 8, tensors - 1),
+        ("tensor count 0", 8, 0),
+        ("tensor count u64::MAX", 8, u64::MAX),
+        ("key count +1", 16, keys + 1),
+        ("key count -1", 16, keys - 1),
+        ("key count u64::MAX", 16, u64::MAX),
+    ] {
+        cases.push((what.to_string(), base.patched(at, &n.to_le_bytes())));
+    }
+    let block_count = base.value_at("llama.block_count");
+    for ty in [4u32, 10, 13, 99, u32::MAX] {
+        cases.push((
+            format!("block_count type id {ty}"),
+            base.patched(block_count, &ty.to_le_bytes()),
+        ));
+    }
+    let tokens = base.value_at("tokenizer.ggml.tokens");
+    let count = u64::from_le_bytes(base.bytes[tokens + 8..tokens + 16].try_into().unwrap());
+    for n in [count + 1, count - 1, 0, 1 << 40, u64::MAX] {
+        cases.push((
+            format!("tokens count {n}"),
+            base.patched(tokens + 8, &n.to_le_bytes()),
+        ));
+    }
+    for ty in [4u32, 9, 99] {
+        cases.push((
+            format!("tokens element type {ty}"),
+            base.patched(tokens + 4, &ty.to_le_bytes()),
+        ));
+    }
+    let architecture = base.value_at("general.architecture");
+    for n in [0u64, 1 << 40, u64::MAX] {
+        cases.push((
+            format!("architecture length {n}"),
+            base.patched(architecture + 4, &n.to_le_bytes()),
+        ));
+    }
+    cases.push((
+        "first key length u64::MAX".into(),
+        base.patched(24, &u64::MAX.to_le_bytes()),
+    ));
+    let data_offset = base.file.data_offset() as usize;
+    let table = base.table_start();
+    let len = base.bytes.len();
+    for (what, at) in [
+        ("in the magic", 3),
+        ("in the header", 20),
+        ("in the metadata", data_offset / 2),
+        ("before the tensor table", table),
+        ("in the tensor table", (table + data_offset) / 2),
+        ("before the data", data_offset),
+        ("one byte into the data", data_offset + 1),
+        ("one byte short", len - 1),
+    ] {
+        cases.push((format!("cut {what}"), base.bytes[..at].to_vec()));
+    }
+    cases
+}
+
+/// Chat templates that fail, loop, grow or recurse, and ones of the wrong type.
+fn template_edits() -> Vec<(&'static str, Edit)> {
+    let template = |source: &str| set("tokenizer.chat_template", text(source));
+    vec![
+        ("template raises", template("{{ raise_exception('no') }}")),
+        (
+            "template undefined",
+            template("{{ messages[99].content.x }}"),
+        ),
+        (
+            "template loops",
+            template(
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            ),
+        ),
+        ("template grows", template("{{ 'x' * 1000000000 }}")),
+        (
+            "template recurses",
+            template("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"),
+        ),
+        ("template unterminated", template("{% if messages %}")),
+        ("template renders nothing", template("{# nothing #}")),
+        ("template of 1 MiB", template(&"a".repeat(1 << 20))),
+        (
+            "template a number",
+            set("tokenizer.chat_template", GgufValue::U32(5)),
+        ),
+        (
+            "template a list",
+            set(
+                "tokenizer.chat_template",
+                GgufValue::Array(GgufArray::String(vec![GgufString::from("{{ x }}")])),
+            ),
+        ),
+    ]
+}
+
 /// Random mutations: metadata values replaced by random values of random types, header bytes
 /// flipped or overwritten with edge integers, tensor data overwritten (NaN scales, 0xFF runs),
 /// the file cut.
@@ -540,21 +879,22 @@ fn run(path: &Path, cache_dir: &Path) -> (Option<i32>, Option<i32>, bool, String
     (status.code(), status.signal(), hung, tail)
 }
 
-#[test]
-fn mutated_models_never_kill_hypura_run() {
-    let started = Instant::now();
-    let dir = std::env::temp_dir().join(format!("hypura-mutated-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cache_dir = dir.join("cache");
-    std::fs::create_dir_all(&cache_dir).unwrap();
-    let dense = Base::write(&dir, "tiny-llama", SynthSpec::tiny_llama());
-    let moe = Base::write(&dir, "tiny-mixtral", SynthSpec::tiny_mixtral());
+/// The corpus: the bases unchanged, the targeted mutations, then
+/// [`RANDOM_CASES`] random ones (always the same: a fixed seed); and how many
+/// are targeted.
+fn corpus(dir: &Path) -> (Vec<Case>, usize) {
+    let dense = Base::write(dir, "tiny-llama", SynthSpec::tiny_llama());
+    let moe = Base::write(dir, "tiny-mixtral", SynthSpec::tiny_mixtral());
 
     let mut cases = vec![Case {
         name: "tiny-llama unchanged".into(),
         bytes: dense.bytes.clone(),
     }];
-    for (base, edits) in [(&dense, dense_edits()), (&moe, moe_edits())] {
+    for (base, edits) in [
+        (&dense, dense_edits()),
+        (&moe, moe_edits()),
+        (&dense, template_edits()),
+    ] {
         for (name, edit) in edits {
             let mut meta = base.metadata();
             edit(&mut meta);
@@ -564,12 +904,37 @@ fn mutated_models_never_kill_hypura_run() {
             });
         }
     }
+    for (name, edit) in table_edits() {
+        let mut table = entries(&dense.file);
+        edit(&mut table);
+        cases.push(Case {
+            name: format!("{} {name}", dense.name),
+            bytes: dense.with_table(&table, None),
+        });
+    }
+    for (name, bytes) in byte_cases(&dense) {
+        cases.push(Case {
+            name: format!("{} {name}", dense.name),
+            bytes,
+        });
+    }
     let targeted = cases.len();
     let mut rng = Rng::new(0x6d75_7461_7465);
     for i in 0..RANDOM_CASES {
         let base = if i % 4 == 3 { &moe } else { &dense };
         cases.push(random_case(&mut rng, base, i));
     }
+    (cases, targeted)
+}
+
+#[test]
+fn mutated_models_never_kill_hypura_run() {
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("hypura-mutated-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache_dir = dir.join("cache");
+    std::fs::create_dir_all(&cache_dir).unwrap();
+    let (cases, targeted) = corpus(&dir);
     let total = cases.len();
 
     let queue = Mutex::new(cases.into_iter().enumerate());
@@ -672,4 +1037,92 @@ fn mutated_models_never_kill_hypura_run() {
             .and_then(|o| o.code),
         Some(0)
     );
+}
+
+/// Longest one request through the server may take before it counts as hung.
+const SERVE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The same corpus served from one directory (`hypura serve DIR`: a file
+/// the validator refuses is skipped, and asking for it is a 404): each is
+/// asked for one token with `keep_alive: 0` (so its runner goes with the
+/// reply). Every request is answered (a reply or an error) within
+/// [`SERVE_LIMIT`], no error names a file, and the server lives through all.
+#[test]
+fn mutated_models_never_hang_the_server() {
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("hypura-mutated-serve-{}", std::process::id()));
+    let models = dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let (cases, _) = corpus(&dir);
+    for (i, case) in cases.iter().enumerate() {
+        std::fs::write(models.join(format!("case-{i:03}.gguf")), &case.bytes).unwrap();
+    }
+    let server = common::Server::start_with(&[
+        "serve".into(),
+        models.to_string_lossy().into_owned(),
+        "--port".into(),
+        "0".into(),
+        "--context".into(),
+        "128".into(),
+        "--parallel".into(),
+        "1".into(),
+    ]);
+    let client = reqwest::blocking::Client::builder()
+        .timeout(SERVE_LIMIT)
+        .build()
+        .unwrap();
+    let queue = Mutex::new(cases.iter().enumerate());
+    let answers = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..WORKERS {
+            scope.spawn(|| loop {
+                let Some((i, case)) = queue.lock().unwrap().next() else {
+                    break;
+                };
+                let body = serde_json::json!({"model": format!("case-{i:03}"), "prompt": "hi",
+                    "stream": false, "keep_alive": 0,
+                    "options": {"num_predict": 1, "temperature": 0}});
+                let answer = client
+                    .post(server.url("/api/generate"))
+                    .json(&body)
+                    .send()
+                    .and_then(|r| Ok((r.status().as_u16(), r.text()?)));
+                answers.lock().unwrap().push((case.name.clone(), answer));
+            });
+        }
+    });
+    let answers = answers.into_inner().unwrap();
+    let mut summary: BTreeMap<String, usize> = BTreeMap::new();
+    let mut bad = Vec::new();
+    let dir_text = dir.to_string_lossy().into_owned();
+    for (case, answer) in &answers {
+        match answer {
+            Ok((status, body)) => {
+                *summary.entry(format!("{status}")).or_default() += 1;
+                if body.contains(&dir_text) || body.contains(".gguf") {
+                    bad.push(format!("{case}: the error names a file: {body}"));
+                }
+            }
+            Err(e) => {
+                *summary.entry("HUNG or cut".into()).or_default() += 1;
+                bad.push(format!("{case}: {e}"));
+            }
+        }
+    }
+    eprintln!(
+        "mutated through the server: {} files in {:.1} s",
+        answers.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for (status, n) in &summary {
+        eprintln!("  {n:4}  {status}");
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert_eq!(answers.len(), cases.len());
+    // Alive, and the unchanged model still answers.
+    assert_eq!(server.get("/api/version").status(), 200);
+    assert!(answers
+        .iter()
+        .any(|(case, a)| case == "tiny-llama unchanged" && matches!(a, Ok((200, _)))));
+    std::fs::remove_dir_all(&dir).ok();
 }

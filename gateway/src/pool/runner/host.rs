@@ -88,6 +88,23 @@ impl PromptWorkers {
     }
 }
 
+/// A load's error as a client may see it: the server's log has it whole
+/// (with the file's path); the reply says why without the path, and
+/// without the model's name, which the gateway puts in front.
+fn without_path(e: BackendError, name: &str, path: &Path) -> BackendError {
+    let BackendError::Failed(message) = e else {
+        return e;
+    };
+    eprintln!("hypura runner: loading {name}: {message}");
+    let path = path.display().to_string();
+    let message = message
+        .replace(&format!("could not load model '{name}': "), "")
+        .replace(&format!("could not load model {path}: "), "")
+        .replace(&format!("{name}: "), "")
+        .replace(&path, "its file");
+    BackendError::Failed(message)
+}
+
 fn workers_gone() -> BackendError {
     BackendError::Failed("the runner's prompt workers stopped".into())
 }
@@ -190,7 +207,10 @@ impl Host {
             ),
             Op::Load(spec) => {
                 tokio::task::spawn_blocking(move || {
-                    let msg = self.load(*spec).unwrap_or_else(Msg::Failed);
+                    let (name, path) = (spec.name.clone(), spec.path.clone());
+                    let msg = self
+                        .load(*spec)
+                        .unwrap_or_else(|e| Msg::Failed(without_path(e, &name, &path)));
                     self.reply(id, msg);
                 });
             }
@@ -408,5 +428,28 @@ impl Held {
                 stream: 0,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_error_reaches_the_client_without_the_path() {
+        let e = BackendError::Failed(
+            "could not load model 'm:latest': could not load model /x/m.gguf: llama.cpp could \
+             not load it"
+                .into(),
+        );
+        assert_eq!(
+            without_path(e, "m:latest", Path::new("/x/m.gguf")),
+            BackendError::Failed("llama.cpp could not load it".into())
+        );
+        let e = BackendError::Failed("m:latest: /x/m.gguf is cut short".into());
+        assert_eq!(
+            without_path(e, "m:latest", Path::new("/x/m.gguf")),
+            BackendError::Failed("its file is cut short".into())
+        );
     }
 }
