@@ -2,22 +2,32 @@
 //!
 //! ```text
 //! hypura-synth dense|moe --preset NAME [--layers N] [--type q4_k|q8_0|f16|q4_0] [--seed S] [--sparse] -o FILE
+//! hypura-synth moe ... [--routing mixtral|qwen3|uniform|degenerate|random]
 //! hypura-synth derive-moe --from SRC.gguf [--experts 4] [--used 2] [--perturb 0.01] [--seed S] -o FILE
 //! ```
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use hypura_synth::{self as synth, SynthSpec, WriteReport};
+use hypura_synth::{self as synth, Routing, SynthSpec, WriteReport};
 use llama_tiered::llama::gguf_write::GgmlType;
 
 const USAGE: &str = "\
 usage:
   hypura-synth dense|moe --preset PRESET [--layers N] [--type TYPE] [--seed S] [--sparse] -o FILE
+        moe only: [--routing mixtral|qwen3|uniform|degenerate|random]
   hypura-synth derive-moe --from SRC.gguf [--experts 4] [--used 2] [--perturb 0.01] [--seed S] -o FILE
 
 presets: llama-8b, llama-70b, mixtral-8x7b, qwen3-30b-a3b, tiny-llama, tiny-mixtral
 types:   q4_k (default; output q6_k), q8_0, f16, q4_0
 `dense` refuses MoE presets and `moe` dense ones.
+--routing sets how the experts are chosen (see docs/benchmarks.md):
+  mixtral, qwen3  skewed per-layer popularity and a set overlap of
+                  consecutive generated tokens' experts, from published
+                  measurements of those models
+  uniform         every expert alike, tokens independent
+  degenerate      the same experts for every token
+  random          a random router (the files of earlier versions)
+  default: qwen3 for qwen3-30b-a3b, mixtral for the other MoE presets.
 --sparse writes only the header and tensor table and extends the file to its
 full size with a hole (zero data, no disk space): for `hypura inspect --plan`
 on model-sized files, not for running them.";
@@ -124,11 +134,29 @@ fn synth_cmd(moe: bool, mut flags: Flags) -> Result<WriteReport, String> {
     if let Some(seed) = flags.take_parsed(&["--seed"])? {
         spec = spec.with_seed(seed);
     }
+    if moe {
+        let routing = match flags.take(&["--routing"]) {
+            Some(r) => Routing::parse(&r).ok_or_else(|| {
+                format!(
+                    "unknown routing {r:?} (one of {})",
+                    Routing::NAMES.join(", ")
+                )
+            })?,
+            None if name == "qwen3-30b-a3b" => Routing::Qwen3,
+            None => Routing::Mixtral,
+        };
+        spec = spec.with_routing(routing);
+    }
     let sparse = flags.take(&["--sparse"]).is_some();
     let path = output(&mut flags)?;
     flags.finish()?;
+    let routing = if moe {
+        format!(", routing {}", spec.routing.name())
+    } else {
+        String::new()
+    };
     eprintln!(
-        "writing {}{} ({} layers, {}) to {}",
+        "writing {}{} ({} layers, {}{routing}) to {}",
         if sparse { "a sparse " } else { "" },
         spec.name,
         spec.n_layer,

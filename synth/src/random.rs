@@ -21,6 +21,8 @@ use llama_tiered::llama::gguf_write::{
 };
 use llama_tiered::rng::Rng;
 
+use crate::routing::{self, Routing, RoutingPlan, CONTROL_DIMS, Y_DIMS};
+
 /// What went wrong while writing a synthetic or derived model.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -97,6 +99,8 @@ pub struct SynthSpec {
     /// Type of `output` (Q6_K for K-quant models, as Q4_K_M files have).
     pub output_type: GgmlType,
     pub seed: u64,
+    /// How a MoE's routers choose ([`Routing::Random`] for dense models).
+    pub routing: Routing,
 }
 
 impl SynthSpec {
@@ -124,6 +128,7 @@ impl SynthSpec {
             weight_type: GgmlType::Q4_K,
             output_type: GgmlType::Q6_K,
             seed: 0,
+            routing: Routing::Random,
         }
     }
 
@@ -209,6 +214,17 @@ impl SynthSpec {
         self
     }
 
+    /// The same MoE with routers of `routing` (see [`crate::routing`]).
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    /// Whether the control channels of [`crate::routing`] are written.
+    fn routed(&self) -> bool {
+        self.routing.profile().is_some()
+    }
+
     /// The same model with another seed (other weights, same shapes).
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -266,6 +282,20 @@ impl SynthSpec {
                 ));
             }
         }
+        if self.routed() {
+            if self.arch.experts().is_none() {
+                return bad(format!("routing {} needs a MoE model", self.routing.name()));
+            }
+            for ty in [self.weight_type, self.output_type] {
+                if control_len(ty, self.n_embd as usize).is_none() {
+                    return bad(format!(
+                        "routing {} needs n_embd >= {} rounded to {ty}'s block",
+                        self.routing.name(),
+                        CONTROL_DIMS
+                    ));
+                }
+            }
+        }
         if let Some((n_expert, used)) = self.arch.experts() {
             if n_expert == 0 || used == 0 || used > n_expert || n_expert > 1024 {
                 return bad(format!(
@@ -305,10 +335,26 @@ impl SynthSpec {
             (self.n_head_kv * self.head_dim) as u64,
             self.ffn_width() as u64,
         );
+        let routed = self.routed();
+        let (norm, zero_rows) = if routed {
+            (Fill::NormControl, Fill::PoolZeroRows)
+        } else {
+            (Fill::Norm, Fill::Pool)
+        };
         let mut out = vec![
-            Planned::pool("token_embd.weight", w, &[e, self.n_vocab as u64]),
-            Planned::norm("output_norm.weight", &[e]),
-            Planned::pool("output.weight", self.output_type, &[e, self.n_vocab as u64]),
+            Planned::new(
+                "token_embd.weight",
+                w,
+                &[e, self.n_vocab as u64],
+                if routed { Fill::TokenEmbd } else { Fill::Pool },
+            ),
+            Planned::new("output_norm.weight", f32t, &[e], norm),
+            Planned::new(
+                "output.weight",
+                self.output_type,
+                &[e, self.n_vocab as u64],
+                if routed { Fill::Output } else { Fill::Pool },
+            ),
         ];
         for i in 0..self.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
@@ -316,12 +362,12 @@ impl SynthSpec {
             out.push(Planned::pool(&n("attn_q"), w, &[e, q]));
             out.push(Planned::pool(&n("attn_k"), w, &[e, kv]));
             out.push(Planned::pool(&n("attn_v"), w, &[e, kv]));
-            out.push(Planned::pool(&n("attn_output"), w, &[q, e]));
+            out.push(Planned::new(&n("attn_output"), w, &[q, e], zero_rows));
             if matches!(self.arch, Arch::Qwen3Moe { .. }) {
                 out.push(Planned::norm(&n("attn_q_norm"), &[self.head_dim as u64]));
                 out.push(Planned::norm(&n("attn_k_norm"), &[self.head_dim as u64]));
             }
-            out.push(Planned::norm(&n("ffn_norm"), &[e]));
+            out.push(Planned::new(&n("ffn_norm"), f32t, &[e], norm));
             match self.arch.experts() {
                 None => {
                     out.push(Planned::pool(&n("ffn_gate"), w, &[e, ff]));
@@ -330,15 +376,15 @@ impl SynthSpec {
                 }
                 Some((x, _)) => {
                     let x = x as u64;
-                    out.push(Planned::new(
-                        &n("ffn_gate_inp"),
-                        f32t,
-                        &[e, x],
-                        Fill::Random { std: ROUTER_STD },
-                    ));
+                    let router = if routed {
+                        Fill::Router(i as usize)
+                    } else {
+                        Fill::Random { std: ROUTER_STD }
+                    };
+                    out.push(Planned::new(&n("ffn_gate_inp"), f32t, &[e, x], router));
                     out.push(Planned::pool(&n("ffn_gate_exps"), w, &[e, ff, x]));
                     out.push(Planned::pool(&n("ffn_up_exps"), w, &[e, ff, x]));
-                    out.push(Planned::pool(&n("ffn_down_exps"), w, &[ff, e, x]));
+                    out.push(Planned::new(&n("ffn_down_exps"), w, &[ff, e, x], zero_rows));
                 }
             }
         }
@@ -369,6 +415,7 @@ impl SynthSpec {
         if let Some((n_expert, used)) = self.arch.experts() {
             b.set_u32(&k("expert_count"), n_expert)?;
             b.set_u32(&k("expert_used_count"), used)?;
+            b.set_str(ROUTING_KEY, self.routing.name())?;
         }
         if let Arch::Qwen3Moe { n_ff_expert, .. } = self.arch {
             b.set_u32(&k("expert_feed_forward_length"), n_ff_expert)?;
@@ -376,6 +423,10 @@ impl SynthSpec {
         set_tokenizer(b, self.n_vocab as usize)
     }
 }
+
+/// The metadata key naming a synthetic MoE's routing profile (`hypura bench`
+/// reports it).
+pub const ROUTING_KEY: &str = "hypura.synth.routing";
 
 /// Standard deviation of random weights (typical of trained LLM matrices).
 const WEIGHT_STD: f32 = 0.02;
@@ -389,6 +440,7 @@ const COPY_CHUNK_BYTES: usize = 64 << 10;
 /// Bytes assembled in memory before each write.
 const WRITE_CHUNK_BYTES: usize = 8 << 20;
 
+#[derive(Clone, Copy)]
 enum Fill {
     /// Blocks copied from the pool of the tensor's type.
     Pool,
@@ -396,6 +448,18 @@ enum Fill {
     Norm,
     /// F32 values, normal with this standard deviation.
     Random { std: f32 },
+    /// Routed models ([`crate::routing`]): norm weights exactly 1 on the
+    /// control channels.
+    NormControl,
+    /// Pool blocks, but each matrix's rows for the control channels (its
+    /// outputs there) are zero: no layer writes them.
+    PoolZeroRows,
+    /// Each token's control values, then pool blocks.
+    TokenEmbd,
+    /// Each token's row reads the key y of its predecessor on the tour.
+    Output,
+    /// Layer N's router over the control channels.
+    Router(usize),
 }
 
 struct Planned {
@@ -459,9 +523,59 @@ pub fn write(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
     let pools = Pools::new(spec.seed, &[spec.weight_type, spec.output_type])?;
     let mut buf = Vec::with_capacity(WRITE_CHUNK_BYTES);
     let infos = w.tensors().to_vec();
+    let routing = routing_plan(spec);
     for (i, (t, info)) in plan.iter().zip(&infos).enumerate() {
         let mut rng = Rng::new(mix(spec.seed, i as u64 + 1));
+        let controls = || {
+            routing
+                .as_ref()
+                .expect("routed fills come with a routing plan")
+        };
         match t.fill {
+            Fill::NormControl => {
+                let mut values = vec![0f32; info.n_elements() as usize];
+                rng.fill_normal(&mut values, 1.0, WEIGHT_STD);
+                values[..CONTROL_DIMS].fill(1.0);
+                w.write_data(&f32_bytes(&values))?;
+            }
+            Fill::PoolZeroRows => {
+                let row = t.ty.row_bytes(t.dims[0] as usize).expect("validated row") as u64;
+                let matrices = t.dims.get(2).copied().unwrap_or(1);
+                let zero = vec![0u8; row as usize * CONTROL_DIMS];
+                for _ in 0..matrices {
+                    w.write_data(&zero)?;
+                    let rest = (t.dims[1] - CONTROL_DIMS as u64) * row;
+                    stream_pool(&mut w, pools.get(t.ty), t.ty, rest, &mut rng, &mut buf)?;
+                }
+            }
+            Fill::TokenEmbd => {
+                let plan = controls();
+                write_control_rows(&mut w, t, pools.get(t.ty), &mut rng, |tok, out| {
+                    out[..CONTROL_DIMS].copy_from_slice(&plan.token_controls[tok]);
+                    true
+                })?;
+            }
+            Fill::Output => {
+                let plan = controls();
+                write_control_rows(&mut w, t, &[], &mut rng, |tok, out| {
+                    match plan.output_keys[tok] {
+                        Some(pred) => {
+                            out[Y_DIMS]
+                                .copy_from_slice(&plan.token_controls[pred as usize][Y_DIMS]);
+                            true
+                        }
+                        None => false,
+                    }
+                })?;
+            }
+            Fill::Router(layer) => {
+                let mut values = vec![0f32; info.n_elements() as usize];
+                let e = t.dims[0] as usize;
+                for (row, ctrl) in values.chunks_exact_mut(e).zip(&controls().routers[layer]) {
+                    row[..CONTROL_DIMS].copy_from_slice(ctrl);
+                }
+                w.write_data(&f32_bytes(&values))?;
+            }
             Fill::Pool => stream_pool(
                 &mut w,
                 pools.get(t.ty),
@@ -473,6 +587,14 @@ pub fn write(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthError> {
             Fill::Norm => stream_f32(&mut w, info.n_elements(), &mut rng, 1.0, WEIGHT_STD)?,
             Fill::Random { std } => stream_f32(&mut w, info.n_elements(), &mut rng, 0.0, std)?,
         }
+    }
+    if let Some(r) = &routing {
+        tracing::info!(
+            rho = r.rho,
+            simulated_overlap = r.simulated_overlap,
+            "routing {}",
+            spec.routing.name()
+        );
     }
     let bytes = w.finish()?;
     let report = WriteReport {
@@ -520,6 +642,89 @@ pub fn write_sparse(spec: &SynthSpec, path: &Path) -> Result<WriteReport, SynthE
         tensors: plan.len(),
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Elements of a row's leading blocks that hold the control channels,
+/// `None` when the row is too short.
+fn control_len(ty: GgmlType, n_embd: usize) -> Option<usize> {
+    let len = CONTROL_DIMS.next_multiple_of(ty.block_elements());
+    (len <= n_embd).then_some(len)
+}
+
+/// The routing plan of a routed MoE `spec`.
+fn routing_plan(spec: &SynthSpec) -> Option<RoutingPlan> {
+    let profile = spec.routing.profile()?;
+    let (n_expert, used) = spec.arch.experts()?;
+    let normal: Vec<bool> = build_vocab(spec.n_vocab as usize)
+        .iter()
+        .map(|(_, ty)| *ty == TOKEN_NORMAL)
+        .collect();
+    let plan = routing::plan(
+        &profile,
+        &normal,
+        spec.n_layer as usize,
+        n_expert as usize,
+        used as usize,
+        spec.seed,
+    );
+    if let Some(want) = profile.overlap {
+        if (plan.simulated_overlap - want).abs() > 0.02 {
+            tracing::warn!(
+                "routing {}: overlap {want} is out of reach for {n_expert} experts, {used} used: \
+                 popularity alone gives {:.3}",
+                spec.routing.name(),
+                plan.simulated_overlap
+            );
+        }
+    }
+    Some(plan)
+}
+
+/// Writes a `[n_embd, n_vocab]` matrix whose row `t` starts with blocks
+/// quantized from the values `fill(t, ..)` sets (zeros elsewhere), and
+/// continues with `pool` blocks (zeros when `pool` is empty). A row whose
+/// `fill` returns false is all zeros.
+fn write_control_rows(
+    w: &mut GgufStreamWriter,
+    t: &Planned,
+    pool: &[u8],
+    rng: &mut Rng,
+    mut fill: impl FnMut(usize, &mut [f32]) -> bool,
+) -> Result<(), SynthError> {
+    let (n_embd, n_rows) = (t.dims[0] as usize, t.dims[1] as usize);
+    let head = control_len(t.ty, n_embd).expect("validated control length");
+    let head_bytes = t.ty.row_bytes(head).expect("whole blocks");
+    let tail_bytes = t.ty.row_bytes(n_embd).expect("whole blocks") - head_bytes;
+    const ROWS: usize = 4096;
+    let mut values = vec![0f32; ROWS * head];
+    let mut keep = vec![false; ROWS];
+    let zeros = vec![0u8; tail_bytes.max(head_bytes)];
+    let mut out = Vec::new();
+    for start in (0..n_rows).step_by(ROWS) {
+        let n = ROWS.min(n_rows - start);
+        values[..n * head].fill(0.0);
+        for r in 0..n {
+            keep[r] = fill(start + r, &mut values[r * head..(r + 1) * head]);
+        }
+        let heads = quantize_rows(t.ty, &values[..n * head], head)?;
+        out.clear();
+        for r in 0..n {
+            if keep[r] {
+                out.extend_from_slice(&heads[r * head_bytes..(r + 1) * head_bytes]);
+            } else {
+                out.extend_from_slice(&zeros[..head_bytes]);
+            }
+            if pool.is_empty() || tail_bytes == 0 {
+                out.extend_from_slice(&zeros[..tail_bytes]);
+            } else {
+                let block = t.ty.block_bytes();
+                let at = rng.below((pool.len() - tail_bytes) / block + 1) * block;
+                out.extend_from_slice(&pool[at..at + tail_bytes]);
+            }
+        }
+        w.write_data(&out)?;
+    }
+    Ok(())
 }
 
 /// Pools of valid quantized blocks, one per weight type.

@@ -6,11 +6,13 @@
 //! - [`coact`]: expert co-activation statistics, persisted per model file.
 //! - [`footprint`]: what a streamed model costs in memory, from its header.
 //! - [`host`]: a plan that charges everything a load holds in host RAM.
+//! - [`routing`]: records the experts a MoE's routers chose (bench, tests).
 pub mod coact;
 pub mod footprint;
 pub mod gpu;
 pub mod host;
 pub mod placement;
+pub mod routing;
 pub mod streamer;
 
 use std::collections::HashMap;
