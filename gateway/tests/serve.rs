@@ -71,7 +71,8 @@ fn metadata_routes() {
     let r = s.get("/v1/models/nope");
     assert_eq!(r.status(), 404);
     let e: Value = r.json().unwrap();
-    assert_eq!(e["error"]["type"], "not_found_error");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["code"], "model_not_found");
     assert_eq!(e["error"]["message"], "model 'nope' not found");
 
     let doc: Value = s.get("/openapi.json").json().unwrap();
@@ -499,7 +500,7 @@ fn errors_have_the_right_status_and_body() {
             json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
         ),
         404,
-        "not_found_error",
+        "invalid_request_error",
     );
     let e = openai_error(
         s.post(

@@ -647,6 +647,34 @@ pub async fn messages(
     Ok(Json(messages_response(&request.model, &outcome, &stop)).into_response())
 }
 
+/// `/v1/messages/count_tokens`' reply.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CountTokensResponse {
+    /// Tokens of the prompt the request's messages, system text and tools
+    /// make with the model's template.
+    pub input_tokens: usize,
+}
+
+/// The tokens a Messages request's prompt would take (its `max_tokens` is
+/// not needed).
+#[utoipa::path(post, path = "/v1/messages/count_tokens", tag = "anthropic",
+    request_body = MessagesRequest,
+    responses(
+        (status = 200, body = CountTokensResponse),
+        (status = 400, body = AnthropicErrorBody),
+        (status = 404, body = AnthropicErrorBody)))]
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<CountTokensResponse>> {
+    let mut request: MessagesRequest = parse_json(&body_bytes(body)?)?;
+    request.max_tokens.get_or_insert(1);
+    let infer_request = messages_request(&request)?;
+    let input_tokens =
+        crate::core::infer::count_prompt_tokens(&state.inference, infer_request).await?;
+    Ok(Json(CountTokensResponse { input_tokens }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

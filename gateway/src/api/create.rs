@@ -794,6 +794,7 @@ mod tests {
             model_info: Map::new(),
             capabilities: Vec::new(),
             modified_at: String::new(),
+            tensors: None,
         };
         show_created(&mut response, &pirate(), 2048);
         assert_eq!(

@@ -138,6 +138,20 @@ pub struct ShowRequest {
     pub model: Option<String>,
     /// Legacy spelling of `model` (OpenClaw sends it).
     pub name: Option<String>,
+    /// Also list the model's tensors (`tensors`).
+    pub verbose: Option<bool>,
+}
+
+/// One tensor of a model's GGUF, as `/api/show` with `verbose` lists it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShowTensor {
+    #[schema(example = "blk.0.attn_q.weight")]
+    pub name: String,
+    /// ggml's type name, upper case as Ollama writes it (`Q4_K`, `F32`).
+    #[schema(example = "Q4_1")]
+    pub r#type: String,
+    /// Elements per dimension, innermost first.
+    pub shape: Vec<u64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -156,6 +170,9 @@ pub struct ShowResponse {
     #[schema(example = json!(["completion"]))]
     pub capabilities: Vec<String>,
     pub modified_at: String,
+    /// With `verbose`: the tensors of a model whose file is here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<Vec<ShowTensor>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -854,11 +871,37 @@ pub async fn show(
         .ok_or_else(|| ApiError::ModelNotFound(requested.clone()))?;
     let context = listed.context_length;
     let mut response = show_response(&listed.facts, &listed.from, context);
+    let named = state.registry.resolve(&name);
     // A model made by `/api/create` shows its own defaults.
-    if let Some(created) = state.registry.resolve(&name).and_then(|n| n.created) {
+    if let Some(created) = named.as_ref().and_then(|n| n.created.clone()) {
         super::create::show_created(&mut response, &created, context);
     }
+    if request.verbose == Some(true) {
+        if let Some(named) = named {
+            let path = std::sync::Arc::clone(named.source.local_path());
+            response.tensors = tokio::task::spawn_blocking(move || tensors(&path))
+                .await
+                .map_err(|e| ApiError::Internal(format!("reading the model's tensors: {e}")))?;
+        }
+    }
     Ok(Json(response))
+}
+
+/// The tensors of the GGUF at `path` (`None` when it cannot be read).
+fn tensors(path: &std::path::Path) -> Option<Vec<ShowTensor>> {
+    let file = hypura_gguf::GgufFile::open(path).ok()?;
+    let listed = file
+        .tensors()
+        .iter()
+        .map(|t| ShowTensor {
+            name: t.name.clone(),
+            r#type: t
+                .type_info()
+                .map_or_else(|| t.ggml_type.to_string(), |ty| ty.name.to_uppercase()),
+            shape: t.dims.clone(),
+        })
+        .collect();
+    Some(listed)
 }
 
 /// `/api/show`'s answer for a model whose weights come `from` (a file).
@@ -874,6 +917,7 @@ fn show_response(facts: &ModelFacts, from: &str, context: u32) -> ShowResponse {
         model_info: facts.model_info.clone(),
         capabilities: facts.capabilities.clone(),
         modified_at: rfc3339(facts.modified),
+        tensors: None,
     }
 }
 

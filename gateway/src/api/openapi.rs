@@ -47,6 +47,7 @@ use crate::state::AppState;
         openai::embeddings,
         responses::create_response,
         anthropic::messages,
+        anthropic::count_tokens,
         health::health,
         health::ready,
     ),
@@ -88,6 +89,7 @@ const MODEL_ROUTES: &[&str] = &[
     "/v1/embeddings",
     "/v1/responses",
     "/v1/messages",
+    "/v1/messages/count_tokens",
 ];
 
 /// The document with, on every operation, the statuses the server's layers
@@ -111,7 +113,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     };
     for (path, item) in doc.paths.paths.iter_mut() {
         let body = match path.as_str() {
-            "/v1/messages" => "AnthropicErrorBody",
+            "/v1/messages" | "/v1/messages/count_tokens" => "AnthropicErrorBody",
             p if p.starts_with("/v1") => "OpenAiErrorBody",
             _ => "OllamaErrorBody",
         };

@@ -109,11 +109,14 @@ impl ApiError {
     /// OpenAI's `error.type`.
     fn openai_type(&self) -> &'static str {
         match self {
+            // OpenAI answers an unknown model or route so (404, with
+            // `code: model_not_found` for a model); clients branch on it.
             ApiError::Validation(_)
             | ApiError::BadRequest(_)
             | ApiError::PayloadTooLarge(_)
-            | ApiError::RequestTimeout(_) => "invalid_request_error",
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "not_found_error",
+            | ApiError::RequestTimeout(_)
+            | ApiError::ModelNotFound(_)
+            | ApiError::NotFound(_) => "invalid_request_error",
             ApiError::Unauthorized(_) => "authentication_error",
             ApiError::Forbidden(_) => "permission_error",
             ApiError::Unavailable(_) | ApiError::ShuttingDown(_) | ApiError::Internal(_) => {
@@ -302,7 +305,7 @@ mod tests {
     fn openai_body_has_the_four_fields() {
         let body = ApiError::ModelNotFound("x".into()).openai_body();
         assert_eq!(body["error"]["message"], "model 'x' not found");
-        assert_eq!(body["error"]["type"], "not_found_error");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["param"], "model");
         assert_eq!(body["error"]["code"], "model_not_found");
         let long = ValidationError::PromptTooLong {

@@ -108,6 +108,35 @@ async fn resolve_and_start(
     }
 }
 
+/// The tokens `request`'s prompt takes on its model, its template and
+/// tools included (Anthropic's `count_tokens`); loads the model if it is not.
+pub async fn count_prompt_tokens(
+    inference: &Inference,
+    mut request: InferRequest,
+) -> Result<usize, ApiError> {
+    let models = inference.models.as_ref();
+    let local = match models.find(&request.name) {
+        None => return Err(ApiError::ModelNotFound(request.requested.clone())),
+        Some(Found::Remote(_)) => {
+            return Err(ValidationError::NotSupportedYet(
+                "counting tokens is not supported for a model another server runs",
+            )
+            .into())
+        }
+        Some(Found::Local(local)) => local,
+    };
+    if let Some(defaults) = &local.defaults {
+        defaults.apply(&mut request.backend);
+    }
+    check_tools(&mut request, &local)?;
+    check_thinking(&mut request, &local)?;
+    let lease = models.lease(lease_request(&request)).await?;
+    let backend = &lease.backend;
+    Ok(crate::core::blocking::off_runtime(|| {
+        backend.prompt_tokens(&request.backend)
+    })?)
+}
+
 /// What `request` asks of the pool.
 fn lease_request(request: &InferRequest) -> LeaseRequest<'_> {
     LeaseRequest {
