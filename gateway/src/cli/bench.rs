@@ -12,6 +12,7 @@ use llama_tiered::engine::MAX_PARALLEL;
 use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::host::{plan_charged, CacheFit};
+use llama_tiered::tiered::routing::{RoutingRecorder, RoutingSummary};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 
@@ -76,7 +77,17 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// MoE: after the timed runs, one more untimed run of the prompt and
+    /// the decode (one sequence) records the experts every layer chose, and
+    /// the report gives their per-layer histogram and the overlap of
+    /// consecutive tokens' experts (`routing`). Untimed because asking
+    /// llama.cpp for each layer's choice makes it sync there.
+    #[arg(long)]
+    routing: bool,
 }
+
+/// The metadata key where `hypura-synth` names a synthetic MoE's routing profile.
+const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
 
 fn parse_size(text: &str) -> Result<u64, String> {
     hypura_scheduler::size::parse_size(text)
@@ -98,6 +109,8 @@ struct Measured {
     threads: (u32, u32),
     /// The sampler taking the argmax inside the decode graph, if any.
     device_sampler: Option<String>,
+    /// With `--routing`: the whole run's, the prompt's and the decode's.
+    routing: Option<[RoutingSummary; 3]>,
 }
 
 impl Measured {
@@ -136,6 +149,15 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let loaded = inspect::require_profile(args.profile.as_deref())?;
     let file = GgufFile::open(&args.model)?;
     file.validate()?;
+    let experts = file.arch_u64("expert_count").filter(|&n| n > 0);
+    let experts_used = file.arch_u64("expert_used_count");
+    let routing_profile = file.get_str(SYNTH_ROUTING_KEY).map(str::to_string);
+    if args.routing && experts.is_none() {
+        bail!(
+            "--routing needs a MoE model; {} has no experts",
+            args.model.display()
+        );
+    }
     // The GPUs here by default; another machine's profile plans with its own.
     let gpu_budget = match args.profile {
         Some(_) => args.gpu_budget,
@@ -177,7 +199,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     drop(file);
     let overhead = loaded.profile.host_overhead();
     let limit = plan.ram_budget_bytes + overhead.bytes();
-    let m = measure(&tiered, &args, n_ctx, limit)?;
+    let n_expert = experts.unwrap_or(0) as usize;
+    let m = measure(&tiered, &args, n_ctx, limit, n_expert)?;
     let host = json!({
         "peak_rss_bytes": hwprobe::host::peak_rss_bytes(),
         "rss_bytes": hwprobe::host::rss_bytes(),
@@ -244,6 +267,18 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
         },
         "host_memory": host,
+        "routing": m.routing.as_ref().map(|[all, prompt, decode]| json!({
+            "profile": routing_profile,
+            "n_expert": experts,
+            "n_expert_used": experts_used,
+            "tokens": all.tokens,
+            "histogram": all.histogram,
+            "overlap": all.overlap,
+            "concentration": all.concentration,
+            "top_share": all.top_share,
+            "prompt": prompt,
+            "decode": decode,
+        })),
     });
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -295,6 +330,18 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens_total())
         );
     }
+    if let Some([_, prompt, decode]) = &m.routing {
+        let uniform = experts_used.unwrap_or(0) as f64 / n_expert.max(1) as f64;
+        println!(
+            "routing             profile {}: overlap of consecutive tokens' experts {:.2} decode, {:.2} prompt (independent uniform: {uniform:.2}); concentration {:.3} decode, {:.3} prompt; top expert {:.1}% of a layer's choices",
+            routing_profile.as_deref().unwrap_or("unknown"),
+            decode.overlap,
+            prompt.overlap,
+            decode.concentration,
+            prompt.concentration,
+            decode.top_share * 100.0
+        );
+    }
     Ok(())
 }
 
@@ -330,6 +377,7 @@ fn measure(
     args: &BenchArgs,
     n_ctx: u32,
     limit_bytes: u64,
+    n_expert: usize,
 ) -> anyhow::Result<Measured> {
     let model = Arc::clone(&tiered.model);
     let mut prompt: Vec<i32> = Vec::new();
@@ -348,7 +396,17 @@ fn measure(
         );
     }
     let n = args.parallel;
-    let mut ctx = tiered.new_context(&context_params(args, n_ctx))?;
+    // With --routing, a recorder around the streamer's hook: it forwards
+    // everything, and records only while turned on (the untimed run).
+    let recorder = args.routing.then(|| RoutingRecorder::new(tiered.hook()));
+    let mut ctx = match &recorder {
+        Some(r) => llama_tiered::llama::Context::with_hook(
+            Arc::clone(&model),
+            &context_params(args, n_ctx),
+            Some(r.clone()),
+        )?,
+        None => tiered.new_context(&context_params(args, n_ctx))?,
+    };
     let mut device_argmax = !args.host_argmax;
     for seq in 0..n as i32 {
         device_argmax &= ctx.set_device_greedy(seq, device_argmax);
@@ -382,7 +440,24 @@ fn measure(
         decode_seconds.push(d);
     }
     let stream = tiered.stats().since(&before);
+    let routing = match &recorder {
+        Some(r) => {
+            r.set_recording(true);
+            let run = run_once(&mut ctx, &prompt, args.tokens, 1);
+            r.set_recording(false);
+            run?;
+            let trace = r.trace();
+            let (head, tail) = trace.split_last(args.tokens as usize);
+            Some([
+                trace.summary(n_expert),
+                head.summary(n_expert),
+                tail.summary(n_expert),
+            ])
+        }
+        None => None,
+    };
     Ok(Measured {
+        routing,
         prompt_tokens: prompt.len() as u32,
         prompt_seconds,
         decode_tokens: args.tokens,
