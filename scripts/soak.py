@@ -11,10 +11,22 @@ CRASH_EVERY seconds one model's runner is aborted through the test-only route
 (`/api/debug/abort-runner`): its in-flight requests fail, the next request
 reloads it.
 
+With --attacks, one more thread sends the attack corpus of issue 30 in
+turns meanwhile: JSON Schema bombs (a 2,500-link $ref chain, 100 properties
+nested 3 deep), chat-template bombs (a request's `template`), big bad bodies
+(24 x 8 MB at once), slow bodies (16 connections trickling a byte a second
+past the server's --body-timeout) and a stopped runner (SIGSTOP for
+STOP_SECONDS, then SIGCONT; its model's failures meanwhile are charged to
+it, as a crash's are). Each attack must get its refusal (400, 408, 413 or
+503), never a dead server; after the soak the server's RSS must come back
+under 1.5x its start (waited for, at most RSS_WAIT seconds).
+
 Reports requests and errors by kind and status, p50/p95 latency, moves and
-crashes from /metrics, and the RSS of the server and each runner at the start,
-the middle and the end; writes it all as JSON. Exits 1 if the server died,
-stopped answering, or a request failed outside a crash window.
+crashes from /metrics, the attacks' outcomes, and the RSS of the server and
+each runner at the start, the middle and the end; writes it all as JSON.
+Exits 1 if the server died, stopped answering, a request failed outside a
+crash window, an attack got anything but its refusal, or (with --attacks)
+the server's RSS stayed over 1.5x its start.
 
 Standard library only.
 """
@@ -45,6 +57,13 @@ PROMPTS = [
 # reach the dying runner (the gateway has not yet seen it go): its failure is
 # charged to the crash. Later ones must succeed (the model reloads).
 CRASH_WINDOW = 2.0
+# Seconds between two attacks, how long a runner stays stopped, the longest
+# wait for the server's RSS to come back after the soak.
+ATTACK_EVERY = 6.0
+STOP_SECONDS = 4.0
+RSS_WAIT = 60.0
+# A body is given this long to arrive (--body-timeout): slow bodies end soon.
+BODY_TIMEOUT = "5s"
 
 
 def parse_args():
@@ -59,6 +78,7 @@ def parse_args():
     p.add_argument("--ram-budget", default="4GiB")
     p.add_argument("--threads", type=int, default=1, help="decode threads per model")
     p.add_argument("--out", default="soak.json")
+    p.add_argument("--attacks", action="store_true", help="send the attack corpus meanwhile (issue 30)")
     a = p.parse_args()
     if not 1 <= a.clients <= MAX_CLIENTS:
         p.error(f"--clients must be 1..{MAX_CLIENTS}")
@@ -105,7 +125,7 @@ class Server:
         cmd = [args.bin, "serve", *args.model, "--host", "127.0.0.1", "--port", "0",
                "--parallel", "2", "--context", "1024", "--threads", str(args.threads),
                "--ram-budget", args.ram_budget, "--demote-after", args.demote_after,
-               "--keep-alive", "-1"]
+               "--keep-alive", "-1", "--body-timeout", BODY_TIMEOUT]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 120
@@ -131,6 +151,11 @@ class Server:
         for i, pid in enumerate(children(self.proc.pid)):
             procs[f"runner {pid}"] = rss_mib(pid)
         return procs
+
+    def runner_of(self, model):
+        """The pid of `model`'s runner, from the log."""
+        pids = re.findall(re.escape(model) + r": runner pid (\d+)", open(self.log_path).read())
+        return int(pids[-1]) if pids else None
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -249,6 +274,136 @@ def client(server, models, args, start, stop, results, seed):
         results.add(kind, model, outcome, time.time() - t0, t0)
 
 
+def ref_chain(n):
+    defs = {f"a{i}": ({"$ref": f"#/$defs/a{i + 1}"} if i + 1 < n else {"type": "string"}) for i in range(n)}
+    return {"type": "object", "properties": {"x": {"$ref": "#/$defs/a0"}}, "$defs": defs}
+
+
+def nested_objects(width, depth):
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {f"property_{i:03}": schema for i in range(width)}}
+    return schema
+
+
+TEMPLATE_BOMBS = [
+    "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+    "{{ 'a' * 1000000000 }}",
+]
+
+
+def status_of(server, path, body, timeout=120):
+    """The status of a POST of `body` (bytes or JSON), or the client error."""
+    try:
+        c = server.conn(timeout)
+        data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+        c.request("POST", path, data, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        c.close()
+        return str(r.status)
+    except (OSError, http.client.HTTPException) as e:
+        return f"client error: {type(e).__name__}"
+
+
+def at_once(n, fn):
+    out = []
+    lock = threading.Lock()
+
+    def one():
+        o = fn()
+        with lock:
+            out.append(o)
+
+    ts = [threading.Thread(target=one) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def trickle(server):
+    """A body of 1,000 bytes sent a byte a second: the server's answer's status."""
+    try:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=1.0)
+        s.sendall(b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n")
+        answer = b""
+        for _ in range(60):
+            try:
+                answer = s.recv(4096)
+                break
+            except socket.timeout:
+                try:
+                    s.sendall(b" ")
+                except OSError:
+                    pass
+        s.close()
+        m = re.match(rb"HTTP/1\.1 (\d+)", answer)
+        return m.group(1).decode() if m else "no answer"
+    except OSError as e:
+        return f"client error: {type(e).__name__}"
+
+
+def attacker(server, models, stop, attacks, stops):
+    """Sends the corpus in turns until `stop`; outcomes into `attacks`,
+    stopped runners' windows into `stops` ((start, end, model))."""
+    model = models[0]
+    bad = b'{"model": "x", "prompt": "' + b"a" * (8 << 20)
+    chain = ref_chain(2500)
+    bomb = nested_objects(100, 3)
+    kinds = ["ref chain", "schema bomb", "template bombs", "big bodies", "slow bodies", "stopped runner"]
+    i = 0
+    while time.time() + ATTACK_EVERY < stop:
+        kind = kinds[i % len(kinds)]
+        i += 1
+        if kind == "ref chain":
+            outcomes = [status_of(server, "/api/generate", {"model": model, "prompt": "Hi", "format": chain}),
+                        status_of(server, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                  "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": chain}}})]
+        elif kind == "schema bomb":
+            outcomes = at_once(2, lambda: status_of(server, "/api/generate", {"model": model, "prompt": "Hi", "format": bomb}))
+        elif kind == "template bombs":
+            outcomes = [status_of(server, "/api/generate", {"model": model, "prompt": "Hi", "template": t})
+                        for t in TEMPLATE_BOMBS]
+        elif kind == "big bodies":
+            outcomes = at_once(24, lambda: status_of(server, "/api/generate", bad))
+        elif kind == "slow bodies":
+            outcomes = at_once(16, lambda: trickle(server))
+        else:
+            victim = models[(i // len(kinds)) % len(models)]
+            pid = server.runner_of(victim)
+            outcomes = []
+            if pid:
+                try:
+                    t0 = time.time()
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(STOP_SECONDS)
+                    os.kill(pid, signal.SIGCONT)
+                    stops.append((t0, time.time(), victim))
+                    outcomes = ["stopped and continued"]
+                except OSError:
+                    outcomes = ["runner gone"]
+        for o in outcomes:
+            attacks[kind][o] += 1
+        time.sleep(ATTACK_EVERY)
+        if not server.alive():
+            return
+
+
+# What each attack must get: its refusal (a 503 when the budget or the
+# model is busy), or, for a stopped runner, to have been stopped and continued.
+EXPECTED = {
+    "ref chain": {"400"},
+    "schema bomb": {"400", "503"},
+    "template bombs": {"400"},
+    "big bodies": {"400", "503"},
+    "slow bodies": {"408"},
+    "stopped runner": {"stopped and continued", "runner gone"},
+}
+
+
 def metric_sum(text, family, label=None):
     total = 0.0
     for line in text.splitlines():
@@ -281,6 +436,11 @@ def main():
                for i in range(args.clients)]
     for t in threads:
         t.start()
+    attacks = defaultdict(lambda: defaultdict(int))
+    stops = []  # (start, end, model): a runner stopped (SIGSTOP) meanwhile
+    if args.attacks:
+        threads.append(threading.Thread(target=attacker, args=(server, models, stop, attacks, stops), daemon=True))
+        threads[-1].start()
     next_crash = start + args.crash_every if args.crash_every > 0 else float("inf")
     crash_i = 0
     middle_taken = False
@@ -316,6 +476,15 @@ def main():
     for t in threads:
         t.join(180)
     memory["end"] = server.memory()
+    # The bodies and bombs freed, the server's memory must come back.
+    rss_start = memory["start"]["server"]
+    rss_back = None
+    waited = time.time() + RSS_WAIT
+    while server.alive():
+        rss_back = rss_mib(server.proc.pid)
+        if rss_back is not None and rss_back < 1.5 * rss_start or time.time() > waited:
+            break
+        time.sleep(1)
     alive = server.alive()
     healthy = False
     metrics = ""
@@ -349,6 +518,8 @@ def main():
             return "in flight"
         if any(t < started <= t + CRASH_WINDOW for t in times):
             return "after"
+        if any(m == model and t0 - 1 <= started + seconds and started <= t1 + CRASH_WINDOW for t0, t1, m in stops):
+            return "runner stopped"
         return None
 
     by_kind = defaultdict(lambda: defaultdict(int))
@@ -381,6 +552,13 @@ def main():
         "server_rss_mib_every_30s": [x[1] for x in samples],
         "runners_rss_mib_every_30s": [x[2] for x in samples],
         "cores": os.cpu_count(),
+        "attacks": {k: dict(v) for k, v in attacks.items()},
+        "attack_failures": {k: {o: n for o, n in v.items() if o not in EXPECTED[k]} for k, v in attacks.items()
+                            if any(o not in EXPECTED[k] for o in v)},
+        "runner_stops": [m for _, _, m in stops],
+        "server_rss_start_mib": rss_start,
+        "server_rss_after_mib": rss_back,
+        "server_rss_back_under_1_5x": rss_back is not None and rss_back < 1.5 * rss_start,
         "server_alive": alive,
         "answering_at_end": healthy,
         "defects": defects,
@@ -388,8 +566,13 @@ def main():
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))
-    ok = alive and healthy and defects == 0
-    print(f"soak {'passed' if ok else 'FAILED'}: {len(results.rows)} requests, {defects} failed outside crash windows")
+    attack_failures = sum(sum(v.values()) for v in report["attack_failures"].values())
+    rss_ok = report["server_rss_back_under_1_5x"] or not args.attacks
+    ok = alive and healthy and defects == 0 and attack_failures == 0 and rss_ok
+    deaths = 0 if alive else 1
+    print(f"soak {'passed' if ok else 'FAILED'}: {len(results.rows)} requests, {defects} failed outside crash windows, "
+          f"{sum(sum(v.values()) for v in attacks.values())} attacks ({attack_failures} not refused as expected), "
+          f"{deaths} server deaths, server RSS {rss_start} MiB at start, {rss_back} MiB after")
     sys.exit(0 if ok else 1)
 
 
