@@ -1,6 +1,7 @@
 //! `scripts/soak.py`, short: the soak runs against this build (two models
 //! under a budget, clients of every kind, two injected runner crashes,
-//! residency moves) and passes; its report counts what it injected.
+//! residency moves, the attack corpus of issue 30 meanwhile) and passes;
+//! its report counts what it injected.
 mod common;
 
 use std::process::Command;
@@ -29,7 +30,7 @@ fn a_short_soak_passes_and_reports_what_it_injected() {
         .arg("--model")
         .arg(&moe)
         .args(["--clients", "3", "--minutes", "0.75", "--phase", "15"])
-        .args(["--crash-every", "15", "--demote-after", "5s"])
+        .args(["--crash-every", "15", "--demote-after", "5s", "--attacks"])
         .arg("--out")
         .arg(&report)
         .output()
@@ -47,5 +48,9 @@ fn a_short_soak_passes_and_reports_what_it_injected() {
     );
     assert!(report["requests"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(report["defects"], 0, "{report}");
+    let attacks = report["attacks"].as_object().unwrap();
+    assert!(attacks.contains_key("ref chain"), "{report}");
+    assert_eq!(report["attack_failures"], serde_json::json!({}), "{report}");
+    assert_eq!(report["server_rss_back_under_1_5x"], true, "{report}");
     std::fs::remove_dir_all(&dir).ok();
 }
