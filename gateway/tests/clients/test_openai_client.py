@@ -127,3 +127,32 @@ def test_tools_on_a_template_without_tool_support_use_the_generic_format(client)
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": []}}},
         )
     assert "enum must be a non-empty array" in e.value.message
+
+    # Cut by the token limit inside the call: a tool call with the arguments
+    # as far as they go and finish_reason "length", as OpenAI sends one,
+    # whole and streamed; never the format's JSON as content.
+    cut = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=tools, tool_choice="required", max_tokens=19, temperature=0
+    )
+    assert cut.choices[0].finish_reason == "length"
+    assert cut.choices[0].message.content is None
+    (call,) = cut.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=tools, tool_choice="required", max_tokens=19, temperature=0,
+            stream=True,
+        )
+    )
+    streamed = "".join(
+        c.choices[0].delta.tool_calls[0].function.arguments for c in chunks if c.choices[0].delta.tool_calls
+    )
+    assert streamed == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    # The SDK's stream helper refuses a cut reply, as it does OpenAI's.
+    with pytest.raises(openai.LengthFinishReasonError):
+        with client.chat.completions.stream(
+            model=MODEL, messages=QUESTION, tools=tools, tool_choice="required", max_tokens=19, temperature=0
+        ) as stream:
+            stream.get_final_completion()
