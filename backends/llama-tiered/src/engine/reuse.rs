@@ -66,7 +66,7 @@ impl Tiers {
             clock: 0,
             buffers: StateBuffers::for_this_machine(),
         };
-        tiers.buffers.set_keep(config.ram_bytes);
+        tiers.keep_spare_memory();
         tiers
     }
 
@@ -79,8 +79,13 @@ impl Tiers {
         if let Some(disk) = &self.disk {
             disk.write(tokens.clone(), Arc::clone(&state));
         }
-        // What RAM evicts is already on NVMe (or was dropped by a full disk);
-        // its memory goes back to the pool once the room left is known.
+        // What RAM evicts is already on NVMe (or was dropped by a full disk).
+        self.hold(tokens, state);
+    }
+
+    /// Keeps a state in RAM; the memory of what that evicts goes back to
+    /// the pool once the room left is known.
+    fn hold(&mut self, tokens: Vec<i32>, state: Arc<StateBuffer>) {
         let evicted = self.ram.insert(tokens, state);
         self.keep_spare_memory();
         drop(evicted);
@@ -254,7 +259,7 @@ impl Worker {
                         let cached = self.restore(seq, &state, n, Tier::Disk);
                         // Back in RAM: the next turn restores from there.
                         if cached > 0 && self.tiers.ram.limit_bytes() > 0 {
-                            drop(self.tiers.ram.insert(tokens, Arc::new(state)));
+                            self.tiers.hold(tokens, Arc::new(state));
                         }
                         cached
                     }

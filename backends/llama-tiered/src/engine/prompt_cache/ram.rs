@@ -82,17 +82,7 @@ impl RamTier {
     /// made, so the memory of what leaves can hold it: the entries it will
     /// supersede go first, then the least recently used. Returns what left.
     pub(crate) fn make_room(&mut self, tokens: &[i32], bytes: u64) -> Vec<Entry> {
-        let mut gone = Vec::new();
-        let mut i = 0;
-        while i < self.entries.len() {
-            if tokens.starts_with(&self.entries[i].tokens) {
-                let entry = self.entries.swap_remove(i);
-                self.bytes -= memory_bytes(&entry);
-                gone.push(entry);
-            } else {
-                i += 1;
-            }
-        }
+        let mut gone = self.remove_superseded(tokens);
         if bytes <= self.limit_bytes {
             gone.extend(self.evict_to(self.limit_bytes - bytes));
         }
@@ -133,18 +123,27 @@ impl RamTier {
         if memory_bytes(&entry) > self.limit_bytes {
             return vec![entry];
         }
+        drop(self.remove_superseded(&entry.tokens));
+        self.bytes += memory_bytes(&entry);
+        self.entries.push(entry);
+        self.evict_to(self.limit_bytes)
+    }
+
+    /// Removes the entries whose tokens are a prefix of `tokens` (earlier
+    /// turns of that conversation) and returns them.
+    fn remove_superseded(&mut self, tokens: &[i32]) -> Vec<Entry> {
+        let mut gone = Vec::new();
         let mut i = 0;
         while i < self.entries.len() {
-            if entry.tokens.starts_with(&self.entries[i].tokens) {
-                let gone = self.entries.swap_remove(i);
-                self.bytes -= memory_bytes(&gone);
+            if tokens.starts_with(&self.entries[i].tokens) {
+                let entry = self.entries.swap_remove(i);
+                self.bytes -= memory_bytes(&entry);
+                gone.push(entry);
             } else {
                 i += 1;
             }
         }
-        self.bytes += memory_bytes(&entry);
-        self.entries.push(entry);
-        self.evict_to(self.limit_bytes)
+        gone
     }
 
     /// Sets the byte limit; returns the entries evicted to meet it.
