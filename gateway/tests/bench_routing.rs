@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use hypura_synth::{self as synth, Arch, Routing, SynthSpec};
+use hypura_synth::{self as synth, Routing, SynthSpec};
 use llama_tiered::llama::gguf_write::GgmlType;
 use serde_json::Value;
 
@@ -23,21 +23,9 @@ fn hypura(args: &[&str]) -> Output {
 
 /// 64 experts, 4 used, 3 layers of 256 wide (Qwen3-MoE layout).
 fn tiny_moe(routing: Routing) -> PathBuf {
-    let spec = SynthSpec {
-        name: "synthetic-tiny-qwen3moe-routing".into(),
-        arch: Arch::Qwen3Moe {
-            n_expert: 64,
-            n_expert_used: 4,
-            n_ff_expert: 64,
-        },
-        head_dim: 64,
-        n_head: 8,
-        n_head_kv: 2,
-        n_layer: 3,
-        ..SynthSpec::tiny_llama()
-    }
-    .with_weight_type(GgmlType::Q8_0)
-    .with_routing(routing);
+    let spec = SynthSpec::tiny_qwen3_moe()
+        .with_weight_type(GgmlType::Q8_0)
+        .with_routing(routing);
     synth::cached::model(&spec).expect("write the model")
 }
 

@@ -196,6 +196,25 @@ impl SynthSpec {
         }
     }
 
+    /// A Qwen3-MoE layout of 64 experts, 4 used, 3 layers of 256 wide, for
+    /// routing tests (with fewer experts, Qwen3's popularity alone overlaps
+    /// more than its target).
+    pub fn tiny_qwen3_moe() -> Self {
+        Self {
+            name: "synthetic-tiny-qwen3moe-routing".into(),
+            arch: Arch::Qwen3Moe {
+                n_expert: 64,
+                n_expert_used: 4,
+                n_ff_expert: 64,
+            },
+            head_dim: 64,
+            n_head: 8,
+            n_head_kv: 2,
+            n_layer: 3,
+            ..Self::tiny_llama()
+        }
+    }
+
     /// The same model with `n_layer` layers.
     pub fn with_layers(mut self, n_layer: u32) -> Self {
         self.n_layer = n_layer;

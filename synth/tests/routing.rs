@@ -18,21 +18,9 @@ const GENERATED: usize = 600;
 /// A Qwen3-MoE layout of 64 experts, 4 used, 3 layers of 256 wide (with
 /// fewer experts, Qwen3's popularity alone overlaps more than its target).
 fn tiny_qwen3(routing: Routing) -> SynthSpec {
-    SynthSpec {
-        name: "synthetic-tiny-qwen3moe-routing".into(),
-        arch: Arch::Qwen3Moe {
-            n_expert: 64,
-            n_expert_used: 4,
-            n_ff_expert: 64,
-        },
-        head_dim: 64,
-        n_head: 8,
-        n_head_kv: 2,
-        n_layer: 3,
-        ..SynthSpec::tiny_llama()
-    }
-    .with_weight_type(GgmlType::Q8_0)
-    .with_routing(routing)
+    SynthSpec::tiny_qwen3_moe()
+        .with_weight_type(GgmlType::Q8_0)
+        .with_routing(routing)
 }
 
 /// Tiny Mixtral layout with Mixtral's 8 experts, 2 used.
