@@ -178,14 +178,6 @@ impl Connection {
         Ok((id, rx))
     }
 
-    /// Sends `op` and waits for its one reply.
-    pub async fn call_once(&self, op: Op) -> Msg {
-        match self.call(op) {
-            Ok((_, mut rx)) => rx.recv().await.unwrap_or_else(|| Msg::Failed(gone())),
-            Err(e) => Msg::Failed(e),
-        }
-    }
-
     /// Ends the connection: every call waiting fails with `error` (and any
     /// later one with its message), and the socket is shut so the reader
     /// thread ends (the crash path) even if the runner never writes again.
@@ -288,9 +280,20 @@ impl ModelBackend for RunnerBackend {
 
     fn embed(&self, batch: EmbedBatch) -> BoxFuture<'_, Result<EmbedOutput, BackendError>> {
         async move {
-            match self.connection().call_once(Op::Embed(batch)).await {
-                Msg::Embedded(output) => Ok(output),
-                other => Err(unexpected(other)),
+            let (id, mut replies) = self.connection().call(Op::Embed(batch))?;
+            // A client that leaves drops this future: the runner stops the
+            // embedding at its next input instead of finishing every one.
+            let mut guard = CancelOnDrop {
+                runner: Arc::clone(&self.runner),
+                id,
+                finished: false,
+            };
+            let reply = replies.recv().await;
+            guard.finished = true;
+            match reply {
+                Some(Msg::Embedded(output)) => Ok(output),
+                Some(other) => Err(unexpected(other)),
+                None => Err(gone()),
             }
         }
         .boxed()
@@ -342,7 +345,8 @@ impl ModelBackend for RunnerBackend {
     }
 }
 
-/// Cancels the generation in the runner when its stream is dropped before its end.
+/// Cancels a generation or an embedding in the runner when its stream or
+/// future is dropped before its end.
 struct CancelOnDrop {
     runner: Arc<RunnerProcess>,
     id: u64,

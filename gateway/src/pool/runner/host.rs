@@ -221,15 +221,18 @@ impl Host {
                 }
             }
             Op::Embed(batch) => {
-                tokio::spawn(async move {
-                    let msg = match self.held() {
+                // Tracked: `cancel` (the client left) aborts the task, which
+                // drops the embedding and so stops it at its next input.
+                let host = Arc::clone(&self);
+                self.track(id, async move {
+                    let msg = match host.held() {
                         Ok(held) => match held.backend.embed(batch).await {
                             Ok(output) => Msg::Embedded(output),
                             Err(e) => Msg::Failed(e),
                         },
                         Err(e) => Msg::Failed(e),
                     };
-                    self.reply(id, msg);
+                    host.reply(id, msg);
                 });
             }
             Op::CountTokens { text } => {
