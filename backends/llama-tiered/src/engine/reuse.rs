@@ -59,10 +59,14 @@ impl Tiers {
                     .map_err(|e| tracing::warn!("prompt cache: no NVMe tier ({})", e.kind()))
                     .ok()
             });
+        let mut costs = Costs::new(config.disk_read_bytes_per_second);
+        if let Some(speed) = disk.as_ref().and_then(DiskTier::remembered_prefill) {
+            costs.remembered_prefill(speed);
+        }
         let tiers = Tiers {
             ram: RamTier::new(config.ram_bytes),
             disk,
-            costs: Costs::new(config.disk_read_bytes_per_second),
+            costs,
             clock: 0,
             buffers: StateBuffers::for_this_machine(),
         };
@@ -390,6 +394,9 @@ impl Worker {
     /// A decode step read `tokens` prompt tokens in `seconds`.
     pub(super) fn measured_prefill(&mut self, tokens: usize, seconds: f64) {
         self.tiers.costs.measured_prefill(tokens, seconds);
+        if let Some(disk) = &self.tiers.disk {
+            disk.remember_prefill(self.tiers.costs.prefill());
+        }
     }
 
     /// Applies a new RAM limit (the memory budget moved).

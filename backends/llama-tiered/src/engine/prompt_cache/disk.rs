@@ -6,6 +6,11 @@
 //! whole; the byte cap counts every model's folder together, oldest files
 //! (by modification time, touched on each read) removed first.
 //!
+//! The folder also keeps the model's last measured prefill speed
+//! (`prefill-speed`, tokens per second as text): after a restart the cost
+//! model compares a restore with recomputing from the first request on,
+//! instead of assuming a restore wins until a prompt was measured.
+//!
 //! A file: `MAGIC`, the 32-byte key, the token count (u32), the state's
 //! length (u64), a CRC-32 of tokens and state, the tokens (i32 each), the
 //! state; little-endian. A file whose header, length or checksum is wrong,
@@ -13,6 +18,7 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -26,6 +32,8 @@ const HEADER_BYTES: usize = 8 + 32 + 4 + 8 + 4;
 /// Most tokens a file may claim (a context of 16M tokens): a corrupt count
 /// never makes a huge allocation.
 const MAX_TOKENS: u32 = 1 << 24;
+/// Where a folder keeps its model's prefill speed.
+const PREFILL_SPEED: &str = "prefill-speed";
 /// Writes waiting for the writer thread; more are dropped (the entry stays
 /// in RAM, or is lost as an uncached prompt would be).
 const WRITE_QUEUE: usize = 2;
@@ -58,6 +66,9 @@ struct Folder {
     root: PathBuf,
     dir: PathBuf,
     limit_bytes: u64,
+    /// The prefill speed to keep (`f64` bits; 0: none measured), written
+    /// by the writer thread after a state and when the tier closes.
+    prefill: AtomicU64,
 }
 
 impl DiskTier {
@@ -84,20 +95,26 @@ impl DiskTier {
             }
         }
         let index = Arc::new(Mutex::new(Index { entries }));
+        let prefill = read_prefill_speed(&dir.join(PREFILL_SPEED)).unwrap_or(0.0);
         let folder = Arc::new(Folder {
             root: root.to_path_buf(),
             dir,
             limit_bytes,
+            prefill: AtomicU64::new(prefill.to_bits()),
         });
         let (tx, rx) = sync_channel::<Pending>(WRITE_QUEUE);
         let thread = {
             let (index, folder) = (Arc::clone(&index), Arc::clone(&folder));
+            let on_disk = prefill.to_bits();
             std::thread::Builder::new()
                 .name("hypura-kv-write".into())
                 .spawn(move || {
+                    let mut kept = on_disk;
                     for (tokens, state) in rx {
                         folder.write(&index, &key, tokens, &state);
+                        kept = folder.keep_prefill_speed(kept);
                     }
+                    folder.keep_prefill_speed(kept);
                 })?
         };
         Ok(DiskTier {
@@ -107,6 +124,21 @@ impl DiskTier {
             thread: Some(thread),
             folder,
         })
+    }
+
+    /// The prefill speed last measured for this model here, if any.
+    pub(crate) fn remembered_prefill(&self) -> Option<f64> {
+        let speed = f64::from_bits(self.folder.prefill.load(Ordering::Relaxed));
+        (speed > 0.0).then_some(speed)
+    }
+
+    /// Keeps `tokens_per_second` as this model's prefill speed (written
+    /// with the next state, or when the tier closes).
+    pub(crate) fn remember_prefill(&self, tokens_per_second: f64) {
+        if tokens_per_second.is_finite() && tokens_per_second > 0.0 {
+            let bits = tokens_per_second.to_bits();
+            self.folder.prefill.store(bits, Ordering::Relaxed);
+        }
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -183,6 +215,25 @@ impl Drop for DiskTier {
 }
 
 impl Folder {
+    /// Writes the prefill speed when it changed from `written` (its bits);
+    /// the bits now on disk.
+    fn keep_prefill_speed(&self, written: u64) -> u64 {
+        let now = self.prefill.load(Ordering::Relaxed);
+        if now == written {
+            return written;
+        }
+        let path = self.dir.join(PREFILL_SPEED);
+        let part = self.dir.join(format!("{PREFILL_SPEED}.part"));
+        let text = format!("{}\n", f64::from_bits(now));
+        match fs::write(&part, text).and_then(|()| fs::rename(&part, &path)) {
+            Ok(()) => now,
+            Err(_) => {
+                remove(&part);
+                written
+            }
+        }
+    }
+
     /// Writes one file (temporary name, then renamed), indexes it in place
     /// of the files it supersedes, and keeps every folder under the cap.
     /// Failures (a full disk) are logged and the entry dropped.
@@ -271,6 +322,13 @@ impl Folder {
             index.entries.retain(|e| !removed.contains(&e.path));
         }
     }
+}
+
+/// A kept prefill speed; `None` when absent or not a positive number.
+fn read_prefill_speed(path: &Path) -> Option<f64> {
+    let text = fs::read_to_string(path).ok()?;
+    let speed: f64 = text.trim().parse().ok()?;
+    (speed.is_finite() && speed > 0.0).then_some(speed)
 }
 
 fn remove(path: &Path) {
@@ -428,6 +486,28 @@ mod tests {
             vec![7],
             Arc::new(StateBuffer::from(&vec![0u8; cap as usize + 1][..]))
         ));
+    }
+
+    #[test]
+    fn the_prefill_speed_survives_a_reopen_and_a_bad_one_is_ignored() {
+        let root = super::super::TestDir::new();
+        {
+            let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
+            assert_eq!(tier.remembered_prefill(), None);
+            tier.remember_prefill(8_700.5);
+            assert_eq!(tier.remembered_prefill(), Some(8_700.5));
+            tier.remember_prefill(f64::NAN);
+            assert_eq!(tier.remembered_prefill(), Some(8_700.5));
+        }
+        let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
+        assert_eq!(tier.remembered_prefill(), Some(8_700.5));
+        // Another model's folder keeps its own.
+        let other = DiskTier::open(root.path(), key(2), 1 << 20).unwrap();
+        assert_eq!(other.remembered_prefill(), None);
+        let path = root.path().join(key(1).hex()).join(PREFILL_SPEED);
+        fs::write(&path, "-3").unwrap();
+        let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
+        assert_eq!(tier.remembered_prefill(), None);
     }
 
     #[test]

@@ -144,6 +144,18 @@ impl Costs {
         seconds < tokens as f64 / self.prefill_tokens_per_second
     }
 
+    /// Starts from a prefill speed measured before (by an earlier run on
+    /// this machine), taken as a sample: a faster measurement replaces it,
+    /// a slower one (a short prompt, a busy step) is smoothed in.
+    pub(crate) fn remembered_prefill(&mut self, tokens_per_second: f64) {
+        self.prefill_tokens_per_second = tokens_per_second;
+    }
+
+    /// The prefill speed now, in tokens per second (`0`: not known).
+    pub(crate) fn prefill(&self) -> f64 {
+        self.prefill_tokens_per_second
+    }
+
     pub(crate) fn measured_prefill(&mut self, tokens: usize, seconds: f64) {
         if tokens >= 16 && seconds > 0.0 && !std::mem::replace(&mut self.warmed_up, true) {
             return;
@@ -306,6 +318,17 @@ mod tests {
         costs.measured_prefill(9000, 1.0);
         assert!(!costs.restore_wins(Tier::Disk, 7000 * per_token, 7000));
         assert!(costs.restore_wins(Tier::Ram, 7000 * per_token, 7000));
+
+        // A speed kept from an earlier run decides before any measurement;
+        // a short warm-up prompt's slower speed does not replace it.
+        let mut restarted = Costs::new(1_000_000_000);
+        restarted.remembered_prefill(9000.0);
+        assert!(!restarted.restore_wins(Tier::Disk, 7000 * per_token, 7000));
+        restarted.measured_prefill(900, 1.0);
+        restarted.measured_prefill(900, 1.0);
+        assert!(!restarted.restore_wins(Tier::Disk, 7000 * per_token, 7000));
+        assert!((restarted.prefill() - (0.7 * 9000.0 + 0.3 * 900.0)).abs() < 1e-6);
+
         // Two CPU cores at 150 tokens/s: the disk wins.
         let mut cpu = Costs::new(1_500_000_000);
         cpu.measured_prefill(300, 2.0);
