@@ -1509,7 +1509,8 @@ mod tests {
         let end = bytes.len();
         let start = end - 1152;
         let expected = format!(
-            "is truncated: tensor blk.0.ffn_up.weight needs bytes {start}..{end} but the file has {} bytes; re-download it",
+            "is truncated: the file has {} bytes but its tensors need {end} bytes (10 missing): \
+             the first tensor cut is blk.0.ffn_up.weight, bytes {start}..{end}; re-download it",
             end - 10
         );
         assert!(err.to_string().contains(&expected), "{err}");

@@ -423,30 +423,49 @@ impl GgufFile {
         Ok(())
     }
 
+    /// Every tensor's bytes inside the file; a cut file is reported with its real size, the
+    /// size its tensors need (the end of the furthest one) and the first tensor it cuts.
     fn check_data_in_file(&self) -> Result<(), GgufError> {
-        if !self.tensors.is_empty() && self.data_offset > self.file_bytes {
-            return Err(GgufError::Truncated {
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        // None: past 2^64.
+        let needed = self
+            .tensors
+            .iter()
+            .try_fold(self.data_offset, |most, t| Some(most.max(t.end_in_file()?)));
+        let truncated = |first_cut: String| {
+            let needs = match needed {
+                Some(n) => format!(
+                    "its tensors need {n} bytes ({} missing)",
+                    n.saturating_sub(self.file_bytes)
+                ),
+                None => "its tensors need more than 2^64 bytes".to_string(),
+            };
+            GgufError::Truncated {
                 path: self.path.clone(),
                 detail: format!(
-                    "tensor data should start at byte {} but the file has {} bytes",
-                    self.data_offset, self.file_bytes
+                    "the file has {} bytes but {needs}: {first_cut}",
+                    self.file_bytes
                 ),
-            });
+            }
+        };
+        if self.data_offset > self.file_bytes {
+            return Err(truncated(format!(
+                "tensor data should start at byte {}",
+                self.data_offset
+            )));
         }
         for tensor in &self.tensors {
             let start = tensor.offset_in_file;
             match tensor.end_in_file() {
                 Some(end) if end <= self.file_bytes => {}
                 end => {
-                    return Err(GgufError::Truncated {
-                        path: self.path.clone(),
-                        detail: format!(
-                            "tensor {} needs bytes {start}..{} but the file has {} bytes",
-                            tensor.name,
-                            end.map_or_else(|| "(beyond 2^64)".to_string(), |e| e.to_string()),
-                            self.file_bytes
-                        ),
-                    })
+                    return Err(truncated(format!(
+                        "the first tensor cut is {}, bytes {start}..{}",
+                        tensor.name,
+                        end.map_or_else(|| "(beyond 2^64)".to_string(), |e| e.to_string()),
+                    )))
                 }
             }
         }
