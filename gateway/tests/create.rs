@@ -480,3 +480,41 @@ fn a_failed_create_removes_the_blobs_it_uploaded() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The names `/api/ps` lists, as `name` and `model` (Ollama sets both).
+fn ps_names(s: &Server) -> Vec<(String, String)> {
+    let ps: Value = s.get("/api/ps").json().unwrap();
+    ps["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let field = |key: &str| m[key].as_str().unwrap_or_default().to_string();
+            (field("name"), field("model"))
+        })
+        .collect()
+}
+
+#[test]
+fn ps_names_the_created_model_in_use_and_the_base_when_the_base_is_used() {
+    let dir = empty_dir_for("ps");
+    let s = Server::start(&["--models-dir", dir.to_str().unwrap()]);
+    let modelfile = format!("FROM {MODEL}\nSYSTEM Answer in one word.\n");
+    create_streamed(&s, json!({"model": "smol-terse", "modelfile": modelfile}));
+    let ask = |model: &str| {
+        let body = json!({"model": model, "prompt": PROMPT, "options": {"num_predict": 1}});
+        assert_eq!(generate(&s, body)["eval_count"], 1, "{model}");
+    };
+    let listed = |name: &str| vec![(name.to_string(), name.to_string())];
+    assert_eq!(ps_names(&s), [], "nothing loaded");
+
+    // One load of the shared file, listed under the name asked for last.
+    ask("smol-terse");
+    assert_eq!(ps_names(&s), listed("smol-terse:latest"));
+    ask(MODEL);
+    assert_eq!(ps_names(&s), listed(MODEL));
+    ask("Smol-Terse");
+    assert_eq!(ps_names(&s), listed("smol-terse:latest"));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

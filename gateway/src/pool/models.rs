@@ -1,6 +1,7 @@
 //! The pool behind [`Models`]: a name is looked up among the models served
 //! here first, then among the upstreams' ([`super::upstream`]), and one
 //! listing merges both (a local model hides a remote one of its name).
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -70,9 +71,21 @@ impl Models for Registry {
         let remote = upstream::loaded_elsewhere(self)
             .into_iter()
             .map(|(node, model, load)| running_remote(node, model, load));
+        // Each load under the name its latest request asked for (a created
+        // model shares its base's load), as Ollama lists the model in use.
+        let mut asked: HashMap<u64, String> = self
+            .loaded()
+            .into_iter()
+            .map(|model| (model.id, model.asked_as()))
+            .collect();
         self.loaded_backends()
             .into_iter()
-            .map(running_here)
+            .map(|mut model| {
+                if let Some(name) = asked.remove(&model.id) {
+                    model.name = name;
+                }
+                running_here(model)
+            })
             .chain(remote)
             .collect()
     }

@@ -60,6 +60,7 @@ impl Registry {
         let mut named = self
             .resolve(name)
             .ok_or_else(|| ModelsError::NotFound(requested.to_string()))?;
+        let name_asked = named.name.clone();
         if let Some(why) = self.unfit.get(named.source.local_path()) {
             return Err(ModelsError::Rejected(format!(
                 "model '{requested}' cannot run on this server: {}",
@@ -113,6 +114,7 @@ impl Registry {
         };
         let load_duration = started.elapsed();
         model.active.fetch_add(1, Ordering::SeqCst);
+        *super::lock(&model.asked_as) = name_asked;
         // From here the lease finishes the request (no await in between).
         let budget = budget.map(InFlight::into_parts);
         model.set_keep_alive(keep_alive);

@@ -81,6 +81,9 @@ impl InProcess {
 pub struct LoadedModel {
     /// The name it was loaded under.
     pub name: String,
+    /// The name its latest request asked for (several names may share one
+    /// load: a copy, an alias, a model `/api/create` made from it).
+    pub(super) asked_as: Mutex<String>,
     pub path: Arc<PathBuf>,
     pub info: Arc<ModelInfo>,
     pub engine: Engine,
@@ -119,6 +122,12 @@ impl LoadedModel {
 
     pub fn expires_at(&self) -> Option<SystemTime> {
         *lock(&self.expires_at)
+    }
+
+    /// The name its latest request asked for: what `/api/ps` lists, as
+    /// Ollama lists the model in use (its load's name until one came).
+    pub fn asked_as(&self) -> String {
+        lock(&self.asked_as).clone()
     }
 
     /// Streaming counters since load, across switches of placement (`None`

@@ -108,6 +108,7 @@ fn load_engine(
     };
     Ok(Arc::new(LoadedModel {
         name: named.name.clone(),
+        asked_as: Mutex::new(named.name.clone()),
         path: Arc::clone(named.source.local_path()),
         info: Arc::clone(&named.info),
         engine,
