@@ -3,9 +3,9 @@
 //!
 //! Layers, outermost first: the path's trailing slash trimmed, request id (`x-request-id`, generated when absent
 //! and echoed), the request's span ([`HttpSpans`]: its id in every log line),
-//! panic → 500, CORS, bearer auth (when an API key is set;
-//! `/`, `/api/version` and the docs stay open; `/metrics` too for loopback
-//! clients when so configured), then, on routed requests only, the body read
+//! panic → 500, CORS, the origin check and bearer auth
+//! ([`crate::security::guard`], each route's class from the route table
+//! [`crate::api::routes`]), then, on routed requests only, the body read
 //! whole under its bounds ([`crate::bodies`]: size, the memory of all bodies,
 //! time; not on `/api/blobs` uploads, which their handler streams to disk and
 //! caps at `[server] pull_max_bytes`): an unauthenticated or unrouted body is
@@ -15,11 +15,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
@@ -28,13 +27,12 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::api::{
-    anthropic, blobs, create, debug, health, ollama, openai, openapi, pull, responses,
-};
+use crate::api::routes::{family_error, Body, ROUTES};
 use crate::bodies::{BodyBudget, Refusal};
-use crate::core::error::{ApiError, OllamaError, OpenAiError};
+use crate::core::error::{ApiError, OllamaError};
 use crate::metrics;
 use crate::pool::registry::Registry;
+use crate::security::guard::{auth, origin_guard};
 use crate::state::AppState;
 use crate::telemetry::http::HttpSpans;
 
@@ -122,48 +120,23 @@ pub fn app(state: AppState, bodies: Arc<BodyBudget>) -> Router {
         .allow_headers(AllowHeaders::list(
             CORS_HEADERS.iter().map(|h| HeaderName::from_static(h)),
         ));
-    // Uploads are larger than any other body: they have their own cap
-    // (`[server] pull_max_bytes`), checked as they stream.
-    let uploads = Router::new()
-        .route(
-            "/api/blobs/{digest}",
-            post(blobs::post_blob).head(blobs::head_blob),
-        )
+    // The table's routes ([`crate::api::routes`]); uploads are larger than
+    // any other body: they have their own cap (`[server] pull_max_bytes`),
+    // checked as they stream.
+    let (mut routes, mut uploads) = (Router::new(), Router::new());
+    for route in ROUTES.iter().filter(|r| r.enabled()) {
+        match route.body {
+            Body::Whole => routes = routes.route(route.path, route.method_router()),
+            Body::Streamed => uploads = uploads.route(route.path, route.method_router()),
+        }
+    }
+    let uploads = uploads
         .route_layer(middleware::from_fn(metrics::http::track))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(RequestBodyTimeoutLayer::new(
             crate::connections::BODY_READ_TIMEOUT,
         ));
-    let routes = Router::new()
-        .route("/", get(ollama::root).head(ollama::root))
-        .route("/api/version", get(ollama::version))
-        .route("/health", get(health::health))
-        .route("/ready", get(health::ready))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/ps", get(ollama::ps))
-        .route("/api/show", post(ollama::show))
-        .route("/api/generate", post(ollama::generate))
-        .route("/api/chat", post(ollama::chat))
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embeddings))
-        .route("/api/delete", delete(ollama::delete_model))
-        .route("/api/copy", post(ollama::copy))
-        .route("/api/pull", post(pull::pull))
-        .route("/api/create", post(create::create))
-        .route("/api/push", post(create::push))
-        .route("/v1/models", get(openai::list_models))
-        .route("/v1/models/{*id}", get(openai::retrieve_model))
-        .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/embeddings", post(openai::embeddings))
-        .route("/v1/responses", post(responses::create_response))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .merge(openapi::routes())
-        .merge(debug::routes())
-        .route("/metrics", get(metrics::http::handler))
-        .route("/status", get(metrics::status::page))
-        .route("/api/status", get(metrics::status::data))
+    let routes = routes
         .route_layer(middleware::from_fn_with_state(bodies, read_body))
         .route_layer(middleware::from_fn(metrics::http::track))
         .layer(middleware::from_fn(crate::pool::upstream::hop_guard))
@@ -196,21 +169,6 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
         .unwrap_or("unknown panic");
     tracing::error!("handler panicked: {detail}");
     OllamaError(ApiError::Internal(format!("internal error: {detail}"))).into_response()
-}
-
-fn is_openai_path(path: &str) -> bool {
-    path == "/v1" || path.starts_with("/v1/")
-}
-
-/// An error written in the family of the route asked for.
-fn family_error(path: &str, e: ApiError) -> Response {
-    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
-        anthropic::AnthropicError(e).into_response()
-    } else if is_openai_path(path) {
-        OpenAiError(e).into_response()
-    } else {
-        OllamaError(e).into_response()
-    }
 }
 
 async fn not_found(request: Request) -> Response {
@@ -261,131 +219,6 @@ async fn read_body(
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
-}
-
-/// Open without the key: the status page holds no data (it asks `/api/status`, which needs it).
-const OPEN_PATHS: &[&str] = &[
-    "/",
-    "/api/version",
-    "/openapi.json",
-    "/docs",
-    "/status",
-    "/health",
-    "/ready",
-];
-
-/// Refuses (403) a request from a web page of a foreign origin, or one
-/// naming a `Host` this server does not answer to (DNS rebinding); see
-/// [`crate::security::origin`]. Runs inside the CORS layer, so a refused
-/// preflight gets no CORS headers either.
-async fn origin_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let headers = request.headers();
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let origins = &state.security.origins;
-    let refusal = if !origins.host_allowed(host) {
-        Some(
-            "this server does not answer to that Host name: use localhost or 127.0.0.1, or \
-              list the name in [server] allowed_hosts",
-        )
-    } else if headers.get(header::ORIGIN).is_some_and(|origin| {
-        !origin
-            .to_str()
-            .is_ok_and(|o| origins.origin_allowed(o, host))
-    }) {
-        Some(
-            "requests from this web page's origin are not allowed: list it in [server] \
-              allowed_origins",
-        )
-    } else {
-        None
-    };
-    match refusal {
-        Some(message) => {
-            let path = request.uri().path().to_string();
-            family_error(&path, ApiError::Forbidden(message.into()))
-        }
-        None => next.run(request).await,
-    }
-}
-
-/// The key of `Authorization: Bearer <key>` (the scheme in any case, as
-/// RFC 9110 has it), or of `x-api-key` (Anthropic's clients), if sent.
-fn bearer(request: &Request) -> Option<&str> {
-    let headers = request.headers();
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.trim_start()
-                .split_once(' ')
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, key)| key)
-        })
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim)
-}
-
-/// The API key on every route but the open ones; the admin key (when set)
-/// on the routes that add or remove models, where the API key is not
-/// enough. The admin key opens every route; on a LAN bind with no API key
-/// it is the API key too (a LAN bind never leaves routes open by accident).
-async fn auth(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    if request.method() == Method::OPTIONS || OPEN_PATHS.contains(&path) {
-        return next.run(request).await;
-    }
-    if state.metrics_open_on_loopback && path == "/metrics" && from_loopback(&request) {
-        return next.run(request).await;
-    }
-    let keys = state.security.keys.get();
-    let presented = bearer(&request);
-    let matches = |key: Option<&str>| {
-        key.zip(presented)
-            .is_some_and(|(k, p)| constant_time_eq(p.as_bytes(), k.as_bytes()))
-    };
-    let is_admin = matches(keys.admin.as_deref());
-    if keys.admin.is_some() && crate::security::origin::is_admin_route(path) {
-        if is_admin {
-            return next.run(request).await;
-        }
-        if presented.is_some() && (keys.api.is_none() || matches(keys.api.as_deref())) {
-            return family_error(
-                path,
-                ApiError::Forbidden("this route needs the admin key".into()),
-            );
-        }
-        return unauthorized(path, presented.is_some());
-    }
-    let open = keys.api.is_none() && !(keys.admin.is_some() && state.security.lan_needs_key());
-    if open || is_admin || matches(keys.api.as_deref()) {
-        return next.run(request).await;
-    }
-    unauthorized(path, presented.is_some())
-}
-
-fn unauthorized(path: &str, presented: bool) -> Response {
-    let message = if presented {
-        "invalid API key"
-    } else {
-        "missing API key: send the header `Authorization: Bearer <key>` or `x-api-key: <key>`"
-    };
-    let mut response = family_error(path, ApiError::Unauthorized(message.into()));
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
-}
-
-/// Whether the request came over a loopback connection.
-fn from_loopback(request: &Request) -> bool {
-    request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The body of a request (read whole before the handler by [`read_body`],

@@ -1,5 +1,6 @@
 //! Test-only routes, present only when the server runs with
-//! `HYPURA_RUNNER_TEST_HOOKS=1` (never listed in the OpenAPI document).
+//! `HYPURA_RUNNER_TEST_HOOKS=1` (never listed in the OpenAPI document;
+//! the route table, [`super::routes`], marks them).
 //!
 //! `POST /api/debug/abort-runner {"model": NAME}`: the runner of that model
 //! aborts, as a failed `GGML_ASSERT` would (404 when the model is not loaded
@@ -9,34 +10,22 @@
 //! that model takes and keeps N bytes of memory besides the model's (as
 //! memory its budget does not see would), for tests of the host limit.
 use axum::extract::State;
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::core::error::{ApiError, OllamaError};
 use crate::core::validation::ModelName;
 use crate::pool::registry::Registry;
-use crate::pool::runner::protocol::TEST_HOOKS_ENV;
 use crate::state::AppState;
 
-/// The routes, or none when test hooks are off.
-pub fn routes() -> Router<AppState> {
-    if std::env::var(TEST_HOOKS_ENV).as_deref() != Ok("1") {
-        return Router::new();
-    }
-    Router::new()
-        .route("/api/debug/abort-runner", post(abort_runner))
-        .route("/api/debug/runner-ballast", post(runner_ballast))
-}
-
 #[derive(Deserialize)]
-struct RunnerBallast {
+pub(crate) struct RunnerBallast {
     model: String,
     bytes: u64,
 }
 
-async fn runner_ballast(
+pub(crate) async fn runner_ballast(
     State(state): State<AppState>,
     Json(body): Json<RunnerBallast>,
 ) -> Result<Json<Value>, OllamaError> {
@@ -49,11 +38,11 @@ async fn runner_ballast(
 }
 
 #[derive(Deserialize)]
-struct AbortRunner {
+pub(crate) struct AbortRunner {
     model: String,
 }
 
-async fn abort_runner(
+pub(crate) async fn abort_runner(
     State(state): State<AppState>,
     Json(body): Json<AbortRunner>,
 ) -> Result<Json<Value>, OllamaError> {

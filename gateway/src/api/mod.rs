@@ -13,6 +13,8 @@
 //!   [`modelfile`] reads and writes Ollama's Modelfile text.
 //! - [`health`]: `/health` and `/ready`.
 //! - [`debug`]: test-only routes (with `HYPURA_RUNNER_TEST_HOOKS=1`).
+//! - [`routes`]: the route table (path, methods, auth, whether it runs a model),
+//!   read by the router and the key check.
 //! - [`openapi`]: the OpenAPI document (`/openapi.json`) and the docs page (`/docs`).
 pub mod anthropic;
 pub mod blobs;
@@ -27,6 +29,7 @@ pub mod openai;
 pub mod openapi;
 pub mod pull;
 pub mod responses;
+pub mod routes;
 
 use std::convert::Infallible;
 

@@ -2,7 +2,9 @@
 //! shared machine whose users browse the web.
 //!
 //! - [`origin`]: CORS and the `Origin` / `Host` checks (web pages and DNS
-//!   rebinding, Ollama's CVE-2024-28224), and the admin key's routes.
+//!   rebinding, Ollama's CVE-2024-28224).
+//! - [`guard`]: the middleware that applies them and the keys, each route's
+//!   class read from the route table ([`crate::api::routes`]).
 //! - [`roots`]: the local files `/api/pull` may serve (the model roots).
 //! - [`remote`]: the URLs `/api/pull` may download (allowed hosts, no
 //!   private addresses, no redirects elsewhere, a size cap, the GGUF header).
@@ -10,6 +12,7 @@
 //! Built once at start-up from the `[server]` keys and flags
 //! ([`SecuritySettings`]) and the address the server binds; the keys
 //! ([`Keys`]) are read again on SIGHUP.
+pub mod guard;
 pub mod origin;
 pub mod remote;
 pub mod roots;

@@ -172,14 +172,6 @@ fn is_lan_name(name: &str, machine: &str) -> bool {
         || LAN_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
 }
 
-/// Routes that change which models exist: they need the admin key when one is set.
-pub fn is_admin_route(path: &str) -> bool {
-    matches!(
-        path,
-        "/api/pull" | "/api/create" | "/api/copy" | "/api/delete" | "/api/push"
-    ) || path.starts_with("/api/blobs/")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,15 +281,5 @@ mod tests {
             IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
         );
         assert!(!v6.host_allowed(Some("evil.example")));
-    }
-
-    #[test]
-    fn admin_routes() {
-        for admin in ["/api/pull", "/api/copy", "/api/delete", "/api/create"] {
-            assert!(is_admin_route(admin));
-        }
-        for open in ["/api/chat", "/api/tags", "/v1/chat/completions"] {
-            assert!(!is_admin_route(open));
-        }
     }
 }
