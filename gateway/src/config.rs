@@ -111,6 +111,8 @@ pub struct ServerSection {
     pub prompt_cache_disk: Option<Text>,
     /// Slots per model beyond `parallel` that keep idle conversations' KV.
     pub idle_slots: Option<u32>,
+    /// Named API keys with roles and limits (docs/tenancy.md).
+    pub keys_file: Option<PathBuf>,
 }
 
 /// `[[models]]`: one model file, its name and its own settings.
@@ -181,6 +183,8 @@ pub struct Config {
     pub prompt_cache_ram_bytes: Option<u64>,
     pub prompt_cache_disk_bytes: Option<u64>,
     pub idle_slots: Option<u32>,
+    /// The keys file, relative to the configuration file's directory.
+    pub keys_file: Option<PathBuf>,
     pub metrics_open_on_loopback: Option<bool>,
     /// Run every model in the server's process, not in runner processes.
     pub in_process: Option<bool>,
@@ -386,6 +390,7 @@ impl ConfigFile {
                 .map(|t| size("server.prompt_cache_disk", &t))
                 .transpose()?,
             idle_slots: s.idle_slots,
+            keys_file: s.keys_file.map(|f| base.join(f)),
             metrics_open_on_loopback: s.metrics_open_on_loopback,
             in_process: s.in_process,
             models: Vec::new(),
@@ -569,7 +574,7 @@ mod tests {
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
              `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \
-             `prompt_cache_disk`, `idle_slots` (line 3)"
+             `prompt_cache_disk`, `idle_slots`, `keys_file` (line 3)"
         );
         assert_eq!(
             error("[server]\nport = \"x\"\n"),

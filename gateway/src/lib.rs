@@ -24,6 +24,8 @@
 //!   memory of all together, time); [`state`]: what every handler reaches.
 //! - [`cli`], [`config`], [`fetch`]: the subcommands, the TOML settings and
 //!   the default model's download.
+//! - [`tenancy`]: named keys with limits, the fair queue in front of each
+//!   model, usage per user.
 //! - [`telemetry`]: log lines (text or JSON), the spans of requests, model
 //!   loads and moves, and their OTLP export.
 pub mod api;
@@ -39,3 +41,4 @@ pub mod security;
 pub mod server;
 pub mod state;
 pub mod telemetry;
+pub mod tenancy;

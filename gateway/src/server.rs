@@ -137,6 +137,11 @@ pub fn app(state: AppState, bodies: Arc<BodyBudget>) -> Router {
             crate::connections::BODY_READ_TIMEOUT,
         ));
     let routes = routes
+        // Keys' limits and the models' fair queues, on bodies read whole.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::tenancy::http::gate,
+        ))
         .route_layer(middleware::from_fn_with_state(bodies, read_body))
         .route_layer(middleware::from_fn(metrics::http::track))
         .layer(middleware::from_fn(crate::pool::upstream::hop_guard))

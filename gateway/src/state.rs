@@ -22,6 +22,9 @@ pub struct AppState {
     /// `/api/version` and the docs needs `Authorization: Bearer <key>`) and
     /// what pulls may touch.
     pub security: Arc<crate::security::Security>,
+    /// Named keys, their limits and usage, the models' fair queues
+    /// (`--parallel` slots each unless the server sets its own).
+    pub tenancy: Arc<crate::tenancy::Tenancy>,
 }
 
 impl AppState {
@@ -37,7 +40,9 @@ impl AppState {
             models: Arc::clone(&registry) as Arc<dyn crate::core::models::Models>,
             observer: Arc::new(crate::telemetry::observer::Recorder),
         };
+        let parallel = registry.settings().n_parallel as usize;
         AppState {
+            tenancy: Arc::new(crate::tenancy::Tenancy::new(parallel)),
             registry,
             inference,
             models_dir,

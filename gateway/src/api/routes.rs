@@ -296,6 +296,14 @@ pub static ROUTES: &[Route] = &[
         &[endpoint!(Get metrics::status::data)],
     )
     .undocumented(),
+    // Admins only when any admin key exists (checked by the handler, which
+    // knows the keys file's roles).
+    route(
+        "/api/usage",
+        Auth::Key,
+        &[endpoint!(Get crate::tenancy::http::usage)],
+    )
+    .undocumented(),
     route(
         "/api/debug/abort-runner",
         Auth::Key,

@@ -3,6 +3,7 @@ mod bench;
 mod client;
 mod gpu;
 mod inspect;
+mod keys;
 mod output;
 mod profile;
 mod progress;
@@ -35,6 +36,8 @@ enum Command {
     Create(client::create::CreateArgs),
     /// Show what a GGUF model holds: architecture, parameters, bytes per tensor role.
     Inspect(inspect::InspectArgs),
+    /// Named API keys of a keys file: add (prints the key once), list, remove.
+    Keys(keys::KeysArgs),
     /// List the models a running server serves (client of HYPURA_HOST / OLLAMA_HOST).
     #[command(visible_alias = "ls")]
     List(client::list::ListArgs),
@@ -73,6 +76,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Cp(args) => client::cp::cp(args),
         Command::Create(args) => client::create::create(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Keys(args) => keys::keys(args),
         Command::List(args) => client::list::list(args),
         Command::Profile(args) => profile::profile(args),
         Command::Ps(args) => client::ps::ps(args),

@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Allow listening on a non-loopback address without an API key.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Named API keys with roles and limits (`hypura keys add`; read again
+    /// on SIGHUP and when it changes; docs/tenancy.md).
+    #[arg(long, env = "HYPURA_KEYS_FILE")]
+    keys_file: Option<PathBuf>,
     /// How long a model stays loaded after its last request (`5m`, `1h`, `0`, `-1` = forever)
     /// [default: 5m].
     #[arg(long, value_parser = KeepAlive::from_flag, allow_hyphen_values = true)]
@@ -352,12 +356,25 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let security = Arc::new(security);
     let _ = reloadable.set(Arc::clone(&security));
-    let state = AppState::new(
+    let mut state = AppState::new(
         Arc::new(registry),
         models_dir.map(Arc::from),
         args.metrics_open_on_loopback || file.metrics_open_on_loopback.unwrap_or(false),
         security,
     );
+    if let Some(path) = args.keys_file.or(file.keys_file) {
+        let tenancy = crate::tenancy::Tenancy::with_keys_file(parallel as usize, &path)
+            .map_err(|e| anyhow::anyhow!("--keys-file {}: {e}", path.display()))?;
+        state.tenancy = Arc::new(tenancy);
+        let _in_runtime = runtime.enter();
+        state.tenancy.watch();
+        let tenancy = Arc::clone(&state.tenancy);
+        server::handle_hangups(move || match tenancy.reload() {
+            Ok(what) => format!("read the keys file again: {what}"),
+            Err(e) => format!("{e}: the keys in use stay"),
+        })
+        .context("handling SIGHUP")?;
+    }
     let http = HttpSettings {
         max_body_bytes: args
             .max_body_bytes

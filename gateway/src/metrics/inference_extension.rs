@@ -9,7 +9,14 @@
 //! |---|---|---|
 //! | TotalQueuedRequests | `vllm:num_requests_waiting` | `hypura_requests_waiting` |
 //! | TotalRunningRequests | `vllm:num_requests_running` | `hypura_requests_running` |
-//! | KVCacheUtilization | `vllm:gpu_cache_usage_perc` (0 to 1, as vLLM) | `hypura_kv_cache_usage_ratio` |
+//! | KVCacheUtilization | `vllm:kv_cache_usage_perc` (0 to 1, as vLLM), and its older name `vllm:gpu_cache_usage_perc` | `hypura_kv_cache_usage_ratio` |
+//! | [optional] BlockSize, NumGPUBlocks | `vllm:cache_config_info{block_size, num_gpu_blocks}` = 1 | llama.cpp's KV cells are one token each: `block_size` 1, `num_gpu_blocks` the cells |
+//! | LoRA adapters | `vllm:lora_requests_info{max_lora="0", running_lora_adapters="", waiting_lora_adapters=""}` = scrape time | hypura serves no adapters: the endpoint picker's LoRA affinity sees none |
+//!
+//! `TotalQueuedRequests` counts the requests waiting at the model's fair
+//! queue ([`crate::tenancy::fair`]) and in its engine; the readiness the
+//! protocol's Deployment probes is `GET /ready`. `gateway/tests/inference_extension.rs`
+//! holds `/metrics` to this table.
 use std::sync::OnceLock;
 
 use prometheus::{GaugeVec, IntGaugeVec};
@@ -20,6 +27,9 @@ struct Aliases {
     waiting: IntGaugeVec,
     running: IntGaugeVec,
     kv_cache_usage: GaugeVec,
+    kv_cache_usage_old: GaugeVec,
+    cache_config: IntGaugeVec,
+    lora: GaugeVec,
 }
 
 fn aliases() -> &'static Aliases {
@@ -42,9 +52,27 @@ fn aliases() -> &'static Aliases {
             ),
             kv_cache_usage: float_gauge(
                 r,
-                "vllm:gpu_cache_usage_perc",
+                "vllm:kv_cache_usage_perc",
                 "KV cache cells in use, 0 to 1 (alias of hypura_kv_cache_usage_ratio for the Gateway API Inference Extension).",
                 label,
+            ),
+            kv_cache_usage_old: float_gauge(
+                r,
+                "vllm:gpu_cache_usage_perc",
+                "KV cache cells in use, 0 to 1 (vLLM's older name of vllm:kv_cache_usage_perc).",
+                label,
+            ),
+            cache_config: gauge(
+                r,
+                "vllm:cache_config_info",
+                "1, labelled with the KV cache's block size in tokens (1: llama.cpp's cells) and its blocks, per model.",
+                &["model_name", "block_size", "num_gpu_blocks"],
+            ),
+            lora: float_gauge(
+                r,
+                "vllm:lora_requests_info",
+                "When last updated (Unix seconds), labelled with the LoRA adapters loaded and waiting: none in hypura.",
+                &["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
             ),
         }
     })
@@ -56,15 +84,26 @@ pub fn reset() {
     a.waiting.reset();
     a.running.reset();
     a.kv_cache_usage.reset();
+    a.kv_cache_usage_old.reset();
+    a.cache_config.reset();
+    a.lora
+        .with_label_values(&["0", "", ""])
+        .set(super::unix_seconds(std::time::SystemTime::now()));
 }
 
-/// A loaded model's values now; `kv_cache_usage` when the backend knows it.
-pub fn set(model: &str, waiting: usize, running: usize, kv_cache_usage: Option<f64>) {
+/// A loaded model's values now; the KV cache's `(cells used, cells)` when
+/// the backend knows them.
+pub fn set(model: &str, waiting: usize, running: usize, kv_cells: Option<(u64, u64)>) {
     let a = aliases();
     let label = [model];
     a.waiting.with_label_values(&label).set(waiting as i64);
     a.running.with_label_values(&label).set(running as i64);
-    if let Some(usage) = kv_cache_usage {
+    if let Some((used, cells)) = kv_cells {
+        let usage = used as f64 / cells.max(1) as f64;
         a.kv_cache_usage.with_label_values(&label).set(usage);
+        a.kv_cache_usage_old.with_label_values(&label).set(usage);
+        a.cache_config
+            .with_label_values(&[model, "1", &cells.to_string()])
+            .set(1);
     }
 }

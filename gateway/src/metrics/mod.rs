@@ -21,6 +21,7 @@ pub mod prompt_cache;
 pub mod scrape;
 pub mod status;
 pub mod upstream;
+pub mod users;
 
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
@@ -470,6 +471,7 @@ fn label(model: &str) -> String {
 
 /// Records the end of a generation (from [`crate::core::infer::finish`]).
 pub fn generation_ended(record: &GenerationRecord<'_>) {
+    crate::tenancy::usage::generation_ended(record);
     let m = metrics();
     let model = label(record.model);
     let model = [model.as_str()];

@@ -120,9 +120,12 @@ fn read_pool(m: &Metrics, pool: &Registry) {
             // Present from the model's first load, even at zero.
             m.runner_crashes.with_label_values(&name);
         }
+        zero_series(m, &model.name);
         let status = model.backend.status();
         m.running.with_label_values(&name).set(status.active as i64);
-        m.waiting.with_label_values(&name).set(status.queued as i64);
+        // Requests wait at the model's fair queue, the engine's stays empty.
+        let waiting = status.queued + super::users::fair_waiting_total(&model.name);
+        m.waiting.with_label_values(&name).set(waiting as i64);
         m.slots_busy
             .with_label_values(&name)
             .set(status.active as i64);
@@ -133,8 +136,8 @@ fn read_pool(m: &Metrics, pool: &Registry) {
             m.decode_rate.with_label_values(&name).set(rate);
         }
         let kv = model.backend.kv_cache();
-        let kv_usage = kv.map(|kv| kv.cells_used as f64 / kv.cells.max(1) as f64);
-        super::inference_extension::set(&model.name, status.queued, status.active, kv_usage);
+        let kv_cells = kv.map(|kv| (kv.cells_used, kv.cells));
+        super::inference_extension::set(&model.name, waiting, status.active, kv_cells);
         if let Some(kv) = kv {
             m.kv_cache_bytes
                 .with_label_values(&name)
@@ -160,6 +163,9 @@ fn read_pool(m: &Metrics, pool: &Registry) {
                 .with_label_values(&[model.name.as_str(), state.as_str()])
                 .set(i64::from(memory.residency == state));
         }
+        // A model that streams nothing holds 0 bytes of streamed units.
+        m.stream_cache_bytes.with_label_values(&name).set(0);
+        m.stream_cache_budget_bytes.with_label_values(&name).set(0);
         if let Some(stream) = model.backend.streaming() {
             m.ledger.observe(m, &model.name, model.id, &stream);
             m.stream_cache_bytes
@@ -184,6 +190,57 @@ fn read_pool(m: &Metrics, pool: &Registry) {
                 .set(charged as i64);
         }
     }
+}
+
+/// Makes every per-model series of a loaded model exist, at 0 until its
+/// first event, so that no dashboard panel of a healthy server says "No
+/// data" (Prometheus's advice: initialise the series you know of).
+fn zero_series(m: &Metrics, model: &str) {
+    let name = [model];
+    for reason in ["cancelled", "error"] {
+        m.aborted.with_label_values(&[model, reason]);
+    }
+    for reason in ["queue_full", "budget_timeout"] {
+        m.rejected.with_label_values(&[model, reason]);
+    }
+    for reason in ["stop", "length"] {
+        m.success.with_label_values(&[model, reason]);
+    }
+    for kind in ["load", "unload", "promotion", "demotion", "switch"] {
+        m.moves.with_label_values(&[model, kind]);
+    }
+    for kind in ["load", "switch"] {
+        m.move_duration.with_label_values(&[model, kind]);
+    }
+    for histogram in [
+        &m.ttft,
+        &m.itl,
+        &m.e2e,
+        &m.queue_time,
+        &m.prefill_time,
+        &m.decode_time,
+        &m.prompt_tokens_per_request,
+        &m.generation_tokens_per_request,
+    ] {
+        histogram.with_label_values(&name);
+    }
+    for counter in [
+        &m.prompt_tokens,
+        &m.generation_tokens,
+        &m.runner_crashes,
+        &m.stream_read_bytes,
+        &m.expert_hits,
+        &m.expert_misses,
+        &m.prefetch_hits,
+        &m.prefetch_wasted_bytes,
+        &m.evictions,
+    ] {
+        counter.with_label_values(&name);
+    }
+    m.stream_read_seconds.with_label_values(&name);
+    m.io_stall_seconds.with_label_values(&name);
+    m.budget_waiting.with_label_values(&name);
+    super::users::fair_waiting_total(model);
 }
 
 /// The process's resident set, from `/proc/self/status` (`None` elsewhere).

@@ -8,6 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::api::routes::{self, family_error, Auth};
+use crate::tenancy::keys::Role;
 use crate::core::error::ApiError;
 use crate::state::AppState;
 
@@ -82,12 +83,17 @@ pub async fn auth(State(state): State<AppState>, request: Request, next: Next) -
         key.zip(presented)
             .is_some_and(|(k, p)| constant_time_eq(p.as_bytes(), k.as_bytes()))
     };
-    let is_admin = matches(keys.admin.as_deref());
-    if keys.admin.is_some() && class == Auth::Admin {
+    // A named key of the keys file ([`crate::tenancy`]) is an API key, or
+    // an admin key for its admin role.
+    let named = presented.and_then(|p| state.tenancy.keys().find(p));
+    let is_admin = matches(keys.admin.as_deref())
+        || named.as_ref().is_some_and(|t| t.role == Role::Admin);
+    let is_user = matches(keys.api.as_deref()) || named.is_some();
+    if (keys.admin.is_some() || state.tenancy.has_admin()) && class == Auth::Admin {
         if is_admin {
             return next.run(request).await;
         }
-        if presented.is_some() && (keys.api.is_none() || matches(keys.api.as_deref())) {
+        if presented.is_some() && (keys.api.is_none() || is_user) {
             return family_error(
                 path,
                 ApiError::Forbidden("this route needs the admin key".into()),
@@ -95,8 +101,10 @@ pub async fn auth(State(state): State<AppState>, request: Request, next: Next) -
         }
         return unauthorized(path, presented.is_some());
     }
-    let open = keys.api.is_none() && !(keys.admin.is_some() && state.security.lan_needs_key());
-    if open || is_admin || matches(keys.api.as_deref()) {
+    let open = keys.api.is_none()
+        && !state.tenancy.has_keys()
+        && !(keys.admin.is_some() && state.security.lan_needs_key());
+    if open || is_admin || is_user {
         return next.run(request).await;
     }
     unauthorized(path, presented.is_some())
