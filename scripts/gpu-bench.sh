@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense vsloop nsysdense batched vsserver cached
-#                                     exact bigmodel vsmixtral table; pack; the full-size Mixtral shape under
+#                                     exact bigmodel vsmixtral vsmixprompt table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
 #                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
 #
@@ -724,6 +724,39 @@ vsmixtral() {
   drop_caches
   CG=${MIX_LB_MAX:-12G} hb mixtral-8g-12g-cgroup "$MOEFULL" --gpu-budget 8GiB --ram-budget "${MIX_CG_RAM:-10GiB}" --prompt-tokens 16 \
     --tokens "${MIX_TOKENS:-32}" --repetitions 1
+}
+
+# Prompt processing on a too-big MoE (issue 26): the full Mixtral-8x7B shape
+# routed as Mixtral's published statistics (`--routing mixtral`, its own
+# file), 8 GiB GPU + 12 GiB RAM. hypura bench: pp512 with decode, then
+# pp2048 (its `prompt_stream` says how many bytes a prompt read against the
+# streamed bytes, its `n_ubatch` the pass size the planner took);
+# llama-bench: pp512, pp2048 and decode at each --n-cpu-moe of MIXP_NCMOE
+# (default "22 23": the best at this memory), with its default -ub 512 and
+# with -ub 2048. Both in a cgroup of MIX_LB_MAX (the RAM budget plus the host
+# overhead) unless MIX_CG=0; page cache dropped before each.
+MOEMIX=$W/mixtral-8x7b-routed-q4k.gguf
+vsmixprompt() {
+  if [ ! -f "$MOEMIX" ]; then
+    late vsmixprompt && return 0
+    log "models: $MOEMIX (--routing mixtral)"
+    "$S" moe --preset mixtral-8x7b --routing mixtral -o "$MOEMIX.part" | tail -3 | tee -a "$OUT/log.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] && mv "$MOEMIX.part" "$MOEMIX" || return 1
+  fi
+  local cg=${MIX_LB_MAX:-13197090816} ram=${MIX_CG_RAM:-12GiB} n
+  [ "${MIX_CG:-1}" = 1 ] || cg=-
+  local hcg=$cg; [ "$hcg" = - ] && hcg=
+  drop_caches
+  CG=$hcg hb mixtral-routed-pp512 "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
+    --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions 1
+  drop_caches
+  CG=$hcg hb mixtral-routed-pp2048 "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
+    --prompt-tokens 2048 --tokens 1 --repetitions 1
+  for n in ${MIXP_NCMOE:-22 23}; do
+    drop_caches
+    lb "mixtral-routed-ncmoe$n" "$cg" "$MOEMIX" -ngl 99 --n-cpu-moe "$n" -p 512,2048 \
+      -n "${MIX_TOKENS:-32}" -ub 512,2048 -r 1
+  done
 }
 
 # One table: hypura beside llama-bench per case, with ratios.

@@ -217,6 +217,32 @@ pub const GPU_RESERVE_BYTES: u64 = 1 << 30;
 /// to the system and the compute buffers).
 pub const DEFAULT_RAM_SHARE: f64 = 0.9;
 
+/// llama.cpp's default micro-batch (`n_ubatch`): tokens per pass of the graph.
+pub const DEFAULT_UBATCH_TOKENS: u32 = 512;
+/// Most tokens of one prompt pass when experts stream.
+pub const MAX_STREAMED_UBATCH_TOKENS: u32 = 4096;
+
+/// Tokens per pass of the graph over a prompt (llama.cpp's `n_ubatch`) for a
+/// context of `n_batch` tokens under `mode`. Expert streaming reads every
+/// expert the cache lacks once per pass (a prompt chunk routes to nearly
+/// all of them), so a pass costs a read of the streamed experts the cache
+/// does not hold, while a larger pass costs only compute buffers: the pass
+/// takes the whole batch, up to [`MAX_STREAMED_UBATCH_TOKENS`], halved
+/// until `fits` (the caller's measure of the plan with that micro-batch's
+/// buffers charged) says it fits. Other modes read nothing per pass:
+/// llama.cpp's default.
+pub fn prompt_ubatch_tokens(mode: Mode, n_batch: u32, mut fits: impl FnMut(u32) -> bool) -> u32 {
+    let default = n_batch.clamp(1, DEFAULT_UBATCH_TOKENS);
+    if mode != Mode::ExpertStreaming {
+        return default;
+    }
+    let mut tokens = n_batch.min(MAX_STREAMED_UBATCH_TOKENS);
+    while tokens > default && !fits(tokens) {
+        tokens = (tokens / 2).max(default);
+    }
+    tokens.max(default)
+}
+
 impl Budgets {
     /// The budgets in force on `profile`: as given, capped by its capacity
     /// (GPU: total less [`GPU_RESERVE_BYTES`]; RAM: total); absent ones take
@@ -1582,5 +1608,29 @@ mod tests {
             "blk.0.ffn_norm.weight"
         ));
         assert!(!is_streamed(Mode::FullResident, "blk.0.ffn_down.weight"));
+    }
+
+    #[test]
+    fn a_streamed_moe_prompt_takes_one_pass_while_its_compute_buffers_fit() {
+        // Buffers of 100 MiB a 512 tokens, 400 MiB of room: up to 2048 tokens.
+        let fits = |tokens: u32| u64::from(tokens) * (100 << 20) / 512 <= 400 << 20;
+        let streaming = |n_batch| prompt_ubatch_tokens(Mode::ExpertStreaming, n_batch, fits);
+        assert_eq!(streaming(1260), 1260);
+        assert_eq!(streaming(2048), 2048);
+        assert_eq!(streaming(4096), 2048);
+        assert_eq!(streaming(100_000), 2048);
+        // Never below llama.cpp's default, nor above the batch.
+        assert_eq!(
+            prompt_ubatch_tokens(Mode::ExpertStreaming, 4096, |_| false),
+            512
+        );
+        assert_eq!(
+            prompt_ubatch_tokens(Mode::ExpertStreaming, 64, |_| false),
+            64
+        );
+        // Modes that read nothing per pass keep the default, unasked.
+        for mode in [Mode::FullResident, Mode::DenseFfnStreaming] {
+            assert_eq!(prompt_ubatch_tokens(mode, 4096, |_| panic!("asked")), 512);
+        }
     }
 }

@@ -11,7 +11,7 @@ use hypura_scheduler::size::format_bytes;
 use llama_tiered::engine::MAX_PARALLEL;
 use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
-use llama_tiered::tiered::host::{plan_charged, CacheFit};
+use llama_tiered::tiered::host::{plan_charged_prompt, CacheFit};
 use llama_tiered::tiered::routing::{RoutingRecorder, RoutingSummary};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
@@ -100,7 +100,11 @@ struct Measured {
     decode_tokens: u32,
     decode_seconds: Vec<f64>,
     /// Streaming over the timed decode phases only.
-    stream: StreamStats,
+    stream: PhaseStream,
+    /// Streaming over the timed prompts only.
+    prompt_stream: PhaseStream,
+    /// Tokens per pass of the graph over the prompt (llama.cpp's `n_ubatch`).
+    n_ubatch: u32,
     /// The stream cache's budget against the process, read after the warm-up.
     fit: Option<CacheFit>,
     /// Whether llama.cpp took the argmax inside the decode graph.
@@ -116,6 +120,53 @@ struct Measured {
 impl Measured {
     fn decode_tokens_total(&self) -> u32 {
         self.decode_tokens * self.decode_seconds.len() as u32
+    }
+}
+
+/// The stream's counters over one phase (the prompts, or the decodes) of
+/// the timed repetitions, summed.
+#[derive(Debug, Default)]
+struct PhaseStream {
+    nvme_bytes: u64,
+    read_seconds: f64,
+    io_stall_seconds: f64,
+    hits: u64,
+    misses: u64,
+    prefetch_hits: u64,
+    evictions: u64,
+    resident_layer_skips: u64,
+    /// Bytes the streamer's read-ahead of a prompt's next layer read.
+    read_ahead_bytes: u64,
+}
+
+impl PhaseStream {
+    fn add(&mut self, s: &StreamStats) {
+        self.nvme_bytes += s.nvme_bytes_read;
+        self.read_seconds += s.read_seconds;
+        self.io_stall_seconds += s.io_stall_seconds;
+        self.hits += s.expert_hits;
+        self.misses += s.expert_misses;
+        self.prefetch_hits += s.prefetch_hits;
+        self.evictions += s.evictions;
+        self.resident_layer_skips += s.resident_layer_skips;
+        self.read_ahead_bytes += s.prompt_stream.read_ahead_bytes;
+    }
+
+    fn read_gbps(&self) -> f64 {
+        if self.read_seconds > 0.0 {
+            self.nvme_bytes as f64 / self.read_seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    fn hit_rate(&self) -> f64 {
+        let lookups = self.hits + self.misses;
+        if lookups > 0 {
+            self.hits as f64 / lookups as f64
+        } else {
+            1.0
+        }
     }
 }
 
@@ -178,11 +229,13 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     // Everything the run holds in host RAM is charged: the context's
     // buffers and the model's metadata too (measured), not only weights,
     // KV cache and stream cache.
-    let (plan, _) = plan_charged(
+    // With streamed experts the prompt is one pass of the graph where its
+    // compute buffers fit: each pass reads the experts the cache lacks.
+    let (plan, _, context) = plan_charged_prompt(
         &file,
         &loaded.profile,
         inspect::plan_settings(&file, &options),
-        &[context_params(&args, n_ctx)],
+        &context_params(&args, n_ctx),
         true,
     )
     .with_context(|| format!("planning {}", args.model.display()))?;
@@ -200,7 +253,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let overhead = loaded.profile.host_overhead();
     let limit = plan.ram_budget_bytes + overhead.bytes();
     let n_expert = experts.unwrap_or(0) as usize;
-    let m = measure(&tiered, &args, n_ctx, limit, n_expert)?;
+    let m = measure(&tiered, &args, &context, limit, n_expert)?;
     let host = json!({
         "peak_rss_bytes": hwprobe::host::peak_rss_bytes(),
         "rss_bytes": hwprobe::host::rss_bytes(),
@@ -227,12 +280,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let (prompt_rate, prompt_sd) = rate(m.prompt_tokens * args.parallel, &m.prompt_seconds);
     let relative_error = relative_error(predicted, measured);
     let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens_total());
-    let lookups = m.stream.expert_hits + m.stream.expert_misses;
-    let hit_rate = if lookups > 0 {
-        m.stream.expert_hits as f64 / lookups as f64
-    } else {
-        1.0
-    };
+    let hit_rate = m.stream.hit_rate();
+    let prompts = m.prompt_seconds.len().max(1) as f64;
+    let per_prompt = |x: f64| x / prompts;
     let report = json!({
         "model": args.model.display().to_string(),
         "profile": loaded.path.display().to_string(),
@@ -259,12 +309,24 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "bottleneck": plan.prediction.bottleneck,
         "expected_hit_rate": plan.expected_hit_rate,
         "predicted_nvme_bytes_per_token": plan.nvme_bytes_per_token,
+        "n_ubatch": m.n_ubatch,
         "stream": {
-            "nvme_bytes_per_token": per_token(m.stream.nvme_bytes_read),
+            "nvme_bytes_per_token": per_token(m.stream.nvme_bytes),
             "hit_rate": hit_rate,
-            "read_gbps": m.stream.read_gbps,
+            "read_gbps": m.stream.read_gbps(),
             "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
             "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
+        },
+        "prompt_stream": {
+            "nvme_bytes": per_prompt(m.prompt_stream.nvme_bytes as f64),
+            "read_ahead_bytes": per_prompt(m.prompt_stream.read_ahead_bytes as f64),
+            "stream_bytes": plan.tier_bytes.stream,
+            "read_seconds": per_prompt(m.prompt_stream.read_seconds),
+            "read_gbps": m.prompt_stream.read_gbps(),
+            "io_stall_seconds": per_prompt(m.prompt_stream.io_stall_seconds),
+            "hit_rate": m.prompt_stream.hit_rate(),
+            "prefetch_hits": per_prompt(m.prompt_stream.prefetch_hits as f64),
+            "evictions": per_prompt(m.prompt_stream.evictions as f64),
         },
         "host_memory": host,
         "routing": m.routing.as_ref().map(|[all, prompt, decode]| json!({
@@ -322,12 +384,20 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if plan.mode != Mode::FullResident {
         println!(
             "stream              {}/token read (predicted {}), hit rate {:.0}% (predicted {:.0}%), {:.2} GB/s, I/O stall {:.1} ms/token",
-            format_bytes(per_token(m.stream.nvme_bytes_read) as u64),
+            format_bytes(per_token(m.stream.nvme_bytes) as u64),
             format_bytes(plan.nvme_bytes_per_token as u64),
             hit_rate * 100.0,
             plan.expected_hit_rate * 100.0,
-            m.stream.read_gbps,
+            m.stream.read_gbps(),
             m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens_total())
+        );
+        println!(
+            "prompt stream       {}/prompt read of {} streamed, {:.2} GB/s, I/O stall {:.2} s/prompt, {} tokens a pass",
+            format_bytes(per_prompt(m.prompt_stream.nvme_bytes as f64) as u64),
+            format_bytes(plan.tier_bytes.stream),
+            m.prompt_stream.read_gbps(),
+            per_prompt(m.prompt_stream.io_stall_seconds),
+            m.n_ubatch
         );
     }
     if let Some([_, prompt, decode]) = &m.routing {
@@ -375,10 +445,11 @@ fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
 fn measure(
     tiered: &TieredModel,
     args: &BenchArgs,
-    n_ctx: u32,
+    context: &ContextParams,
     limit_bytes: u64,
     n_expert: usize,
 ) -> anyhow::Result<Measured> {
+    let n_ctx = context.n_ctx / args.parallel.max(1);
     let model = Arc::clone(&tiered.model);
     let mut prompt: Vec<i32> = Vec::new();
     while prompt.len() < args.prompt_tokens as usize {
@@ -400,12 +471,10 @@ fn measure(
     // everything, and records only while turned on (the untimed run).
     let recorder = args.routing.then(|| RoutingRecorder::new(tiered.hook()));
     let mut ctx = match &recorder {
-        Some(r) => llama_tiered::llama::Context::with_hook(
-            Arc::clone(&model),
-            &context_params(args, n_ctx),
-            Some(r.clone()),
-        )?,
-        None => tiered.new_context(&context_params(args, n_ctx))?,
+        Some(r) => {
+            llama_tiered::llama::Context::with_hook(Arc::clone(&model), context, Some(r.clone()))?
+        }
+        None => tiered.new_context(context)?,
     };
     let mut device_argmax = !args.host_argmax;
     for seq in 0..n as i32 {
@@ -429,21 +498,26 @@ fn measure(
     if !args.no_warmup {
         // Untimed: first-use costs (kernels, allocations, the stream cache's
         // first reads) stay out of the figures, as in llama-bench.
-        run_once(&mut ctx, &prompt, args.tokens.min(8), n)?;
+        run_once(&mut ctx, &prompt, args.tokens.min(8), n, None)?;
     }
     let fit = tiered.fit_stream_cache(limit_bytes);
-    let before = tiered.stats();
     let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
+    let (mut prompt_stream, mut stream) = (PhaseStream::default(), PhaseStream::default());
     for _ in 0..args.repetitions {
-        let (p, d) = run_once(&mut ctx, &prompt, args.tokens, n)?;
+        let (p, d) = run_once(
+            &mut ctx,
+            &prompt,
+            args.tokens,
+            n,
+            Some((tiered, &mut prompt_stream, &mut stream)),
+        )?;
         prompt_seconds.push(p);
         decode_seconds.push(d);
     }
-    let stream = tiered.stats().since(&before);
     let routing = match &recorder {
         Some(r) => {
             r.set_recording(true);
-            let run = run_once(&mut ctx, &prompt, args.tokens, 1);
+            let run = run_once(&mut ctx, &prompt, args.tokens, 1, None);
             r.set_recording(false);
             run?;
             let trace = r.trace();
@@ -463,6 +537,8 @@ fn measure(
         decode_tokens: args.tokens,
         decode_seconds,
         stream,
+        prompt_stream,
+        n_ubatch: ctx.n_ubatch(),
         fit,
         device_argmax,
         threads: ctx.threads(),
@@ -472,13 +548,18 @@ fn measure(
 
 /// From an empty KV cache: the prompt of each of `n` sequences in one
 /// batch, then `tokens` greedy steps of one token per sequence. Returns
-/// (prompt seconds, decode seconds).
+/// (prompt seconds, decode seconds). With `streams`, adds the model's
+/// stream counters over the prompt and over the decode to theirs.
 fn run_once(
     ctx: &mut llama_tiered::llama::Context,
     prompt: &[i32],
     tokens: u32,
     n: u32,
+    streams: Option<(&TieredModel, &mut PhaseStream, &mut PhaseStream)>,
 ) -> anyhow::Result<(f64, f64)> {
+    let snapshot = |s: &Option<(&TieredModel, &mut PhaseStream, &mut PhaseStream)>| {
+        s.as_ref().map(|(t, _, _)| t.stats())
+    };
     ctx.clear_all();
     let mut batch = Batch::new(prompt.len() * n as usize);
     for seq in 0..n as i32 {
@@ -486,9 +567,11 @@ fn run_once(
             batch.push(t, i as i32, seq, i + 1 == prompt.len())?;
         }
     }
+    let before_prompt = snapshot(&streams);
     let started = Instant::now();
     ctx.decode(&batch)?;
     let prompt_seconds = started.elapsed().as_secs_f64();
+    let after_prompt = snapshot(&streams);
     // Each sequence's last prompt token: its index in the batch.
     let mut next = Vec::with_capacity(n as usize);
     for seq in 0..n as usize {
@@ -506,7 +589,14 @@ fn run_once(
             *token = greedy_token(ctx, seq as i32)?;
         }
     }
-    Ok((prompt_seconds, started.elapsed().as_secs_f64()))
+    let decode_seconds = started.elapsed().as_secs_f64();
+    if let (Some((tiered, prompt_stream, stream)), Some(before), Some(after)) =
+        (streams, before_prompt, after_prompt)
+    {
+        prompt_stream.add(&after.since(&before));
+        stream.add(&tiered.stats().since(&after));
+    }
+    Ok((prompt_seconds, decode_seconds))
 }
 
 /// The token llama.cpp chose inside the decode for batch index `row`, else

@@ -32,6 +32,7 @@ pub(super) fn embed_context(n_ctx: u32, causal: bool, n_threads: u32) -> Context
         n_threads,
         embeddings: true,
         mean_pooling: true,
+        ..Default::default()
     }
 }
 

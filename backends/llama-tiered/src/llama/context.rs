@@ -21,6 +21,12 @@ pub struct ContextParams {
     pub n_ctx: u32,
     /// Most tokens submitted in one [`Context::decode`] call.
     pub n_batch: u32,
+    /// Most tokens computed in one pass of the graph (llama.cpp's
+    /// micro-batch), at most `n_batch`; `0`: `min(n_batch, 512)`,
+    /// llama.cpp's default. Embeddings always take `n_batch`. With streamed
+    /// experts each pass reads the experts the cache lacks, so a prompt
+    /// is best one pass ([`hypura_scheduler::plan::prompt_ubatch_tokens`]).
+    pub n_ubatch: u32,
     /// Most sequences decoded together.
     pub n_seq_max: u32,
     /// Threads for decoding (`0` = one per available core).
@@ -37,6 +43,7 @@ impl Default for ContextParams {
         ContextParams {
             n_ctx: 4096,
             n_batch: 512,
+            n_ubatch: 0,
             n_seq_max: 1,
             n_threads: 0,
             embeddings: false,
@@ -130,6 +137,8 @@ impl Context {
         // n_batch for embeddings).
         raw_params.n_ubatch = if params.embeddings {
             params.n_batch
+        } else if params.n_ubatch > 0 {
+            params.n_ubatch.min(params.n_batch)
         } else {
             params.n_batch.min(512)
         };
@@ -234,6 +243,12 @@ impl Context {
     pub fn n_batch(&self) -> u32 {
         // SAFETY: the context is alive.
         unsafe { sys::llama_n_batch(self.raw.as_ptr()) }
+    }
+
+    /// Tokens computed in one pass of the graph (llama.cpp's micro-batch).
+    pub fn n_ubatch(&self) -> u32 {
+        // SAFETY: the context is alive.
+        unsafe { sys::llama_n_ubatch(self.raw.as_ptr()) }
     }
 
     /// A flag that, once set, makes the running and every later

@@ -408,6 +408,14 @@ pub struct Node {
 }
 
 impl Node {
+    /// `ne[1]`: rows of the node's matrix (for a router's choice, the
+    /// ubatch's tokens). Known before the node is computed.
+    pub fn n_rows(&self) -> usize {
+        // SAFETY: `raw` is a graph node alive during the callback; its shape
+        // is set when the graph is built.
+        unsafe { (*self.raw).ne[1].max(0) as usize }
+    }
+
     /// Rows of an I32 matrix `[ne0, ne1]` (e.g. the selected experts, one row per token).
     pub fn i32_rows(&self) -> Vec<Vec<i32>> {
         // SAFETY: `raw` is a computed node alive during the callback; each row
@@ -435,10 +443,11 @@ impl Node {
 }
 
 /// Told about graph nodes while llama.cpp computes. `wants` is asked for
-/// every node and must be cheap; `computed` runs on the decoding thread
-/// after a wanted node is computed and before any later node runs.
+/// every node (not yet computed: only its shape may be read) and must be
+/// cheap; `computed` runs on the decoding thread after a wanted node is
+/// computed and before any later node runs.
 pub trait EvalHook: Send + Sync {
-    fn wants(&self, name: &[u8]) -> bool;
+    fn wants(&self, name: &[u8], node: &Node) -> bool;
     fn computed(&self, name: &[u8], node: &Node);
     /// True once the hook could not do its job (e.g. a read failed): the
     /// running decode is aborted rather than computed with missing weights.
@@ -466,7 +475,7 @@ pub(crate) unsafe extern "C" fn eval_trampoline(
         let hook = &*(user_data as *const Arc<dyn EvalHook>);
         let name = CStr::from_ptr((*t).name.as_ptr()).to_bytes();
         if ask {
-            return hook.wants(name);
+            return hook.wants(name, &Node { raw: t });
         }
         hook.computed(name, &Node { raw: t });
     }

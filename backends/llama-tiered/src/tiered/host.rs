@@ -27,11 +27,13 @@
 //! buffered reads leave behind is the kernel's, reclaimable, and not in the
 //! RSS (a cgroup counts it, and reclaims it at its limit).
 use hypura_gguf::GgufFile;
-use hypura_scheduler::plan::{Plan, PlanSettings};
+use hypura_scheduler::plan::{prompt_ubatch_tokens, Plan, PlanSettings, GPU_RESERVE_BYTES};
 use hypura_scheduler::profile::HardwareProfile;
 
 use super::streamer::boundary_page_bytes;
-use super::{context_memory, plan_file, PlannedLoad, TieredModel, TieredParams};
+use super::{
+    context_memory, plan_file, Mode, Placement, PlannedLoad, Tier, TieredModel, TieredParams,
+};
 use crate::error::EngineError;
 use crate::llama::{ContextMemory, ContextParams};
 
@@ -73,6 +75,86 @@ pub fn plan_charged(
         plan = plan_file(file, profile, settings)?;
     }
     Ok((plan, memory))
+}
+
+/// [`plan_charged`] for one generation context whose micro-batch
+/// (`n_ubatch`) is the planner's [`prompt_ubatch_tokens`] for the planned
+/// mode: with streamed experts, up to the whole batch in one pass. A
+/// micro-batch fits when the plan with its buffers measured and charged
+/// still streams experts with a cache of at least two layers' worth (the
+/// layer a pass computes and the next, read ahead; or as much as the
+/// default micro-batch left), and its GPU compute buffers fit in the
+/// memory kept back for them ([`GPU_RESERVE_BYTES`]). Returns the plan, its
+/// measurement and the context to create.
+pub fn plan_charged_prompt(
+    file: &GgufFile,
+    profile: &HardwareProfile,
+    settings: PlanSettings,
+    context: &ContextParams,
+    no_repack: bool,
+) -> Result<(Plan, ContextMemory, ContextParams), EngineError> {
+    let mut context = context.clone();
+    context.n_ubatch = 0;
+    let (plan, memory) = plan_charged(file, profile, settings, &[context.clone()], no_repack)?;
+    if plan.mode != Mode::ExpertStreaming {
+        return Ok((plan, memory, context));
+    }
+    let placement = PlannedLoad::from_plan(file, &plan)?.placement;
+    let cache_floor = plan
+        .stream_cache_bytes
+        .min(2 * max_layer_stream_bytes(file, &placement));
+    let mut best = None;
+    let mut error = None;
+    let ubatch = prompt_ubatch_tokens(plan.mode, context.n_batch, |tokens| {
+        let larger = ContextParams {
+            n_ubatch: tokens,
+            ..context.clone()
+        };
+        match plan_charged(file, profile, settings, &[larger.clone()], no_repack) {
+            Ok((grown, grown_memory)) => {
+                let gpu_compute = grown_memory.compute_bytes.saturating_sub(
+                    grown_memory
+                        .ram_bytes
+                        .saturating_sub(grown_memory.ram_kv_bytes),
+                );
+                let fits = grown.mode == plan.mode
+                    && grown.stream_cache_bytes >= cache_floor
+                    && gpu_compute <= GPU_RESERVE_BYTES;
+                if fits {
+                    best = Some((grown, grown_memory, larger));
+                }
+                fits
+            }
+            // Too large to plan at all: a smaller pass may fit.
+            Err(e) => {
+                error = Some(e);
+                false
+            }
+        }
+    });
+    match best {
+        Some(best) if best.2.n_ubatch == ubatch => Ok(best),
+        _ => {
+            if let Some(e) = error {
+                tracing::debug!("a larger prompt pass does not plan: {e}");
+            }
+            Ok((plan, memory, context))
+        }
+    }
+}
+
+/// The most bytes one layer streams under `placement`.
+fn max_layer_stream_bytes(file: &GgufFile, placement: &Placement) -> u64 {
+    let mut per_layer = std::collections::HashMap::new();
+    for t in file.tensors() {
+        if placement.tier(&t.name) != Some(Tier::Stream) {
+            continue;
+        }
+        if let Some(layer) = hypura_scheduler::roles::layer_index(&t.name) {
+            *per_layer.entry(layer).or_insert(0u64) += t.n_bytes;
+        }
+    }
+    per_layer.into_values().max().unwrap_or(0)
 }
 
 /// What [`TieredModel::fit_stream_cache`] found.

@@ -150,8 +150,8 @@ impl RoutingRecorder {
 }
 
 impl EvalHook for RoutingRecorder {
-    fn wants(&self, name: &[u8]) -> bool {
-        let inner = self.inner.as_ref().is_some_and(|h| h.wants(name));
+    fn wants(&self, name: &[u8], node: &Node) -> bool {
+        let inner = self.inner.as_ref().is_some_and(|h| h.wants(name, node));
         INNER_WANTED.with(|c| c.set(inner));
         inner || (self.recording.load(Ordering::Relaxed) && Self::layer(name).is_some())
     }

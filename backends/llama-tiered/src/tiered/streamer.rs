@@ -16,7 +16,17 @@
 //! experts layer L+1 most often selected together with layer L's choice in
 //! expert-streaming (co-activation counts). A unit being read is `Loading`;
 //! a request for it waits for the read instead of reading it again.
-use std::collections::HashMap;
+//!
+//! Prompt chunks (expert-streaming): a ubatch of at least
+//! [`PROMPT_UBATCH_TOKENS`] tokens routes to nearly every expert of every
+//! layer, so it is served layer by layer as a pass over the file: a layer's
+//! request reads each expert it lacks once, in file order, while the
+//! prefetcher reads the whole next layer in file order (overlapping this
+//! layer's compute); room is made by evicting the layer needed last in the
+//! pass (the one just computed), so a cache smaller than the pass keeps the
+//! same layers across chunks instead of cycling all of them. Their reads
+//! and waits are counted apart ([`StreamStats::prompt_stream`]).
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -33,6 +43,21 @@ use hypura_gguf::GgufFile;
 
 /// `(layer, expert)`; dense units use expert 0.
 type UnitKey = (u32, u32);
+
+/// Tokens of a ubatch from which expert-streaming serves it as a prompt
+/// chunk (see the module doc): with 8 experts, 2 used, 32 tokens route to
+/// each expert with probability 1 − (3/4)^32 > 0.9999; with 128, 8 used,
+/// 0.87. llama.cpp's own threshold for copying host weights to a GPU.
+pub const PROMPT_UBATCH_TOKENS: usize = 32;
+
+/// What the prefetch thread is asked to read.
+enum Ahead {
+    /// One unit (a decode's prediction).
+    Unit(UnitKey),
+    /// The `.1` units of a layer most used so far (all of them for a large
+    /// chunk), those that fit, in file order (a prompt chunk's next layer).
+    Layer(u32, usize),
+}
 
 /// Counters of one model's streaming, cumulative since load.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -67,6 +92,61 @@ pub struct StreamStats {
     /// GPU, and RAM including the stream cache.
     pub resident_gpu_bytes: u64,
     pub resident_ram_bytes: u64,
+    /// Of the counters above, what prompt chunks cost (expert-streaming:
+    /// the decodes of ubatches of at least [`PROMPT_UBATCH_TOKENS`] tokens,
+    /// and the read-ahead they asked for); the rest is decode's.
+    pub prompt_stream: PromptStreamStats,
+}
+
+/// What prompt chunks cost the stream (see [`StreamStats::prompt_stream`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PromptStreamStats {
+    /// Bytes read for prompt chunks, by their requests and their read-ahead.
+    pub nvme_bytes_read: u64,
+    /// Of those, bytes the read-ahead read (while a layer computed).
+    pub read_ahead_bytes: u64,
+    /// Seconds spent in those reads (request and read-ahead summed).
+    pub read_seconds: f64,
+    /// `nvme_bytes_read / read_seconds`, in GB/s.
+    pub read_gbps: f64,
+    /// Time prompt chunks' decoding threads waited for reads.
+    pub io_stall_seconds: f64,
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    /// Of the hits, units the read-ahead brought in.
+    pub prefetch_hits: u64,
+    /// Layer requests of prompt chunks (one per layer with an expert to
+    /// read, per chunk).
+    pub layer_requests: u64,
+}
+
+impl PromptStreamStats {
+    fn since(&self, earlier: &PromptStreamStats) -> PromptStreamStats {
+        let read_seconds = (self.read_seconds - earlier.read_seconds).max(0.0);
+        let nvme_bytes_read = self.nvme_bytes_read.saturating_sub(earlier.nvme_bytes_read);
+        PromptStreamStats {
+            nvme_bytes_read,
+            read_ahead_bytes: self
+                .read_ahead_bytes
+                .saturating_sub(earlier.read_ahead_bytes),
+            read_seconds,
+            read_gbps: gbps(nvme_bytes_read, read_seconds),
+            io_stall_seconds: (self.io_stall_seconds - earlier.io_stall_seconds).max(0.0),
+            expert_hits: self.expert_hits.saturating_sub(earlier.expert_hits),
+            expert_misses: self.expert_misses.saturating_sub(earlier.expert_misses),
+            prefetch_hits: self.prefetch_hits.saturating_sub(earlier.prefetch_hits),
+            layer_requests: self.layer_requests.saturating_sub(earlier.layer_requests),
+        }
+    }
+}
+
+/// `bytes / seconds` in GB/s (0 without time).
+fn gbps(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        bytes as f64 / seconds / 1e9
+    } else {
+        0.0
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,11 +176,7 @@ impl StreamStats {
                 .saturating_sub(earlier.prefetch_wasted_bytes),
             io_stall_seconds,
             read_seconds,
-            read_gbps: if read_seconds > 0.0 {
-                nvme_bytes_read as f64 / read_seconds / 1e9
-            } else {
-                0.0
-            },
+            read_gbps: gbps(nvme_bytes_read, read_seconds),
             cache_bytes: self.cache_bytes,
             cache_peak_bytes: self.cache_peak_bytes,
             cache_budget_bytes: self.cache_budget_bytes,
@@ -110,6 +186,7 @@ impl StreamStats {
                 .saturating_sub(earlier.resident_layer_skips),
             resident_gpu_bytes: self.resident_gpu_bytes,
             resident_ram_bytes: self.resident_ram_bytes,
+            prompt_stream: self.prompt_stream.since(&earlier.prompt_stream),
         }
     }
 }
@@ -148,6 +225,10 @@ struct State {
     /// Units each decoding thread uses now (one context per thread): pinned
     /// until that thread's next request or the end of its decode.
     pinned: HashMap<ThreadId, Vec<UnitKey>>,
+    /// Threads decoding a prompt chunk now (until their decode ends): the
+    /// last layer of a chunk routes only the tokens whose output is asked
+    /// for, and is still the chunk's.
+    prompt_threads: HashSet<ThreadId>,
     /// Most bytes of units held at once; changed by [`Streamer::set_cache_budget`].
     budget_bytes: u64,
     /// The process's memory limit, if one is kept ([`Streamer::set_host_limit`]).
@@ -204,7 +285,7 @@ pub struct Streamer {
     state: Mutex<State>,
     /// Signalled when a prefetch read finishes.
     loaded: Condvar,
-    prefetch_tx: Mutex<Option<mpsc::Sender<UnitKey>>>,
+    prefetch_tx: Mutex<Option<mpsc::Sender<Ahead>>>,
     failed: AtomicBool,
     /// Bytes that reads in flight have delivered so far (resident already,
     /// though their units are still `Loading`).
@@ -306,6 +387,7 @@ impl Streamer {
                 last_request_end: None,
                 current_layer: 0,
                 pinned: HashMap::new(),
+                prompt_threads: HashSet::new(),
                 budget_bytes,
                 host_limit_bytes: None,
                 host_other_bytes: 0,
@@ -373,7 +455,7 @@ impl Streamer {
             ));
         }
         state.budget_bytes = budget_bytes;
-        self.make_room(&mut state, 0, None);
+        self.make_room(&mut state, 0, None, false);
         Ok(())
     }
 
@@ -391,7 +473,7 @@ impl Streamer {
         let mut state = self.lock();
         state.host_limit_bytes = Some(limit_bytes);
         self.sample_host(&mut state);
-        self.make_room(&mut state, 0, None);
+        self.make_room(&mut state, 0, None, false);
     }
 
     /// The cache budget in force: the budget, or less under a host limit.
@@ -486,11 +568,9 @@ impl Streamer {
         let mut stats = state.stats.clone();
         stats.cache_bytes = state.cache_bytes;
         stats.cache_budget_bytes = self.budget_now(&state);
-        stats.read_gbps = if stats.read_seconds > 0.0 {
-            stats.nvme_bytes_read as f64 / stats.read_seconds / 1e9
-        } else {
-            0.0
-        };
+        stats.read_gbps = gbps(stats.nvme_bytes_read, stats.read_seconds);
+        let prompt = &mut stats.prompt_stream;
+        prompt.read_gbps = gbps(prompt.nvme_bytes_read, prompt.read_seconds);
         stats
     }
 
@@ -529,17 +609,20 @@ impl Streamer {
 
     /// Starts the prefetch thread (it ends when the streamer is dropped).
     pub fn start_prefetch(self: &Arc<Self>) {
-        let (tx, rx) = mpsc::channel::<UnitKey>();
+        let (tx, rx) = mpsc::channel::<Ahead>();
         *self.prefetch_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let weak: Weak<Streamer> = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("hypura-prefetch".into())
             .spawn(move || {
-                while let Ok(key) = rx.recv() {
+                while let Ok(ahead) = rx.recv() {
                     let Some(streamer) = weak.upgrade() else {
                         return;
                     };
-                    streamer.prefetch(key);
+                    match ahead {
+                        Ahead::Unit(key) => streamer.prefetch(key),
+                        Ahead::Layer(layer, count) => streamer.prefetch_layer(layer, count),
+                    }
                 }
             })
             .ok();
@@ -547,7 +630,10 @@ impl Streamer {
 
     /// Makes the units `(layer, e)` for every `e` in `experts` resident and
     /// pins them until the next request; drops the previous request's pins.
-    fn ensure(&self, layer: u32, experts: &[u32]) {
+    /// `rows`: the tokens the layer routed; from [`PROMPT_UBATCH_TOKENS`] on
+    /// (expert-streaming) the request is a prompt chunk's, and so is every
+    /// later one of the same decode (see the module doc).
+    fn ensure(&self, layer: u32, experts: &[u32], rows: usize) {
         let started = Instant::now();
         let mut state = self.lock();
         if let Some(end) = state.last_request_end {
@@ -555,6 +641,13 @@ impl Streamer {
             state.compute_seconds_per_layer = ema(state.compute_seconds_per_layer, compute);
         }
         unpin_thread(&mut state);
+        let prompt = self.mode == Mode::ExpertStreaming
+            && (rows >= PROMPT_UBATCH_TOKENS
+                || state.prompt_threads.contains(&std::thread::current().id()));
+        if prompt {
+            state.prompt_threads.insert(std::thread::current().id());
+            state.stats.prompt_stream.layer_requests += 1;
+        }
         state.clock += 1;
         state.current_layer = layer;
         let clock = state.clock;
@@ -580,11 +673,14 @@ impl Streamer {
             state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
         }
         let mut misses = Vec::new();
+        let (mut hits, mut prefetch_hits) = (0, 0);
         for key in &keys {
             let unit = state.units.get_mut(key).expect("filtered");
             let prefetched = std::mem::take(&mut unit.prefetched);
-            let resident = unit.residency == Residency::Resident;
-            if !resident {
+            if unit.residency == Residency::Resident {
+                hits += 1;
+                prefetch_hits += prefetched as u64;
+            } else {
                 // Loading from now on (under this same lock): the prefetcher
                 // and other decoding threads wait for this thread's read
                 // rather than reading it too or computing with pages still
@@ -592,12 +688,15 @@ impl Streamer {
                 unit.residency = Residency::Loading;
                 misses.push((*key, unit.bytes, unit.ranges.clone()));
             }
-            if resident {
-                state.stats.expert_hits += 1;
-                state.stats.prefetch_hits += prefetched as u64;
-            } else {
-                state.stats.expert_misses += 1;
-            }
+        }
+        state.stats.expert_hits += hits;
+        state.stats.prefetch_hits += prefetch_hits;
+        state.stats.expert_misses += misses.len() as u64;
+        if prompt {
+            let p = &mut state.stats.prompt_stream;
+            p.expert_hits += hits;
+            p.prefetch_hits += prefetch_hits;
+            p.expert_misses += misses.len() as u64;
         }
         let needed: u64 = misses.iter().map(|m| m.1).sum();
         if needed > 0 {
@@ -605,7 +704,7 @@ impl Streamer {
         }
         // Units others are reading count against the budget but cannot be
         // evicted mid-read: wait for them when nothing else can make room.
-        while !self.make_room(&mut state, needed, None) {
+        while !self.make_room(&mut state, needed, None, prompt) {
             let others_loading = state.units.iter().any(|(k, u)| {
                 u.residency == Residency::Loading && !misses.iter().any(|m| m.0 == *k)
             });
@@ -618,11 +717,21 @@ impl Streamer {
         state.cache_bytes += needed;
         state.loading_bytes += needed;
         state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
-        let predicted = self.predict_next(&mut state, layer, experts);
+        let ahead: Vec<Ahead> = if prompt {
+            // Co-activation counts are per token: a chunk's union of every
+            // token's choice says nothing about pairs.
+            state.last_request = None;
+            vec![Ahead::Layer(layer + 1, keys.len())]
+        } else {
+            self.predict_next(&mut state, layer, experts)
+                .into_iter()
+                .map(Ahead::Unit)
+                .collect()
+        };
         drop(state);
 
         if !misses.is_empty() {
-            let reads: Vec<(u64, u64)> = misses.iter().flat_map(|m| m.2.iter().copied()).collect();
+            let reads = file_order(misses.iter().flat_map(|m| m.2.iter().copied()));
             let read_started = Instant::now();
             let (arrived, result) = self.read_ranges(&reads);
             let mut state = self.lock();
@@ -630,11 +739,17 @@ impl Streamer {
             state.loading_bytes -= needed;
             let read_seconds = read_started.elapsed().as_secs_f64();
             state.stats.read_seconds += read_seconds;
+            if prompt {
+                state.stats.prompt_stream.read_seconds += read_seconds;
+            }
             let per_unit = read_seconds / misses.len() as f64;
             state.read_seconds_per_unit = ema(state.read_seconds_per_unit, per_unit);
             match result {
                 Ok(bytes) => {
                     state.stats.nvme_bytes_read += bytes;
+                    if prompt {
+                        state.stats.prompt_stream.nvme_bytes_read += bytes;
+                    }
                     for (key, _, _) in &misses {
                         state.units.get_mut(key).expect("exists").residency = Residency::Resident;
                     }
@@ -657,19 +772,126 @@ impl Streamer {
             self.loaded.notify_all();
         }
         let mut state = self.lock();
-        state.stats.io_stall_seconds += started.elapsed().as_secs_f64();
+        let stall = started.elapsed().as_secs_f64();
+        state.stats.io_stall_seconds += stall;
+        if prompt {
+            state.stats.prompt_stream.io_stall_seconds += stall;
+        }
         state.last_request_end = Some(Instant::now());
         drop(state);
+        self.send_ahead(ahead);
+    }
+
+    /// Hands `ahead` to the prefetch thread, if it runs.
+    fn send_ahead(&self, ahead: Vec<Ahead>) {
         if let Some(tx) = self
             .prefetch_tx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
         {
-            for key in predicted {
-                let _ = tx.send(key);
+            for a in ahead {
+                let _ = tx.send(a);
             }
         }
+    }
+
+    /// A prompt chunk's `layer` needs no read (every unit resident, pinned
+    /// by [`Streamer::pin_if_resident`]): the chunk is still a pass over
+    /// the file, so the next layer is read ahead from here, while this one
+    /// computes.
+    fn prompt_layer_resident(&self, layer: u32) {
+        let mut state = self.lock();
+        state.prompt_threads.insert(std::thread::current().id());
+        state.current_layer = layer;
+        let count = state.n_experts as usize;
+        drop(state);
+        self.send_ahead(vec![Ahead::Layer(layer + 1, count)]);
+    }
+
+    /// Reads the `count` units of `layer` most used so far (frequency with
+    /// ageing, ties in file order) that are absent and that room can be made
+    /// for, in file order and as one read: a prompt chunk's next layer,
+    /// `count` being how many experts the chunk's layer before chose (a
+    /// large chunk needs nearly all of them; a smaller one, under skewed
+    /// routing, mostly the popular ones). Room comes only from units needed
+    /// later in the pass than `layer`; reads count as the prompt's.
+    fn prefetch_layer(&self, layer: u32, count: usize) {
+        let (taken, bytes, ranges) = {
+            let mut state = self.lock();
+            let mut keys: Vec<UnitKey> = (0..state.n_experts)
+                .map(|e| (layer, e))
+                .filter(|k| state.units.contains_key(k))
+                .collect();
+            keys.sort_by(|a, b| state.units[b].score.total_cmp(&state.units[a].score));
+            keys.truncate(count);
+            keys.retain(|k| state.units[k].residency == Residency::Absent);
+            if keys.is_empty() {
+                return;
+            }
+            keys.sort_by_key(|k| state.units[k].ranges.first().map_or(0, |r| r.0));
+            let distance = pass_distance(layer, state.current_layer, state.n_layers);
+            self.sample_host(&mut state);
+            let (mut taken, mut bytes) = (Vec::new(), 0);
+            for key in keys {
+                let unit_bytes = state.units[&key].bytes;
+                if !self.make_room(&mut state, unit_bytes, Some((distance, 0.0)), true) {
+                    break;
+                }
+                let unit = state.units.get_mut(&key).expect("exists");
+                unit.residency = Residency::Loading;
+                unit.prefetched = true;
+                state.cache_bytes += unit_bytes;
+                state.loading_bytes += unit_bytes;
+                bytes += unit_bytes;
+                taken.push(key);
+            }
+            state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
+            let ranges = file_order(
+                taken
+                    .iter()
+                    .flat_map(|k| state.units[k].ranges.iter().copied())
+                    .collect::<Vec<_>>(),
+            );
+            (taken, bytes, ranges)
+        };
+        if taken.is_empty() {
+            return;
+        }
+        let read_started = Instant::now();
+        let (arrived, result) = self.read_ranges(&ranges);
+        let mut state = self.lock();
+        self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
+        let read_seconds = read_started.elapsed().as_secs_f64();
+        state.stats.read_seconds += read_seconds;
+        state.stats.prompt_stream.read_seconds += read_seconds;
+        state.loading_bytes -= bytes;
+        match result {
+            Ok(n) => {
+                state.stats.nvme_bytes_read += n;
+                state.stats.prompt_stream.nvme_bytes_read += n;
+                state.stats.prompt_stream.read_ahead_bytes += n;
+                for key in &taken {
+                    state.units.get_mut(key).expect("exists").residency = Residency::Resident;
+                }
+            }
+            Err(e) => {
+                // Not an error yet: a request that needs these units reads
+                // them again (and surfaces the error).
+                tracing::warn!("prefetch failed: {e}");
+                for key in &taken {
+                    let unit = state.units.get_mut(key).expect("exists");
+                    unit.residency = Residency::Absent;
+                    unit.prefetched = false;
+                    for &(a, b) in &unit.ranges.clone() {
+                        self.region.release(a, b);
+                    }
+                }
+                state.cache_bytes -= bytes;
+            }
+        }
+        drop(state);
+        self.loaded.notify_all();
     }
 
     /// Asked before `layer`'s router choice is computed: when every unit of
@@ -813,7 +1035,7 @@ impl Streamer {
             let distance = (key.0 + n_layers - state.current_layer) % n_layers;
             self.sample_host(&mut state);
             let room = if limit {
-                self.make_room(&mut state, bytes, Some((distance, score)))
+                self.make_room(&mut state, bytes, Some((distance, score)), false)
             } else {
                 state.cache_bytes + bytes <= self.budget_now(&state)
             };
@@ -916,15 +1138,31 @@ impl Streamer {
     /// Evicts unpinned resident units until `needed` more bytes fit in the
     /// budget; false when that is impossible. Experts: lowest score (frequency
     /// with ageing) first, ties to the least recently used. Dense layers are
-    /// used in a cycle, so the victim is the layer needed last (Belady).
+    /// used in a cycle, so the victim is the layer needed last (Belady);
+    /// so is a prompt chunk's (`pass`: experts served as a pass over the
+    /// layers, [`pass_distance`]), ties to the lowest score.
     /// `limit` (prefetches): evict only layers needed later than `distance`
-    /// layers from now, or experts scored below `score`, so read-ahead never
-    /// pushes out something more useful than what it brings in.
-    fn make_room(&self, state: &mut State, needed: u64, limit: Option<(u32, f64)>) -> bool {
+    /// layers from now, or (experts, outside a pass) experts scored below
+    /// `score`, so read-ahead never pushes out something more useful than
+    /// what it brings in.
+    fn make_room(
+        &self,
+        state: &mut State,
+        needed: u64,
+        limit: Option<(u32, f64)>,
+        pass: bool,
+    ) -> bool {
         let dense = self.mode == Mode::DenseFfnStreaming;
         let n_layers = state.n_layers.max(1);
         let current = state.current_layer;
-        let distance = |layer: u32| (layer + n_layers - current) % n_layers;
+        let distance = |layer: u32| {
+            if dense {
+                (layer + n_layers - current) % n_layers
+            } else {
+                pass_distance(layer, current, n_layers)
+            }
+        };
+        let by_distance = dense || pass;
         let budget = self.budget_now(state);
         while state.cache_bytes + needed > budget {
             let victim = state
@@ -933,7 +1171,7 @@ impl Streamer {
                 .filter(|(_, u)| u.residency == Residency::Resident && u.pins == 0)
                 .filter(|(k, u)| {
                     limit.is_none_or(|(d, score)| {
-                        if dense {
+                        if by_distance {
                             distance(k.0) > d
                         } else {
                             u.score < score
@@ -941,12 +1179,15 @@ impl Streamer {
                     })
                 })
                 .min_by(|(ka, a), (kb, b)| {
-                    if dense {
-                        distance(kb.0).cmp(&distance(ka.0))
-                    } else {
+                    let by_score = || {
                         a.score
                             .total_cmp(&b.score)
                             .then(a.last_use.cmp(&b.last_use))
+                    };
+                    if by_distance {
+                        distance(kb.0).cmp(&distance(ka.0)).then_with(by_score)
+                    } else {
+                        by_score()
                     }
                 })
                 .map(|(k, _)| *k);
@@ -968,6 +1209,29 @@ impl Streamer {
         }
         true
     }
+}
+
+/// How many layers after `current` a pass over `n_layers` layers next needs
+/// `layer`: 1 for the next layer, `n_layers` for `current` itself (its
+/// units in use are pinned; the others wait for the next chunk).
+fn pass_distance(layer: u32, current: u32, n_layers: u32) -> u32 {
+    let n = n_layers.max(1);
+    (layer + n - current % n - 1) % n + 1
+}
+
+/// `ranges` sorted by file offset, those that touch or overlap merged: one
+/// sequential read per run of neighbouring slices.
+fn file_order(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = ranges.into_iter().collect();
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 fn ema(avg: f64, sample: f64) -> f64 {
@@ -1057,13 +1321,17 @@ fn layer_of(name: &[u8], prefix: &[u8]) -> Option<u32> {
 }
 
 impl EvalHook for Streamer {
-    fn wants(&self, name: &[u8]) -> bool {
+    fn wants(&self, name: &[u8], node: &Node) -> bool {
         match self.mode {
             // Only the router choices of layers that may need a read: a sync
             // per layer costs more than the bookkeeping here.
-            Mode::ExpertStreaming => {
-                layer_of(name, b"ffn_moe_topk-").is_some_and(|layer| !self.pin_if_resident(layer))
-            }
+            Mode::ExpertStreaming => layer_of(name, b"ffn_moe_topk-").is_some_and(|layer| {
+                let resident = self.pin_if_resident(layer);
+                if resident && node.n_rows() >= PROMPT_UBATCH_TOKENS {
+                    self.prompt_layer_resident(layer);
+                }
+                !resident
+            }),
             Mode::DenseFfnStreaming => name.starts_with(b"ffn_norm-"),
             Mode::FullResident => false,
         }
@@ -1084,11 +1352,11 @@ impl EvalHook for Streamer {
                     .collect();
                 experts.sort_unstable();
                 experts.dedup();
-                self.ensure(layer, &experts);
+                self.ensure(layer, &experts, node.n_rows());
             }
             Mode::DenseFfnStreaming => {
                 if let Some(layer) = layer_of(name, b"ffn_norm-") {
-                    self.ensure(layer, &[0]);
+                    self.ensure(layer, &[0], node.n_rows());
                 }
             }
             Mode::FullResident => {}
@@ -1102,9 +1370,10 @@ impl EvalHook for Streamer {
     fn decode_done(&self) {
         let mut state = self.lock();
         unpin_thread(&mut state);
+        state.prompt_threads.remove(&std::thread::current().id());
         if state.host_limit_bytes.is_some() {
             self.sample_host(&mut state);
-            self.make_room(&mut state, 0, None);
+            self.make_room(&mut state, 0, None, false);
         }
     }
 
@@ -1144,8 +1413,8 @@ mod tests {
         let streamer = new(2 * layer).unwrap();
         let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
         // One decode reads layers 0 and 1; the cache is full.
-        streamer.ensure(0, &every);
-        streamer.ensure(1, &every);
+        streamer.ensure(0, &every, 1);
+        streamer.ensure(1, &every, 1);
         streamer.decode_done();
         // The next decode is asked about both layers before computing either:
         // the first is pinned without a sync, the second would hold the
@@ -1154,7 +1423,7 @@ mod tests {
         assert!(!streamer.pin_if_resident(1));
         // Meanwhile another context needs layer 2: it evicts layer 1, not the
         // pinned layer 0, and stays within the budget.
-        std::thread::scope(|s| s.spawn(|| streamer.ensure(2, &every)).join().unwrap());
+        std::thread::scope(|s| s.spawn(|| streamer.ensure(2, &every, 1)).join().unwrap());
         let stats = streamer.stats();
         assert!(stats.cache_peak_bytes <= 2 * layer, "{stats:?}");
         assert_eq!(stats.evictions as usize, every.len(), "{stats:?}");
