@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
-use crate::api::dialect::ollama::OllamaOptions;
+use crate::api::dialect::ollama::{ollama_format, OllamaOptions};
 use crate::api::logprobs::{self, TokenLogprob};
 use crate::core::backend::{ModelFacts, TierBytes, TokenLogprobs};
 use crate::core::error::{ApiError, OllamaError};
@@ -453,7 +453,7 @@ fn no_images(images: Option<&Vec<String>>, requested: &str) -> Result<()> {
 pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
     let name = ModelName::parse(&request.model, "model")?;
     let keep_alive = keep_alive(request.keep_alive.as_ref())?;
-    let grammar = structured::ollama_format(request.format.as_ref())?;
+    let constraint = ollama_format(request.format.as_ref())?;
     no_images(request.images.as_ref(), &request.model)?;
     if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::from(ValidationError::NotSupportedYet(
@@ -462,7 +462,7 @@ pub fn generate_request(request: &GenerateRequest) -> Result<InferRequest> {
         .into());
     }
     let mut params = params(request.options.as_ref())?;
-    params.sampling.grammar = grammar;
+    params.constraint = constraint;
     params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
     params.skip_prompt_cache = request.cache_prompt == Some(false);
     let text = request.prompt.clone().unwrap_or_default();
@@ -496,7 +496,7 @@ pub fn chat_request(request: &ChatRequest) -> Result<InferRequest> {
     let name = ModelName::parse(&request.model, "model")?;
     let keep_alive = keep_alive(request.keep_alive.as_ref())?;
     let mut params = params(request.options.as_ref())?;
-    params.sampling.grammar = structured::ollama_format(request.format.as_ref())?;
+    params.constraint = ollama_format(request.format.as_ref())?;
     params.sampling.top_logprobs = asked_logprobs(request.logprobs, request.top_logprobs)?;
     params.skip_prompt_cache = request.cache_prompt == Some(false);
     let messages = request.messages.as_deref().unwrap_or_default();

@@ -436,7 +436,7 @@ fn chat_logprobs(wanted: Option<bool>, top: Option<i64>) -> Result<Option<u32>> 
 pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     let name = model_name(&request.model)?;
     choice_count(request.n)?;
-    let grammar = structured::openai_response_format(request.response_format.as_ref())?;
+    let constraint = structured::openai_response_format(request.response_format.as_ref())?;
     let choice = ToolChoice::parse(request.tool_choice.as_ref())?;
     let messages = chat_messages(&request.messages)?;
     let sampling = OpenAiSampling {
@@ -449,7 +449,7 @@ pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
         stop: request.stop.clone(),
     };
     let mut params = sampling.to_params()?;
-    params.sampling.grammar = grammar;
+    params.constraint = constraint;
     params.sampling.top_logprobs = chat_logprobs(request.logprobs, request.top_logprobs)?;
     params.skip_prompt_cache = request.cache_prompt == Some(false);
     let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);

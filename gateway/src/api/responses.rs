@@ -35,7 +35,7 @@ use crate::api::dialect::openai::{openai_tool_calls, OpenAiSampling};
 use crate::core::backend::FinishReason;
 use crate::core::error::{ApiError, OpenAiError};
 use crate::core::infer::{infer, Answer, Generation, Outcome};
-use crate::core::request::{InferRequest, Prompt, ToolRequest};
+use crate::core::request::{Constraint, InferRequest, Prompt, ToolRequest};
 use crate::core::structured::{self, ToolChoice};
 use crate::core::validation::{self, parse_json, ModelName, ValidationError};
 use crate::server::body_bytes;
@@ -379,14 +379,14 @@ pub fn tool_choice(choice: Option<&Value>) -> Result<ToolChoice> {
     Ok(ToolChoice::parse(flat.as_ref().or(choice))?)
 }
 
-/// `text.format` → the grammar.
-pub fn text_format_grammar(format: Option<&Value>) -> Result<Option<String>> {
+/// `text.format` → the constraint.
+pub fn text_format(format: Option<&Value>) -> Result<Option<Constraint>> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
     };
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(structured::json_object_grammar()?)),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
         Some("json_schema") => {
             let schema = format
                 .get("schema")
@@ -398,7 +398,7 @@ pub fn text_format_grammar(format: Option<&Value>) -> Result<Option<String>> {
                             .into(),
                     )
                 })?;
-            Ok(Some(structured::schema_grammar(
+            Ok(Some(structured::schema_constraint(
                 schema,
                 "text.format.schema",
             )?))
@@ -435,7 +435,7 @@ pub fn responses_request(request: &ResponsesRequest) -> Result<InferRequest> {
     let name = ModelName::parse(&request.model, "model")?;
     nothing_stored(request)?;
     let format = request.text.as_ref().and_then(|t| t.format.as_ref());
-    let grammar = text_format_grammar(format)?;
+    let constraint = text_format(format)?;
     let choice = tool_choice(request.tool_choice.as_ref())?;
     let definitions = request
         .tools
@@ -455,7 +455,7 @@ pub fn responses_request(request: &ResponsesRequest) -> Result<InferRequest> {
         stop: None,
     };
     let mut params = sampling.to_params()?;
-    params.sampling.grammar = grammar;
+    params.constraint = constraint;
     params.skip_prompt_cache = request.cache_prompt == Some(false);
     let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);
     infer.tools = Some(ToolRequest {
@@ -809,7 +809,7 @@ mod tests {
         assert_eq!(params.max_tokens, Some(7));
         assert_eq!(params.sampling.temperature, 0.0);
         assert_eq!(params.sampling.top_p, 0.5);
-        assert!(params.sampling.grammar.is_none());
+        assert!(params.constraint.is_none());
     }
 
     #[test]
@@ -878,14 +878,12 @@ mod tests {
         let infer = responses_request(&request(json!({"model": "m", "input": "x",
             "text": {"format": {"type": "json_schema", "name": "c", "schema": schema}}})))
         .unwrap();
-        let grammar = infer.backend.params.sampling.grammar.unwrap();
+        let constraint = infer.backend.params.constraint.unwrap();
+        let grammar = structured::constraint_grammar(&constraint).unwrap();
         assert!(grammar.contains("city"), "{grammar}");
-        let object = text_format_grammar(Some(&json!({"type": "json_object"}))).unwrap();
-        assert!(object.is_some());
-        assert_eq!(
-            text_format_grammar(Some(&json!({"type": "text"}))).unwrap(),
-            None
-        );
+        let object = text_format(Some(&json!({"type": "json_object"}))).unwrap();
+        assert_eq!(object, Some(Constraint::JsonObject));
+        assert_eq!(text_format(Some(&json!({"type": "text"}))).unwrap(), None);
     }
 
     #[test]

@@ -58,6 +58,16 @@ pub struct Finished {
     pub context: Vec<i32>,
 }
 
+/// A tool call as another server reported it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalledTool {
+    /// The id it gave the call, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub name: String,
+    pub arguments: Map<String, Value>,
+}
+
 /// A failure of a backend; its HTTP status is decided in [`crate::core::error`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum BackendError {
@@ -94,6 +104,10 @@ pub enum BackendEvent {
     /// before `Done`, of tokens that made no text); only when the request's
     /// sampling asked for them (`top_logprobs`).
     Logprobs(Vec<TokenLogprobs>),
+    /// Tool calls another server already parsed from its model's reply (an
+    /// upstream's `tool_calls`), before `Done`; a local model's calls are
+    /// parsed here from its text.
+    ToolCalls(Vec<CalledTool>),
     Done(Finished),
     Error(BackendError),
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use hypura_chat::tools::{ParsedReply, ToolStream};
+use hypura_chat::tools::{ParsedReply, ToolCall, ToolStream};
 use tracing::{Instrument as _, Span};
 
 use super::backend::{
@@ -147,9 +147,10 @@ fn lease_request(request: &InferRequest) -> LeaseRequest<'_> {
     }
 }
 
-/// Runs `request` on a model another server runs. Tools are passed on in
-/// the prompt; a request without a prompt answers at once (the upstream
-/// loads on its first real request).
+/// Runs `request` on a model another server runs. Its constraint and tools
+/// (with the tool choice) are passed on as data, and the calls come back
+/// parsed ([`BackendEvent::ToolCalls`]); a request without a prompt answers
+/// at once (the upstream loads on its first real request).
 async fn start_remote(
     inference: &Inference,
     lease: BackendLease,
@@ -168,6 +169,7 @@ async fn start_remote(
         (&request.tools, &mut request.backend.prompt)
     {
         *tools = Some(serde_json::Value::Array(offered.definitions.clone()));
+        request.backend.params.tool_choice = Some((offered.choice.clone(), offered.parallel));
     }
     let observer = Arc::clone(&inference.observer);
     let generation = Generation::start(lease, &request, None, arrived, observer).await?;
@@ -175,7 +177,8 @@ async fn start_remote(
 }
 
 /// Checks the request's tools against the model's template; when some take
-/// part, puts them in the prompt and their markers and grammar in the sampling.
+/// part, puts them in the prompt, their markers in the sampling and their
+/// grammar (a forced call, the generic format) in the constraint.
 fn check_tools(request: &mut InferRequest, info: &LocalModel) -> Result<Option<Tools>, ApiError> {
     let Some(offered) = &request.tools else {
         return Ok(None);
@@ -187,7 +190,7 @@ fn check_tools(request: &mut InferRequest, info: &LocalModel) -> Result<Option<T
         info.chat_template.as_deref(),
     )?;
     if let Some(tools) = &tools {
-        tools.apply(&mut request.backend.params.sampling)?;
+        tools.apply(&mut request.backend.params)?;
         tools.render_into(&mut request.backend.prompt);
     }
     Ok(tools)
@@ -300,6 +303,8 @@ pub struct Generation {
     lease: BackendLease,
     tools: Option<Tools>,
     filter: Option<ToolStream>,
+    /// Calls another server parsed ([`BackendEvent::ToolCalls`]).
+    called: Vec<ToolCall>,
     text: String,
     /// Log-probabilities received and not yet taken.
     logprobs: Vec<TokenLogprobs>,
@@ -372,6 +377,7 @@ impl Generation {
             lease,
             filter: tools.as_ref().map(Tools::stream),
             tools,
+            called: Vec::new(),
             text: String::new(),
             logprobs: Vec::new(),
             model: request.requested.clone(),
@@ -401,7 +407,9 @@ impl Generation {
                     InferEvent::Text(text)
                 }
                 InferEvent::Done(mut outcome) => {
-                    outcome.reply = self.filter.take().map(ToolStream::finish);
+                    if let Some(filter) = self.filter.take() {
+                        outcome.reply = Some(filter.finish());
+                    }
                     InferEvent::Done(outcome)
                 }
                 error => error,
@@ -423,7 +431,12 @@ impl Generation {
             match event {
                 InferEvent::Text(_) => {}
                 InferEvent::Done(mut outcome) => {
-                    outcome.reply = self.tools.as_ref().map(|t| t.parse(&outcome.text));
+                    if let Some(tools) = &self.tools {
+                        outcome.reply = Some(tools.parse(&outcome.text));
+                    } else if let Some(reply) = &mut outcome.reply {
+                        // Another server's calls: the text is the content.
+                        reply.content = outcome.text.clone();
+                    }
                     return Ok(*outcome);
                 }
                 InferEvent::Error(e) => return Err(e),
@@ -458,6 +471,15 @@ impl Generation {
                     self.logprobs.extend(logprobs);
                     continue;
                 }
+                Some(BackendEvent::ToolCalls(calls)) => {
+                    self.called.extend(calls.into_iter().map(|c| ToolCall {
+                        name: c.name,
+                        arguments: c.arguments,
+                        id: c.id,
+                        cut_arguments: None,
+                    }));
+                    continue;
+                }
                 Some(BackendEvent::Done(finished)) => {
                     let outcome = self.outcome(finished);
                     self.record_usage(
@@ -481,9 +503,14 @@ impl Generation {
     }
 
     fn outcome(&mut self, finished: Finished) -> Outcome {
+        // Another server's calls: streamed, the text was all yielded.
+        let reply = (!self.called.is_empty()).then(|| ParsedReply {
+            content: String::new(),
+            tool_calls: std::mem::take(&mut self.called),
+        });
         Outcome {
             finished,
-            reply: None,
+            reply,
             text: self.text.clone(),
             logprobs: self.take_logprobs(),
             load_duration: self.lease.load_duration,

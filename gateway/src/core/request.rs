@@ -53,12 +53,42 @@ impl Prompt {
     }
 }
 
+/// What the reply must be, as data: a local backend makes it a grammar
+/// for llama.cpp ([`crate::core::structured::constraint_grammar`]), an
+/// upstream passes it on in its own dialect (`format`, `response_format`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    /// Any JSON object (Ollama's `"json"`, OpenAI's `json_object`).
+    JsonObject,
+    /// A JSON Schema, already checked against the rules and bounds of
+    /// [`crate::core::structured`] (its conversion's cost included).
+    JsonSchema {
+        schema: Value,
+        /// The request field it came in, for errors (`format`,
+        /// `response_format.json_schema.schema`).
+        field: String,
+    },
+    /// A grammar in llama.cpp's GBNF, made from the request's tools for the
+    /// local model's template (a forced call, or the generic tool format).
+    Grammar(String),
+}
+
 /// How to sample and when to stop, checked ([`crate::core::validation`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GenerationParams {
-    /// Temperature, top-k/p, penalties, seed, and the grammar (from `format`,
-    /// `response_format` or a forced tool call), already converted.
+    /// Temperature, top-k/p, penalties, seed; its grammar is set only by a
+    /// local backend, from `constraint`, right before the engine.
     pub sampling: SamplingParams,
+    /// What the reply must be (`format`, `response_format`, a forced tool
+    /// call), as data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
+    /// For a model another server runs: the request's `tool_choice` and
+    /// `parallel_tool_calls`, passed on with its tools (for a local model
+    /// the tools are in the prompt and a forced call is a grammar).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<(ToolChoice, bool)>,
     /// Most tokens to generate (`None`: until the context is full).
     pub max_tokens: Option<u32>,
     /// Generation ends before the first of these strings (not returned).

@@ -18,48 +18,59 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hypura_chat::generic;
 use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
-use llama_tiered::llama::{json_schema_to_grammar, SamplingParams, JSON_OBJECT_SCHEMA};
+use llama_tiered::llama::{json_schema_to_grammar, JSON_OBJECT_SCHEMA};
 use serde_json::{json, Map, Value};
 
 use crate::core::bounds::{self, BoundsProblem, GrammarProblem};
 use crate::core::convert::{self, ConvertError};
 use crate::core::error::ApiError;
-use crate::core::request::Prompt;
+use crate::core::request::{Constraint, GenerationParams, Prompt};
 use crate::core::schema_cost::{self, CostProblem};
 use crate::core::validation::ValidationError;
 
-/// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
-/// JSON object, or a JSON Schema object. Returns the grammar.
-pub fn ollama_format(format: Option<&Value>) -> Result<Option<String>, ApiError> {
-    match format {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) if s == "json" => json_object_grammar().map(Some),
-        Some(schema @ Value::Object(_)) => schema_grammar(schema, "format").map(Some),
-        Some(other) => Err(ValidationError::InvalidFormat(other.to_string()).into()),
-    }
-}
-
 /// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}`
 /// or `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`
-/// (the schema is always enforced, `strict` or not). Returns the grammar.
-pub fn openai_response_format(format: Option<&Value>) -> Result<Option<String>, ApiError> {
+/// (the schema is always enforced, `strict` or not). Returns the constraint.
+pub fn openai_response_format(format: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
     };
     let kind = format.get("type").and_then(Value::as_str);
     match kind {
         Some("text") => Ok(None),
-        Some("json_object") => json_object_grammar().map(Some),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
         Some("json_schema") => {
             let schema = format
                 .get("json_schema")
                 .and_then(|s| s.get("schema"))
                 .filter(|s| !s.is_null())
                 .ok_or(ValidationError::MissingResponseSchema)?;
-            schema_grammar(schema, "response_format.json_schema.schema").map(Some)
+            schema_constraint(schema, "response_format.json_schema.schema").map(Some)
         }
         _ => Err(ValidationError::InvalidResponseFormat(format.to_string()).into()),
+    }
+}
+
+/// A JSON Schema as a [`Constraint`], or a 400 naming `field` and the
+/// problem: its validity, bounds and conversion cost are checked here, when
+/// the request is read; the conversion waits for a local backend
+/// ([`constraint_grammar`]).
+pub fn schema_constraint(schema: &Value, field: &str) -> Result<Constraint, ApiError> {
+    check_all(schema).map_err(|fault| fault.into_error(field))?;
+    Ok(Constraint::JsonSchema {
+        schema: schema.clone(),
+        field: field.to_string(),
+    })
+}
+
+/// The grammar llama.cpp reads for `constraint` (what a local backend does
+/// with it): a schema converted off the async runtime ([`convert`]), its
+/// checks run again (it may come from another process).
+pub fn constraint_grammar(constraint: &Constraint) -> Result<String, ApiError> {
+    match constraint {
+        Constraint::JsonObject => json_object_grammar(),
+        Constraint::JsonSchema { schema, field } => schema_grammar(schema, field),
+        Constraint::Grammar(grammar) => Ok(grammar.clone()),
     }
 }
 
@@ -523,22 +534,22 @@ fn tool_grammar(schema: &str) -> Result<String, ApiError> {
 impl Tools {
     /// Keeps the family's marker tokens in the text and adds the forcing
     /// grammar; a forced call cannot also follow a response format.
-    pub fn apply(&self, sampling: &mut SamplingParams) -> Result<(), ApiError> {
-        sampling.preserved_tokens = self
+    pub fn apply(&self, params: &mut GenerationParams) -> Result<(), ApiError> {
+        params.sampling.preserved_tokens = self
             .family
             .markers()
             .iter()
             .map(|m| m.to_string())
             .collect();
         if let Some(grammar) = &self.grammar {
-            if sampling.grammar.is_some() {
+            if params.constraint.is_some() {
                 return Err(match self.family {
                     ToolFamily::Generic => ValidationError::ToolsWithFormat,
                     _ => ValidationError::ToolChoiceWithFormat,
                 }
                 .into());
             }
-            sampling.grammar = Some(grammar.clone());
+            params.constraint = Some(Constraint::Grammar(grammar.clone()));
         }
         Ok(())
     }
@@ -616,6 +627,27 @@ pub fn ollama_input_tool_calls(calls: Option<&Value>) -> Option<Value> {
 mod tests {
     use super::*;
 
+    /// Ollama's `format` as its route reads it
+    /// (`crate::api::dialect::ollama::ollama_format`), then as a local
+    /// backend makes it a grammar.
+    fn ollama_format(format: Option<&Value>) -> Result<Option<String>, ApiError> {
+        let constraint = match format {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(s)) if s.is_empty() => return Ok(None),
+            Some(Value::String(s)) if s == "json" => Constraint::JsonObject,
+            Some(schema @ Value::Object(_)) => schema_constraint(schema, "format")?,
+            Some(other) => return Err(ValidationError::InvalidFormat(other.to_string()).into()),
+        };
+        constraint_grammar(&constraint).map(Some)
+    }
+
+    /// OpenAI's `response_format`, then its grammar.
+    fn response_format_grammar(format: Option<&Value>) -> Result<Option<String>, ApiError> {
+        openai_response_format(format)?
+            .map(|c| constraint_grammar(&c))
+            .transpose()
+    }
+
     fn schema_error(schema: Value) -> String {
         ollama_format(Some(&schema)).unwrap_err().to_string()
     }
@@ -637,14 +669,14 @@ mod tests {
             "invalid format \"yaml\": use \"json\" or a JSON Schema object"
         );
         assert_eq!(
-            openai_response_format(Some(&json!({"type": "text"}))).unwrap(),
+            response_format_grammar(Some(&json!({"type": "text"}))).unwrap(),
             None
         );
         assert_eq!(
-            openai_response_format(Some(&json!({"type": "json_object"}))).unwrap(),
+            response_format_grammar(Some(&json!({"type": "json_object"}))).unwrap(),
             Some(json_grammar)
         );
-        let err = openai_response_format(Some(&json!({"type": "json_schema"}))).unwrap_err();
+        let err = response_format_grammar(Some(&json!({"type": "json_schema"}))).unwrap_err();
         assert!(err
             .to_string()
             .starts_with("response_format.json_schema.schema is required"));
@@ -732,9 +764,11 @@ mod tests {
             "format: invalid JSON Schema: at #: minLength (10) is greater than maxLength (1): \
              no value can satisfy it"
         );
-        let through_openai = rule(openai_response_format(Some(&json!({"type": "json_schema",
+        let through_openai = rule(response_format_grammar(Some(
+            &json!({"type": "json_schema",
             "json_schema": {"name": "x", "schema": {"type": "object", "properties":
-                {"tags": {"type": "array", "minItems": 3, "maxItems": 2}}}}}))));
+                {"tags": {"type": "array", "minItems": 3, "maxItems": 2}}}}}),
+        )));
         assert!(matches!(through_openai,
             ValidationError::SchemaBoundsInverted { field, path, min_key: "minItems", .. }
                 if field == "response_format.json_schema.schema" && path == "#/properties/tags"));
@@ -860,12 +894,14 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert_eq!(tools.family, ToolFamily::Generic);
-            let mut sampling = SamplingParams::default();
-            tools.apply(&mut sampling).unwrap();
-            let grammar = sampling.grammar.unwrap();
+            let mut params = GenerationParams::default();
+            tools.apply(&mut params).unwrap();
+            let Some(Constraint::Grammar(grammar)) = params.constraint else {
+                panic!("no grammar")
+            };
             assert!(grammar.contains("\"\\\"tool_calls\\\"\""), "{grammar}");
             assert!(grammar.contains("\"\\\"response\\\"\""), "{grammar}");
-            assert!(sampling.preserved_tokens.is_empty());
+            assert!(params.sampling.preserved_tokens.is_empty());
             let mut prompt = Prompt::messages(vec![hypura_chat::ChatMessage::new("user", "Hi")]);
             tools.render_into(&mut prompt);
             let Prompt::Messages {
@@ -894,8 +930,8 @@ mod tests {
         let grammar = one.grammar.clone().unwrap();
         assert!(grammar.contains("\"\\\"tool_call\\\"\""), "{grammar}");
         assert!(!grammar.contains("tool_calls") && !grammar.contains("response"));
-        let mut with_format = SamplingParams {
-            grammar: Some("root ::= \"x\"".into()),
+        let mut with_format = GenerationParams {
+            constraint: Some(Constraint::JsonObject),
             ..Default::default()
         };
         assert!(matches!(
@@ -914,20 +950,22 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let mut sampling = SamplingParams::default();
-        required.apply(&mut sampling).unwrap();
-        let grammar = sampling.grammar.clone().unwrap();
+        let mut params = GenerationParams::default();
+        required.apply(&mut params).unwrap();
+        let Some(Constraint::Grammar(grammar)) = params.constraint.clone() else {
+            panic!("no grammar")
+        };
         assert!(
             grammar
                 .starts_with("root ::= \"<tool_call>\\n\" hypura-tool-call \"\\n</tool_call>\"\n"),
             "{grammar}"
         );
         assert_eq!(
-            sampling.preserved_tokens,
+            params.sampling.preserved_tokens,
             vec!["<tool_call>", "</tool_call>"]
         );
-        let mut with_format = SamplingParams {
-            grammar: Some("root ::= \"x\"".into()),
+        let mut with_format = GenerationParams {
+            constraint: Some(Constraint::JsonObject),
             ..Default::default()
         };
         assert!(required.apply(&mut with_format).is_err());
@@ -977,11 +1015,11 @@ mod tests {
             ValidationError::InvalidFormat("3".into())
         );
         assert_eq!(
-            rule(openai_response_format(Some(&json!({"type": "xml"})))),
+            rule(response_format_grammar(Some(&json!({"type": "xml"})))),
             ValidationError::InvalidResponseFormat(r#"{"type":"xml"}"#.into())
         );
         assert_eq!(
-            rule(openai_response_format(Some(
+            rule(response_format_grammar(Some(
                 &json!({"type": "json_schema"})
             ))),
             ValidationError::MissingResponseSchema
@@ -1033,12 +1071,12 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let mut sampling = SamplingParams {
-            grammar: Some("root ::= \"x\"".into()),
-            ..SamplingParams::default()
+        let mut params = GenerationParams {
+            constraint: Some(Constraint::JsonObject),
+            ..GenerationParams::default()
         };
         assert!(matches!(
-            forced.apply(&mut sampling),
+            forced.apply(&mut params),
             Err(ApiError::Validation(ValidationError::ToolChoiceWithFormat))
         ));
     }

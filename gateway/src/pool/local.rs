@@ -27,7 +27,9 @@ use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, DecodeRate, EmbedOutput, EventStream, FinishReason,
     Finished, KvCache, MemoryUse, ModelBackend, ModelFacts, Residency, StreamCounters,
 };
+use crate::core::error::ApiError;
 use crate::core::request::{BackendRequest, EmbedBatch, EmbedText, GenerationParams, Prompt};
+use crate::core::structured::constraint_grammar;
 use crate::core::validation::{check_embed_bytes, fit_to_context};
 
 /// A model loaded in this process, held by one request's lease: the model
@@ -37,6 +39,24 @@ pub struct LocalBackend {
     /// The lease's model's engine.
     local: Arc<InProcess>,
     tokenized: Tokenized,
+}
+
+/// `request` as llama.cpp takes it: its constraint (a JSON Schema, any
+/// JSON object, the tools' grammar) made the sampler's GBNF grammar, the
+/// schema checked and converted off the async runtime with its bounds
+/// ([`crate::core::structured`]). Every local model's request passes here
+/// before its engine (the runner's gateway side converts it).
+pub fn with_grammar(mut request: BackendRequest) -> Result<BackendRequest, BackendError> {
+    let Some(constraint) = request.params.constraint.take() else {
+        return Ok(request);
+    };
+    let grammar = constraint_grammar(&constraint).map_err(|e| match e {
+        ApiError::Validation(_) | ApiError::BadRequest(_) => BackendError::Invalid(e.to_string()),
+        ApiError::Unavailable(_) => BackendError::Busy(e.to_string()),
+        e => BackendError::Failed(e.to_string()),
+    })?;
+    request.params.sampling.grammar = Some(grammar);
+    Ok(request)
 }
 
 impl LocalBackend {
@@ -53,6 +73,7 @@ impl LocalBackend {
     /// prompt (unless its length was just asked) and queues it. A runner
     /// calls it on a thread of its own, off its read loop.
     pub fn submit(&self, request: BackendRequest) -> Result<EventStream, BackendError> {
+        let request = with_grammar(request)?;
         let tokens = self.tokens(&request, true)?;
         let running = submit(&self.lease, &self.local, tokens, &request.params)?;
         Ok(record_rate(

@@ -1,13 +1,29 @@
 //! What every Ollama route shares: the `options` object and how it becomes
-//! the dialect-neutral [`GenerationParams`].
+//! the dialect-neutral [`GenerationParams`], and `format` as a [`Constraint`].
 use llama_tiered::llama::SamplingParams;
 use serde::Deserialize;
+use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::core::request::GenerationParams;
+use crate::core::error::ApiError;
+use crate::core::request::{Constraint, GenerationParams};
+use crate::core::structured::schema_constraint;
 use crate::core::validation::{
     check_integer_ranges, check_ranges, check_sampling, seed, StopSpec, ValidationError,
 };
+
+/// Ollama's `format`: absent, `""` or `null` for free text, `"json"` for any
+/// JSON object, or a JSON Schema object (checked here; a local backend makes
+/// it a grammar, an upstream passes it on).
+pub fn ollama_format(format: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
+    match format {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(Constraint::JsonObject)),
+        Some(schema @ Value::Object(_)) => schema_constraint(schema, "format").map(Some),
+        Some(other) => Err(ValidationError::InvalidFormat(other.to_string()).into()),
+    }
+}
 
 /// Most decoding threads `options.num_thread` may name (0: the server's).
 const MAX_THREADS: i64 = 1024;
@@ -119,6 +135,8 @@ impl OllamaOptions {
                 .unwrap_or_default(),
             num_ctx,
             skip_prompt_cache: false,
+            constraint: None,
+            tool_choice: None,
         })
     }
 }
@@ -127,6 +145,32 @@ impl OllamaOptions {
 mod tests {
     use super::*;
     use crate::core::validation::parse_json;
+    use serde_json::json;
+
+    #[test]
+    fn formats_become_constraints() {
+        assert_eq!(ollama_format(None).unwrap(), None);
+        assert_eq!(ollama_format(Some(&json!(""))).unwrap(), None);
+        assert_eq!(
+            ollama_format(Some(&json!("json"))).unwrap(),
+            Some(Constraint::JsonObject)
+        );
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert_eq!(
+            ollama_format(Some(&schema)).unwrap(),
+            Some(Constraint::JsonSchema {
+                schema,
+                field: "format".into()
+            })
+        );
+        let err = ollama_format(Some(&json!("yaml"))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid format \"yaml\": use \"json\" or a JSON Schema object"
+        );
+        // A schema is checked when the request is read, before any model.
+        assert!(ollama_format(Some(&json!({"enum": []}))).is_err());
+    }
 
     #[test]
     fn options_map_to_params_with_ollama_defaults() {

@@ -69,6 +69,8 @@ impl OpenAiSampling {
                 .unwrap_or_default(),
             num_ctx: None,
             skip_prompt_cache: false,
+            constraint: None,
+            tool_choice: None,
         })
     }
 }

@@ -259,6 +259,7 @@ impl ModelBackend for RunnerBackend {
         request: BackendRequest,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         async move {
+            let request = crate::pool::local::with_grammar(request)?;
             let runner = Arc::clone(&self.runner);
             runner.check_answering()?;
             let (id, mut replies) = self.connection().call(Op::Generate(Box::new(request)))?;

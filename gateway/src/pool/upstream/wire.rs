@@ -1,16 +1,21 @@
 //! Translation to and from an upstream's own API: a [`BackendRequest`]
 //! becomes the body of Ollama's `/api/chat` or `/api/generate`, or OpenAI's
-//! `/v1/chat/completions` or `/v1/completions` (always streamed); the
-//! NDJSON or SSE reply is read back, piece by piece, into
-//! [`BackendEvent`]s ([`Reader`]). Embeddings likewise (`/api/embed`,
-//! `/v1/embeddings`).
+//! `/v1/chat/completions` or `/v1/completions` (always streamed), its
+//! constraint as `format` or `response_format` and its tools with their
+//! choice; the NDJSON or SSE reply is read back, piece by piece, into
+//! [`BackendEvent`]s ([`Reader`]), the peer's tool calls included.
+//! Embeddings likewise (`/api/embed`, `/v1/embeddings`).
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::config::UpstreamKind;
-use crate::core::backend::{BackendError, BackendEvent, EmbedOutput, FinishReason, Finished};
-use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams, Prompt};
+use crate::core::backend::{
+    BackendError, BackendEvent, CalledTool, EmbedOutput, FinishReason, Finished,
+};
+use crate::core::request::{BackendRequest, Constraint, EmbedBatch, GenerationParams, Prompt};
+use crate::core::structured::ToolChoice;
 
 /// A reqwest error in words, without the URL (it would name the upstream's
 /// address to clients).
@@ -45,18 +50,6 @@ pub fn generate_body(
     request: &BackendRequest,
 ) -> Result<(&'static str, Value), BackendError> {
     let params = &request.params;
-    if params
-        .sampling
-        .grammar
-        .as_deref()
-        .is_some_and(|g| !g.is_empty())
-    {
-        return Err(BackendError::Invalid(
-            "structured output (format, response_format, a forced tool call) is not passed on \
-             to upstream servers yet: ask a model served on this machine"
-                .into(),
-        ));
-    }
     let (path, mut body) = match (&request.prompt, kind.speaks_ollama()) {
         (
             Prompt::Messages {
@@ -111,7 +104,76 @@ pub fn generate_body(
     } else {
         add_openai_sampling(&mut body, params);
     }
+    if let Some(constraint) = &params.constraint {
+        add_constraint(&mut body, kind, constraint)?;
+    }
+    if let (Some((choice, parallel)), Some(_)) = (&params.tool_choice, body.get("tools")) {
+        add_tool_choice(&mut body, kind, choice, *parallel)?;
+    }
     Ok((path, body))
+}
+
+/// The reply's constraint in the upstream's dialect: Ollama's `format`,
+/// OpenAI's `response_format`.
+fn add_constraint(
+    body: &mut Value,
+    kind: UpstreamKind,
+    constraint: &Constraint,
+) -> Result<(), BackendError> {
+    body[if kind.speaks_ollama() {
+        "format"
+    } else {
+        "response_format"
+    }] = match (constraint, kind.speaks_ollama()) {
+        (Constraint::JsonObject, true) => json!("json"),
+        (Constraint::JsonObject, false) => json!({"type": "json_object"}),
+        (Constraint::JsonSchema { schema, .. }, true) => schema.clone(),
+        (Constraint::JsonSchema { schema, .. }, false) => json!({"type": "json_schema",
+                "json_schema": {"name": "response", "schema": schema, "strict": true}}),
+        (Constraint::Grammar(_), _) => {
+            return Err(BackendError::Invalid(
+                "a grammar cannot be passed on to an upstream server: ask a model served \
+                     on this machine"
+                    .into(),
+            ))
+        }
+    };
+    Ok(())
+}
+
+/// OpenAI's `tool_choice` and `parallel_tool_calls`; Ollama's API has no
+/// tool choice, so there only `auto` (the default) passes.
+fn add_tool_choice(
+    body: &mut Value,
+    kind: UpstreamKind,
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Result<(), BackendError> {
+    let value = match choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+    };
+    if kind.speaks_ollama() {
+        return match choice {
+            ToolChoice::Auto => Ok(()),
+            // The tools were left out: the model answers in text.
+            ToolChoice::None => {
+                if let Some(body) = body.as_object_mut() {
+                    body.remove("tools");
+                }
+                Ok(())
+            }
+            _ => Err(BackendError::Invalid(format!(
+                "tool_choice {value} cannot be passed on to this upstream server (Ollama's API \
+                 has no tool_choice): use \"auto\", or a model whose upstream speaks OpenAI's API"
+            ))),
+        };
+    }
+    body["tool_choice"] = value;
+    body["parallel_tool_calls"] = json!(parallel);
+    Ok(())
 }
 
 /// Ollama's `options` for `params`.
@@ -220,6 +282,9 @@ pub struct Reader {
     first_token: Option<Instant>,
     finish_reason: Option<FinishReason>,
     usage: (usize, usize),
+    /// OpenAI's streamed calls, by index: id, name and the arguments' text
+    /// as its pieces arrive.
+    calls: BTreeMap<u64, (Option<String>, String, String)>,
     ended: bool,
 }
 
@@ -233,6 +298,7 @@ impl Reader {
             first_token: None,
             finish_reason: None,
             usage: (0, 0),
+            calls: BTreeMap::new(),
             ended: false,
         }
     }
@@ -301,6 +367,25 @@ impl Reader {
             .or_else(|| chunk["response"].as_str())
             .unwrap_or_default();
         self.text(text, events);
+        if let Some(calls) = chunk["message"]["tool_calls"].as_array() {
+            let calls: Vec<CalledTool> = calls
+                .iter()
+                .map(|call| CalledTool {
+                    id: call["id"].as_str().map(str::to_string),
+                    name: call["function"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    arguments: call["function"]["arguments"]
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                })
+                .collect();
+            if !calls.is_empty() {
+                events.push(BackendEvent::ToolCalls(calls));
+            }
+        }
         if chunk["done"] == json!(true) {
             let count = |key: &str| chunk[key].as_u64().unwrap_or(0) as usize;
             let nanos = |key: &str| Duration::from_nanos(chunk[key].as_u64().unwrap_or(0));
@@ -328,6 +413,17 @@ impl Reader {
 
     fn sse_data(&mut self, data: &str, events: &mut Vec<BackendEvent>) {
         if data == "[DONE]" {
+            if !self.calls.is_empty() {
+                let calls = std::mem::take(&mut self.calls)
+                    .into_values()
+                    .map(|(id, name, arguments)| CalledTool {
+                        id,
+                        name,
+                        arguments: serde_json::from_str(&arguments).unwrap_or_default(),
+                    })
+                    .collect();
+                events.push(BackendEvent::ToolCalls(calls));
+            }
             let now = Instant::now();
             let first = self.first_token.unwrap_or(now);
             self.ended = true;
@@ -360,6 +456,23 @@ impl Reader {
             .or_else(|| choice["text"].as_str())
             .unwrap_or_default();
         self.text(text, events);
+        for call in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let index = call["index"].as_u64().unwrap_or(0);
+            let (id, name, arguments) = self.calls.entry(index).or_default();
+            if let Some(given) = call["id"].as_str() {
+                *id = Some(given.to_string());
+            }
+            if let Some(given) = call["function"]["name"].as_str() {
+                name.push_str(given);
+            }
+            if let Some(piece) = call["function"]["arguments"].as_str() {
+                arguments.push_str(piece);
+            }
+        }
         if let Some(reason) = choice["finish_reason"].as_str() {
             self.finish_reason = Some(finish_reason(Some(reason)));
         }
@@ -422,11 +535,52 @@ mod tests {
     }
 
     #[test]
+    fn constraints_and_tool_choices_pass_on_in_each_dialect() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let mut chat = request(Prompt::Messages {
+            messages: vec![ChatMessage::new("user", "hi")],
+            tools: Some(json!([{"type": "function", "function": {"name": "f"}}])),
+            template_override: None,
+            template_extra: Default::default(),
+        });
+        chat.params.constraint = Some(Constraint::JsonSchema {
+            schema: schema.clone(),
+            field: "format".into(),
+        });
+        chat.params.tool_choice = Some((ToolChoice::Auto, true));
+        let (_, body) = generate_body(UpstreamKind::Hypura, "m", &chat).unwrap();
+        assert_eq!(body["format"], schema);
+        assert!(body.get("tool_choice").is_none());
+        let (_, body) = generate_body(UpstreamKind::Openai, "m", &chat).unwrap();
+        assert_eq!(
+            body["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "response", "schema": schema,
+                "strict": true}})
+        );
+        assert_eq!(body["tool_choice"], json!("auto"));
+        assert_eq!(body["parallel_tool_calls"], json!(true));
+        chat.params.constraint = Some(Constraint::JsonObject);
+        chat.params.tool_choice = Some((ToolChoice::Function("f".into()), false));
+        let e = generate_body(UpstreamKind::Ollama, "m", &chat).unwrap_err();
+        assert!(matches!(e, BackendError::Invalid(m) if m.contains("tool_choice")));
+        let (_, body) = generate_body(UpstreamKind::Openai, "m", &chat).unwrap();
+        assert_eq!(body["response_format"], json!({"type": "json_object"}));
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        chat.params.tool_choice = Some((ToolChoice::None, true));
+        let (_, body) = generate_body(UpstreamKind::Hypura, "m", &chat).unwrap();
+        assert_eq!(body["format"], json!("json"));
+        assert!(body.get("tools").is_none());
+    }
+
+    #[test]
     fn grammars_and_token_prompts_are_refused_with_a_reason() {
         let mut constrained = request(Prompt::Text { text: "x".into() });
-        constrained.params.sampling.grammar = Some("root ::= \"a\"".into());
+        constrained.params.constraint = Some(Constraint::Grammar("root ::= \"a\"".into()));
         let e = generate_body(UpstreamKind::Hypura, "m", &constrained).unwrap_err();
-        assert!(matches!(e, BackendError::Invalid(m) if m.contains("structured output")));
+        assert!(matches!(e, BackendError::Invalid(m) if m.contains("grammar")));
         let tokens = request(Prompt::Tokens(vec![1, 2]));
         assert!(generate_body(UpstreamKind::Hypura, "m", &tokens).is_err());
     }
