@@ -96,6 +96,9 @@ pub struct BudgetStatus {
     pub ram_limit_bytes: Option<u64>,
     pub gpu_charged_bytes: u64,
     pub ram_charged_bytes: u64,
+    /// The most charged at once since start.
+    pub gpu_peak_charged_bytes: u64,
+    pub ram_peak_charged_bytes: u64,
 }
 
 /// `GET /api/status`.
@@ -120,6 +123,7 @@ pub async fn data(State(state): State<AppState>) -> Json<StatusResponse> {
             }
         })
         .collect();
+    let peak = registry.budget_peak().unwrap_or_default();
     let budget = registry
         .budget_books()
         .map(|(limit, charged)| BudgetStatus {
@@ -127,6 +131,8 @@ pub async fn data(State(state): State<AppState>) -> Json<StatusResponse> {
             ram_limit_bytes: (limit.ram_bytes != u64::MAX).then_some(limit.ram_bytes),
             gpu_charged_bytes: charged.gpu_bytes,
             ram_charged_bytes: charged.ram_bytes,
+            gpu_peak_charged_bytes: peak.gpu_bytes,
+            ram_peak_charged_bytes: peak.ram_bytes,
         });
     let unavailable = registry
         .unfit()

@@ -65,6 +65,7 @@
 //! (no other lock held meanwhile), then the models' mutex, then the policy's.
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -321,6 +322,36 @@ pub struct GlobalBudget {
     pub changed: Notify,
     /// Requests waiting for room now, per model ([`WaitingRequest`]).
     waiting: Mutex<HashMap<ModelId, usize>>,
+    /// The most the policy charged at once since start, per tier: its
+    /// charge after every change (each made under its lock, [`PolicyGuard`]).
+    peak: [AtomicU64; 2],
+}
+
+/// The policy, locked; on release its charge raises the budget's peak.
+pub struct PolicyGuard<'a> {
+    policy: MutexGuard<'a, BudgetPolicy>,
+    peak: &'a [AtomicU64; 2],
+}
+
+impl std::ops::Deref for PolicyGuard<'_> {
+    type Target = BudgetPolicy;
+    fn deref(&self) -> &BudgetPolicy {
+        &self.policy
+    }
+}
+
+impl std::ops::DerefMut for PolicyGuard<'_> {
+    fn deref_mut(&mut self) -> &mut BudgetPolicy {
+        &mut self.policy
+    }
+}
+
+impl Drop for PolicyGuard<'_> {
+    fn drop(&mut self) {
+        let charged = self.policy.charged();
+        self.peak[0].fetch_max(charged.gpu_bytes, Ordering::Relaxed);
+        self.peak[1].fetch_max(charged.ram_bytes, Ordering::Relaxed);
+    }
 }
 
 /// A request counted in flight by the policy: finished when dropped, unless
@@ -381,7 +412,14 @@ impl GlobalBudget {
             origin: Instant::now(),
             changed: Notify::new(),
             waiting: Mutex::new(HashMap::new()),
+            peak: Default::default(),
         }
+    }
+
+    /// The most the policy has charged at once since start, per tier.
+    pub fn peak_charged(&self) -> Footprint {
+        let [gpu, ram] = &self.peak;
+        Footprint::new(gpu.load(Ordering::Relaxed), ram.load(Ordering::Relaxed))
     }
 
     /// Counts a request for `id` waiting for room until the guard drops.
@@ -437,8 +475,11 @@ impl GlobalBudget {
             .collect()
     }
 
-    pub fn policy(&self) -> MutexGuard<'_, BudgetPolicy> {
-        self.policy.lock().unwrap_or_else(PoisonError::into_inner)
+    pub fn policy(&self) -> PolicyGuard<'_> {
+        PolicyGuard {
+            policy: self.policy.lock().unwrap_or_else(PoisonError::into_inner),
+            peak: &self.peak,
+        }
     }
 
     fn models(&self) -> MutexGuard<'_, HashMap<Arc<PathBuf>, BudgetedModel>> {

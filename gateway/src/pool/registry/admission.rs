@@ -163,30 +163,24 @@ impl Registry {
             match budget.request(id) {
                 Admission::Ready => {
                     let in_flight = InFlight::admitted(budget, id);
-                    match self.loaded.get(&path) {
+                    match self.loaded_by_now(budget, id, &path, deadline).await {
                         Some(model) if model.is_dead() => {
                             let model = self.revive(budget, &named).await?;
                             return Ok((model, in_flight));
                         }
                         Some(model) => return Ok((model, in_flight)),
-                        None if !budget.is_moving(id) => {
+                        None if !budget.is_moving(id)
+                            && budget.residency(&path) > Some(Residency::Unloaded) =>
+                        {
                             // Loaded in the books but gone from the cache
                             // (a pull replaced the file): load it again.
                             let model = self.revive(budget, &named).await?;
                             return Ok((model, in_flight));
                         }
+                        // Its load failed, or is not done by the deadline:
+                        // ask again, uncounted meanwhile.
                         None => {}
                     }
-                    // Another request is loading it: wait for that load
-                    // (its end is a change), not counted meanwhile.
-                    drop(in_flight);
-                    let loaded = budget.changed.notified();
-                    tokio::pin!(loaded);
-                    loaded.as_mut().enable();
-                    if !self.loaded.contains_key(&path) {
-                        let _ = tokio::time::timeout(Duration::from_secs(1), loaded).await;
-                    }
-                    continue;
                 }
                 Admission::Load { mv } => {
                     let in_flight = InFlight::admitted(budget, id);
@@ -214,6 +208,36 @@ impl Registry {
             }
             // Woken by a finished request or move; time alone can also make
             // room (a waiter that gave up stops counting), so look again each second.
+            let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+        }
+    }
+
+    /// The model at `path` once it is in the cache of loaded models: at
+    /// once, or when the load under way (another request's) is done. The
+    /// request waits counted in flight, as admitted when it came: a request
+    /// for another model that comes meanwhile finds this one busy and waits
+    /// behind it, never the other way round (uncounted, a request that came
+    /// during its model's load lost its place to every request that came
+    /// after it, and waited for their loads and work). `None` when the load
+    /// failed, the model is not loading, or at the deadline.
+    async fn loaded_by_now(
+        &self,
+        budget: &GlobalBudget,
+        id: hypura_scheduler::budget::ModelId,
+        path: &Arc<std::path::PathBuf>,
+        deadline: Instant,
+    ) -> Option<Arc<LoadedModel>> {
+        loop {
+            // A load's end is a change.
+            let changed = budget.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(model) = self.loaded.get(path) {
+                return Some(model);
+            }
+            if !budget.is_moving(id) || Instant::now() >= deadline {
+                return None;
+            }
             let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
         }
     }

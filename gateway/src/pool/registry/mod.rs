@@ -195,6 +195,12 @@ impl Registry {
         Some((policy.budget(), policy.charged()))
     }
 
+    /// The most the global budget has charged at once since start, per
+    /// tier (`None` without a budget).
+    pub fn budget_peak(&self) -> Option<Footprint> {
+        Some(self.budget.as_ref()?.peak_charged())
+    }
+
     /// Expires idle models whose keep-alive has passed (moka evicts lazily).
     pub fn run_pending_tasks(&self) {
         self.loaded.run_pending_tasks();
