@@ -2,7 +2,8 @@
 //! real `hypura serve` with SmolLM2 and a copy of it with Qwen 2.5's tool
 //! template, behind an API key: whole and streamed replies and their exact
 //! event order, `system`, `max_tokens`, `stop_sequences`, tool_use and
-//! tool_result blocks, Anthropic's error shape, and `x-api-key`. The
+//! tool_result blocks (a call cut by `max_tokens` too), Anthropic's error
+//! shape, and `x-api-key`. The
 //! `anthropic` package drives the same route in
 //! `tests/clients/test_anthropic_client.py`.
 mod common;
@@ -63,6 +64,7 @@ fn messages_whole_streamed_with_tools_errors_and_keys() {
     streamed(&s);
     limits_and_stop_sequences(&s);
     tool_use(&s);
+    cut_tool_use(&s);
     errors_and_keys(&s);
 }
 
@@ -234,6 +236,55 @@ fn tool_use(s: &Server) {
     let prompt = r["usage"]["input_tokens"].as_u64().unwrap()
         + r["usage"]["cache_read_input_tokens"].as_u64().unwrap();
     assert!(prompt > 200, "{r}");
+}
+
+/// A generic-format call (SmolLM2's template knows no tools) cut by
+/// `max_tokens` (issue 29, item 3): `stop_reason` is `max_tokens`, as
+/// Anthropic reports a reply the limit cut, with the partial `tool_use`
+/// block (its input as far as it could be read), whole and streamed.
+fn cut_tool_use(s: &Server) {
+    let messages = json!([{"role": "user", "content": "What is the weather in Rome?"}]);
+    let mut cut_calls = 0;
+    for max_tokens in [8, 12, 16, 20] {
+        let request = json!({"model": MODEL, "max_tokens": max_tokens, "messages": messages,
+            "tools": [weather_tool()], "tool_choice": {"type": "tool", "name": "get_weather"},
+            "temperature": 0});
+        let r = post_json(s, request.clone(), 200);
+        assert_eq!(r["usage"]["output_tokens"], max_tokens, "{r}");
+        assert_eq!(r["stop_reason"], "max_tokens", "{r}");
+        let blocks = r["content"].as_array().unwrap();
+        assert!(
+            blocks.iter().all(|b| b["type"] == "tool_use"),
+            "the call's JSON never leaks as text: {r}"
+        );
+        if let Some(call) = blocks.last() {
+            assert_eq!(call["name"], "get_weather", "{r}");
+            assert!(call["input"].is_object(), "{r}");
+            cut_calls += 1;
+        }
+
+        let mut streamed = request;
+        streamed["stream"] = json!(true);
+        let (status, body) = post(s, &streamed);
+        assert_eq!(status, 200, "{body}");
+        let events = events(&body);
+        let (_, delta) = events
+            .iter()
+            .find(|(n, _)| n == "message_delta")
+            .expect("a message_delta");
+        assert_eq!(delta["delta"]["stop_reason"], "max_tokens", "{body}");
+        let starts: Vec<&Value> = events
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .map(|(_, e)| &e["content_block"])
+            .collect();
+        assert_eq!(starts.len(), blocks.len(), "{body}");
+        for (start, block) in starts.iter().zip(blocks) {
+            assert_eq!(start["type"], "tool_use", "{body}");
+            assert_eq!(start["name"], block["name"], "{body}");
+        }
+    }
+    assert!(cut_calls > 0, "no reply was cut inside a call");
 }
 
 fn errors_and_keys(s: &Server) {

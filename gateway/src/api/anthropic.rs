@@ -424,13 +424,15 @@ fn stopped_by_sequence(outcome: &Outcome) -> bool {
         && finished.context.len() == finished.prompt_tokens + finished.generated_tokens
 }
 
-/// `stop_reason` and `stop_sequence`.
+/// `stop_reason` and `stop_sequence`. A reply the token limit cut is
+/// `max_tokens` even inside a tool call (its `tool_use` block then holds
+/// the arguments as far as they go), as Anthropic reports it.
 fn stop_reason(outcome: &Outcome, stop_sequences: &[String]) -> (String, Option<String>) {
-    if outcome.called_tools() {
-        return ("tool_use".into(), None);
-    }
     if outcome.finished.finish_reason == FinishReason::Length {
         return ("max_tokens".into(), None);
+    }
+    if outcome.called_tools() {
+        return ("tool_use".into(), None);
     }
     if !stop_sequences.is_empty() && stopped_by_sequence(outcome) {
         let which = (stop_sequences.len() == 1).then(|| stop_sequences[0].clone());
@@ -822,6 +824,15 @@ mod tests {
         cut.finished.finish_reason = FinishReason::Length;
         let r = serde_json::to_value(messages_response("m", &cut, &[])).unwrap();
         assert_eq!(r["stop_reason"], "max_tokens");
+        // A call the limit cut: its block as far as it goes, `max_tokens`.
+        let mut cut_call = tool_outcome("");
+        cut_call.finished.finish_reason = FinishReason::Length;
+        let r = serde_json::to_value(messages_response("m", &cut_call, &[])).unwrap();
+        assert_eq!(r["stop_reason"], "max_tokens");
+        assert_eq!(
+            r["content"],
+            json!([{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}])
+        );
     }
 
     #[test]
