@@ -2,14 +2,19 @@
 //! rendering it (`GET /docs`, Scalar).
 use axum::routing::get;
 use axum::{Json, Router};
+use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 use utoipa_scalar::{Scalar, Servable};
 
 use super::{anthropic, blobs, create, health, ollama, openai, pull, responses};
 use crate::api::dialect::ollama::OllamaOptions;
+use crate::core::bounds::MAX_REPEAT;
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
-use crate::core::validation::StopSpec;
+use crate::core::validation::{
+    StopSpec, MAX_CHOICES, MAX_EMBED_INPUTS, MAX_KEEP_ALIVE_SECONDS, OLLAMA_ROLES, OPENAI_ROLES,
+};
 use crate::state::AppState;
+use llama_tiered::llama::MAX_TOP_LOGPROBS;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -97,7 +102,14 @@ const MODEL_ROUTES: &[&str] = &[
 /// names, options, schema bounds, sizes), 401 (API key), 403 (a foreign
 /// web origin or `Host`, or a route needing the admin key), 413 (the body
 /// limit), 503 (a full queue), 500.
-pub fn document() -> utoipa::openapi::OpenApi {
+///
+/// Then every generation route's request body is replaced by the schema of
+/// what its validation accepts ([`tighten`]): the same bounds, from the same
+/// constants, so a body the document allows is one the server runs, bar the
+/// model name, what depends on the model (its context, vocabulary and
+/// embedding length) and the cross-field rules each field's description
+/// states.
+pub fn document() -> Value {
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
     let mut doc = ApiDoc::openapi();
     let error = |description: &str, body: &str| {
@@ -164,7 +176,634 @@ pub fn document() -> utoipa::openapi::OpenApi {
             }
         }
     }
+    let mut doc = serde_json::to_value(doc).unwrap_or_default();
+    tighten(&mut doc);
     doc
+}
+
+// ---------------------------------------------------------------------------------------------
+// The request bodies as strict as their validation
+// ---------------------------------------------------------------------------------------------
+
+/// [`crate::core::validation::ModelName::parse`]'s rule as a pattern: parts of
+/// letters, digits and `._+-` (the document's parts do not start with `.`, so
+/// none is `.` or `..`) joined by `/`, then an optional tag of Ollama's rule
+/// (a letter, digit or `_`, then letters, digits and `._-`, 128 at most).
+pub const MODEL_NAME_PATTERN: &str = "^([A-Za-z0-9_+-][A-Za-z0-9._+-]*/)*\
+                                      [A-Za-z0-9_+-][A-Za-z0-9._+-]*\
+                                      (:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?$";
+/// Longest model name `ModelName::parse` accepts.
+pub const MAX_MODEL_NAME_BYTES: u64 = 350;
+/// Most decoding threads `options.num_thread` may name (the Ollama dialect's
+/// `MAX_THREADS`; `tests/openapi_strict.rs` holds the two together).
+pub const MAX_THREADS: i64 = 1024;
+/// A Go duration `keep_alive` as the document states it: seconds (a number
+/// as text) or one `<number><unit>`, at most 9,999 hours (within
+/// [`MAX_KEEP_ALIVE_SECONDS`]); a leading `-` keeps the model loaded.
+pub const KEEP_ALIVE_PATTERN: &str =
+    "^-?([0-9]{1,6}(\\.[0-9]{1,3})?(ns|us|ms|s|m)?|[0-9]{1,4}(\\.[0-9]{1,3})?h)$";
+/// A `template` the document allows: text without Jinja's `{` and `}` (the
+/// server renders any template; one whose syntax is broken is a 400, and an
+/// empty one renders an empty prompt, a 400 too).
+pub const PLAIN_TEMPLATE_PATTERN: &str = "^[^{}]*$";
+
+/// Object properties the document's JSON Schema subset names, at most.
+const DOC_SCHEMA_PROPERTIES: u64 = 8;
+/// Enum values of the document's JSON Schema subset, at most.
+const DOC_SCHEMA_ENUM: u64 = 8;
+
+fn integer(min: i64, max: i64) -> Value {
+    json!({"type": "integer", "minimum": min, "maximum": max})
+}
+
+fn number(min: f64, max: f64) -> Value {
+    json!({"type": "number", "minimum": min, "maximum": max})
+}
+
+/// A number above 0 that stays above 0 as an `f32` (its smallest is
+/// `f32::from_bits(1)`; a smaller one would round to 0), and finite.
+fn positive_f32() -> Value {
+    number(f64::from(f32::from_bits(1)), f64::from(f32::MAX))
+}
+
+fn boolean() -> Value {
+    json!({"type": "boolean"})
+}
+
+fn string() -> Value {
+    json!({"type": "string"})
+}
+
+/// One of the strings of `values`.
+fn one_of(values: &[&str]) -> Value {
+    json!({"type": "string", "enum": values})
+}
+
+fn reference(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn object(properties: Value, required: &[&str]) -> Value {
+    let mut schema = json!({"type": "object", "properties": properties});
+    if !required.is_empty() {
+        schema["required"] = json!(required);
+    }
+    schema
+}
+
+fn any_of(alternatives: Vec<Value>) -> Value {
+    json!({"anyOf": alternatives})
+}
+
+fn array(items: Value, min: u64, max: Option<u64>) -> Value {
+    let mut schema = json!({"type": "array", "items": items, "minItems": min});
+    if let Some(max) = max {
+        schema["maxItems"] = max.into();
+    }
+    schema
+}
+
+fn model() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME_BYTES,
+        "pattern": MODEL_NAME_PATTERN, "example": "SmolLM2-135M-Instruct.Q4_1:latest"})
+}
+
+/// `keep_alive`: seconds (negative: keep loaded) or a duration.
+fn keep_alive() -> Value {
+    any_of(vec![
+        json!({"type": "number", "maximum": MAX_KEEP_ALIVE_SECONDS}),
+        json!({"type": "string", "pattern": KEEP_ALIVE_PATTERN}),
+    ])
+}
+
+/// `stop`: a string or a list of them.
+fn stop() -> Value {
+    any_of(vec![string(), array(string(), 0, None)])
+}
+
+/// The document's subset of JSON Schema, the shape of every schema field
+/// (`format`, `response_format`, `text.format`, tool parameters): an object
+/// of typed properties, each a scalar, an enum of strings or an array of
+/// scalars. The server accepts much more (`$ref`, `anyOf`, patterns… within
+/// [`crate::core::bounds`] and [`crate::core::schema_cost`]); this is what a
+/// generated request may hold.
+fn json_schema_components() -> Vec<(&'static str, Value)> {
+    let scalar = one_of(&["string", "integer", "number", "boolean", "null"]);
+    let property = json!({
+        "type": "object",
+        "description": "A property of the document's JSON Schema subset: a scalar type, \
+                        maybe bounded, an enum of strings, or an array of scalars.",
+        "additionalProperties": false,
+        "properties": {
+            "type": one_of(&["string", "integer", "number", "boolean", "null", "array"]),
+            "description": {"type": "string", "maxLength": 200},
+            "enum": array(json!({"type": "string", "maxLength": 32}), 1, Some(DOC_SCHEMA_ENUM)),
+            "maxLength": integer(0, MAX_REPEAT as i64),
+            "minimum": integer(-1_000_000, 0),
+            "maximum": integer(0, 1_000_000),
+            "items": {"type": "object", "additionalProperties": false,
+                "properties": {"type": scalar}, "required": ["type"]},
+            "maxItems": integer(0, 16),
+        },
+        "required": ["type"],
+    });
+    let schema = json!({
+        "type": "object",
+        "description": "A JSON Schema, as the document states it: an object of properties \
+                        (the server takes any JSON Schema llama.cpp can turn into a grammar, \
+                        within the bounds of its 400s).",
+        "additionalProperties": false,
+        "properties": {
+            "type": one_of(&["object"]),
+            "description": {"type": "string", "maxLength": 200},
+            "properties": {"type": "object", "maxProperties": DOC_SCHEMA_PROPERTIES,
+                "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,31}$"},
+                "additionalProperties": reference("JsonSchemaProperty")},
+            "additionalProperties": boolean(),
+        },
+        "required": ["type"],
+    });
+    vec![("JsonSchemaProperty", property), ("JsonSchema", schema)]
+}
+
+/// Ollama's `options`, as [`OllamaOptions::to_params`] checks them.
+fn ollama_options() -> Value {
+    let most = i64::from(i32::MAX);
+    object(
+        json!({
+            "num_ctx": integer(1, most),
+            "num_predict": integer(-2, i64::MAX),
+            "temperature": number(0.0, 10.0),
+            "top_k": integer(0, most),
+            "top_p": number(0.0, 1.0),
+            "min_p": number(0.0, 1.0),
+            "typical_p": number(0.0, 1.0),
+            "repeat_last_n": integer(-1, most),
+            "repeat_penalty": positive_f32(),
+            "presence_penalty": number(-2.0, 2.0),
+            "frequency_penalty": number(-2.0, 2.0),
+            "seed": {"type": "integer"},
+            "stop": stop(),
+            "num_batch": integer(1, most),
+            "num_thread": integer(0, MAX_THREADS),
+            "num_gpu": integer(-1, most),
+            "num_keep": integer(-1, most),
+        }),
+        &[],
+    )
+}
+
+/// Ollama's `format`: `"json"`, `""` (free text) or a JSON Schema.
+fn ollama_format() -> Value {
+    any_of(vec![one_of(&["json", ""]), reference("JsonSchema")])
+}
+
+/// An OpenAI chat tool: `{"type": "function", "function": {"name", "description", "parameters"}}`.
+fn openai_tool() -> Value {
+    object(
+        json!({
+            "type": one_of(&["function"]),
+            "function": object(json!({
+                "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                "description": string(),
+                "parameters": reference("JsonSchema"),
+            }), &["name"]),
+        }),
+        &["type", "function"],
+    )
+}
+
+/// OpenAI's `response_format` / Responses' `text.format` (`flat`: the
+/// schema's fields beside `type`, as Responses has them).
+fn response_format(flat: bool) -> Value {
+    let schema_fields = json!({
+        "name": {"type": "string", "maxLength": 64},
+        "schema": reference("JsonSchema"),
+        "strict": boolean(),
+    });
+    let json_schema = if flat {
+        let mut fields = schema_fields;
+        fields["type"] = one_of(&["json_schema"]);
+        object(fields, &["type", "schema"])
+    } else {
+        object(
+            json!({
+                "type": one_of(&["json_schema"]),
+                "json_schema": object(schema_fields, &["schema"]),
+            }),
+            &["type", "json_schema"],
+        )
+    };
+    any_of(vec![
+        object(json!({"type": one_of(&["text", "json_object"])}), &["type"]),
+        json_schema,
+    ])
+}
+
+/// OpenAI's `tool_choice`, chat (`flat`: false) or Responses (`flat`: true).
+fn tool_choice(flat: bool) -> Value {
+    let named = if flat {
+        object(
+            json!({"type": one_of(&["function"]), "name": string()}),
+            &["type", "name"],
+        )
+    } else {
+        object(
+            json!({"type": one_of(&["function"]),
+                "function": object(json!({"name": string()}), &["name"])}),
+            &["type", "function"],
+        )
+    };
+    let mut choice = any_of(vec![one_of(&["auto", "none", "required"]), named]);
+    choice["description"] = "`\"auto\"` (default), `\"none\"` (the tools are left out), \
+        `\"required\"` or a named function: the last two need `tools`, and the named one \
+        must be among them (else 400)"
+        .into();
+    choice
+}
+
+/// OpenAI's `tool_calls` of an assistant message.
+fn openai_tool_calls() -> Value {
+    array(
+        object(
+            json!({
+                "id": string(),
+                "type": one_of(&["function"]),
+                "function": object(json!({"name": string(), "arguments": string()}),
+                    &["name", "arguments"]),
+            }),
+            &["type", "function"],
+        ),
+        0,
+        None,
+    )
+}
+
+/// The request bodies of the generation routes, by component name.
+fn request_schemas() -> Vec<(&'static str, Value)> {
+    let top_logprobs = integer(0, i64::from(MAX_TOP_LOGPROBS));
+    let choices = integer(1, i64::from(MAX_CHOICES));
+    let tokens = integer(0, i64::from(u32::MAX));
+    let images = json!({"type": "array", "items": string(), "maxItems": 0,
+        "description": "No model served takes images: a non-empty list is a 400."});
+    let think = any_of(vec![boolean(), one_of(&["low", "medium", "high"])]);
+    let ollama_message = object(
+        json!({
+            "role": one_of(OLLAMA_ROLES),
+            "content": string(),
+            "images": images.clone(),
+            "tool_calls": array(object(json!({"function": object(json!({
+                "name": string(), "arguments": {"type": "object"}}), &["name"])}),
+                &["function"]), 0, None),
+            "tool_name": string(),
+            "thinking": string(),
+        }),
+        &["role"],
+    );
+    let openai_part = object(
+        json!({"type": one_of(&["text"]), "text": string()}),
+        &["type"],
+    );
+    let openai_message = object(
+        json!({
+            "role": one_of(OPENAI_ROLES),
+            "content": any_of(vec![string(), array(openai_part, 0, None), json!({"type": "null"})]),
+            "name": string(),
+            "tool_calls": openai_tool_calls(),
+            "tool_call_id": string(),
+        }),
+        &["role"],
+    );
+    let responses_content = any_of(vec![
+        string(),
+        array(
+            object(
+                json!({"type": one_of(&["input_text", "output_text", "text", "refusal"]),
+                    "text": string()}),
+                &["type"],
+            ),
+            0,
+            None,
+        ),
+    ]);
+    let responses_item = any_of(vec![
+        object(
+            json!({"type": one_of(&["message"]), "role": one_of(OPENAI_ROLES),
+                "content": responses_content.clone()}),
+            &["role", "content"],
+        ),
+        object(
+            json!({"type": one_of(&["function_call"]), "call_id": string(), "name": string(),
+                "arguments": string()}),
+            &["type", "call_id", "name"],
+        ),
+        object(
+            json!({"type": one_of(&["function_call_output"]), "call_id": string(),
+                "output": responses_content}),
+            &["type", "call_id", "output"],
+        ),
+    ]);
+    let anthropic_text = object(
+        json!({"type": one_of(&["text"]), "text": string()}),
+        &["type", "text"],
+    );
+    let anthropic_block = any_of(vec![
+        anthropic_text.clone(),
+        object(
+            json!({"type": one_of(&["tool_use"]), "id": string(), "name": string(),
+                "input": {"type": "object"}}),
+            &["type", "id", "name"],
+        ),
+        object(
+            json!({"type": one_of(&["tool_result"]), "tool_use_id": string(),
+                "content": any_of(vec![string(), array(anthropic_text.clone(), 0, None)]),
+                "is_error": boolean()}),
+            &["type", "tool_use_id"],
+        ),
+        object(
+            json!({"type": one_of(&["thinking", "redacted_thinking"])}),
+            &["type"],
+        ),
+    ]);
+    let stream_options = object(json!({"include_usage": boolean()}), &[]);
+    vec![
+        ("OllamaOptions", ollama_options()),
+        ("StopSpec", stop()),
+        ("Message", ollama_message),
+        (
+            "GenerateRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "prompt": string(),
+                    "suffix": {"type": "string", "maxLength": 0},
+                    "system": string(),
+                    "template": {"type": "string", "minLength": 1,
+                        "pattern": PLAIN_TEMPLATE_PATTERN},
+                    "raw": boolean(),
+                    "context": array(tokens.clone(), 0, None),
+                    "images": images,
+                    "format": ollama_format(),
+                    "options": reference("OllamaOptions"),
+                    "stream": boolean(),
+                    "keep_alive": keep_alive(),
+                    "think": think.clone(),
+                    "logprobs": boolean(),
+                    "top_logprobs": top_logprobs.clone(),
+                    "cache_prompt": boolean(),
+                }),
+                &["model"],
+            ),
+        ),
+        (
+            "ChatRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "messages": array(reference("Message"), 0, None),
+                    "tools": array(openai_tool(), 0, None),
+                    "format": ollama_format(),
+                    "options": reference("OllamaOptions"),
+                    "stream": boolean(),
+                    "keep_alive": keep_alive(),
+                    "think": think,
+                    "truncate": boolean(),
+                    "logprobs": boolean(),
+                    "top_logprobs": top_logprobs.clone(),
+                    "cache_prompt": boolean(),
+                }),
+                &["model"],
+            ),
+        ),
+        (
+            "EmbedRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "input": any_of(vec![
+                        json!({"type": "string", "minLength": 1}),
+                        array(json!({"type": "string", "minLength": 1}), 0,
+                            Some(MAX_EMBED_INPUTS as u64)),
+                    ]),
+                    "truncate": boolean(),
+                    "dimensions": {"type": "integer", "minimum": 1},
+                    "options": reference("OllamaOptions"),
+                    "keep_alive": keep_alive(),
+                }),
+                &["model"],
+            ),
+        ),
+        (
+            "EmbeddingsRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "prompt": string(),
+                    "options": reference("OllamaOptions"),
+                    "keep_alive": keep_alive(),
+                }),
+                &["model"],
+            ),
+        ),
+        ("ChatCompletionMessage", openai_message),
+        ("StreamOptions", stream_options),
+        (
+            "ChatCompletionRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "messages": array(reference("ChatCompletionMessage"), 1, None),
+                    "stream": boolean(),
+                    "stream_options": reference("StreamOptions"),
+                    "max_tokens": tokens.clone(),
+                    "max_completion_tokens": tokens.clone(),
+                    "temperature": number(0.0, 2.0),
+                    "top_p": number(0.0, 1.0),
+                    "seed": {"type": "integer"},
+                    "stop": stop(),
+                    "frequency_penalty": number(-2.0, 2.0),
+                    "presence_penalty": number(-2.0, 2.0),
+                    "response_format": response_format(false),
+                    "tools": array(openai_tool(), 0, None),
+                    "parallel_tool_calls": boolean(),
+                    "tool_choice": tool_choice(false),
+                    "n": choices.clone(),
+                    "truncate": boolean(),
+                    "logprobs": boolean(),
+                    "top_logprobs": top_logprobs.clone(),
+                    "cache_prompt": boolean(),
+                }),
+                &["model", "messages"],
+            ),
+        ),
+        (
+            "CompletionRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "prompt": any_of(vec![
+                        json!({"type": "string", "minLength": 1}),
+                        array(json!({"type": "string", "minLength": 1}), 1, Some(1)),
+                    ]),
+                    "stream": boolean(),
+                    "stream_options": reference("StreamOptions"),
+                    "max_tokens": tokens.clone(),
+                    "temperature": number(0.0, 2.0),
+                    "top_p": number(0.0, 1.0),
+                    "seed": {"type": "integer"},
+                    "stop": stop(),
+                    "frequency_penalty": number(-2.0, 2.0),
+                    "presence_penalty": number(-2.0, 2.0),
+                    "suffix": {"type": "string", "maxLength": 0},
+                    "echo": boolean(),
+                    "n": choices,
+                    "logprobs": top_logprobs.clone(),
+                    "cache_prompt": boolean(),
+                }),
+                &["model", "prompt"],
+            ),
+        ),
+        (
+            "EmbeddingRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "input": any_of(vec![
+                        json!({"type": "string", "minLength": 1}),
+                        array(json!({"type": "string", "minLength": 1}), 1,
+                            Some(MAX_EMBED_INPUTS as u64)),
+                        array(tokens.clone(), 1, None),
+                        array(array(tokens.clone(), 1, None), 1, Some(MAX_EMBED_INPUTS as u64)),
+                    ]),
+                    "encoding_format": one_of(&["float", "base64"]),
+                    "dimensions": {"type": "integer", "minimum": 1},
+                }),
+                &["model", "input"],
+            ),
+        ),
+        (
+            "TextConfig",
+            object(json!({"format": response_format(true)}), &[]),
+        ),
+        (
+            "ResponsesRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "input": any_of(vec![string(), array(responses_item, 1, None)]),
+                    "instructions": string(),
+                    "stream": boolean(),
+                    "max_output_tokens": tokens.clone(),
+                    "temperature": number(0.0, 2.0),
+                    "top_p": number(0.0, 1.0),
+                    "text": reference("TextConfig"),
+                    "tools": array(object(json!({
+                        "type": one_of(&["function"]),
+                        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "description": string(),
+                        "parameters": reference("JsonSchema"),
+                    }), &["type", "name"]), 0, None),
+                    "tool_choice": tool_choice(true),
+                    "parallel_tool_calls": boolean(),
+                    "previous_response_id": {"type": "null"},
+                    "store": boolean(),
+                    "background": {"type": "boolean", "enum": [false]},
+                    "conversation": {"type": "null"},
+                    "metadata": {"type": "object"},
+                    "cache_prompt": boolean(),
+                }),
+                &["model", "input"],
+            ),
+        ),
+        (
+            "MessageParam",
+            object(
+                json!({
+                    "role": one_of(&["user", "assistant"]),
+                    "content": any_of(vec![string(), array(anthropic_block, 0, None)]),
+                }),
+                &["role", "content"],
+            ),
+        ),
+        (
+            "MessagesRequest",
+            object(
+                json!({
+                    "model": model(),
+                    "max_tokens": tokens,
+                    "messages": array(reference("MessageParam"), 1, None),
+                    "system": any_of(vec![string(), array(anthropic_text, 0, None)]),
+                    "stream": boolean(),
+                    "temperature": number(0.0, 2.0),
+                    "top_p": number(0.0, 1.0),
+                    "top_k": integer(i64::from(i32::MIN), i64::from(i32::MAX)),
+                    "stop_sequences": array(string(), 0, None),
+                    "tools": array(object(json!({
+                        "type": one_of(&["custom"]),
+                        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "description": string(),
+                        "input_schema": reference("JsonSchema"),
+                    }), &["name"]), 0, None),
+                    "tool_choice": {
+                        "anyOf": [
+                            object(json!({"type": one_of(&["auto", "any", "none"]),
+                                "disable_parallel_tool_use": boolean()}), &["type"]),
+                            object(json!({"type": one_of(&["tool"]), "name": string(),
+                                "disable_parallel_tool_use": boolean()}), &["type", "name"]),
+                        ],
+                        "description": "`any` and `tool` need `tools`, and the named tool \
+                                        must be among them (else 400)",
+                    },
+                    "cache_prompt": boolean(),
+                }),
+                &["model", "max_tokens", "messages"],
+            ),
+        ),
+    ]
+}
+
+/// Replaces the generation routes' request schemas of `doc` by
+/// [`request_schemas`], keeping the descriptions and examples utoipa wrote
+/// from the structs' comments.
+fn tighten(doc: &mut Value) {
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    for (name, mut tight) in json_schema_components()
+        .into_iter()
+        .chain(request_schemas())
+    {
+        if let Some(old) = schemas.get(name) {
+            keep_words(old, &mut tight);
+        }
+        schemas.insert(name.to_string(), tight);
+    }
+}
+
+/// Copies `description` and `example` of `old` and of its properties into
+/// `tight` where `tight` has none.
+fn keep_words(old: &Value, tight: &mut Value) {
+    let copy = |from: &Value, to: &mut Value| {
+        let Some(to) = to.as_object_mut() else { return };
+        for key in ["description", "example"] {
+            if let Some(word) = from.get(key).filter(|_| !to.contains_key(key)) {
+                to.insert(key.to_string(), word.clone());
+            }
+        }
+    };
+    copy(old, tight);
+    let empty = Map::new();
+    let old_properties = old["properties"].as_object().unwrap_or(&empty);
+    if let Some(properties) = tight.get_mut("properties").and_then(Value::as_object_mut) {
+        for (name, property) in properties.iter_mut() {
+            if let Some(old) = old_properties.get(name) {
+                copy(old, property);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -173,7 +812,7 @@ mod tests {
 
     #[test]
     fn every_route_lists_the_statuses_of_the_layers() {
-        let doc = serde_json::to_value(document()).unwrap();
+        let doc = document();
         let status = |path: &str, method: &str, code: &str| {
             doc["paths"][path][method]["responses"].get(code).is_some()
         };
@@ -205,7 +844,7 @@ mod tests {
 
     #[test]
     fn logprobs_are_in_every_dialects_schemas() {
-        let doc = serde_json::to_value(document()).unwrap();
+        let doc = document();
         let schemas = &doc["components"]["schemas"];
         // A schema with a flattened field is an `allOf` of parts.
         let property = |schema: &str, name: &str| {
@@ -234,7 +873,7 @@ mod tests {
 
     #[test]
     fn document_lists_every_route() {
-        let doc = serde_json::to_value(document()).unwrap();
+        let doc = document();
         let paths = doc["paths"].as_object().unwrap();
         for p in [
             "/",
