@@ -134,7 +134,7 @@ sent, ok, generated = collections.Counter(), collections.Counter(), collections.
 def body_text(response):
     body = response.get("body") or response.get("content") or ""
     if isinstance(body, dict):
-        body = body.get("base64") or body.get("string") or ""
+        body = body.get("$base64") or body.get("base64") or body.get("string") or ""
         try:
             return base64.b64decode(body).decode("utf-8", "replace")
         except Exception:
