@@ -125,6 +125,8 @@ echo "server deaths after ${SECONDS_BUDGET} s of fuzzing: $deaths"
 echo "RSS: $(awk '/VmRSS/ {print $2}' /proc/$PID/status 2>/dev/null) kB at the end, $(awk '/VmHWM/ {print $2}' /proc/$PID/status 2>/dev/null) kB at its peak, $RSS_START kB at the start"
 curl -s -m 10 "$BASE/metrics" >"$OUT/metrics.txt"
 echo "generations finished (metrics): $(grep -E '^hypura_request_success_total' "$OUT/metrics.txt" | awk '{s += $2} END {print s + 0}')"
+echo "answered 200 with a model, by route (metrics; loads included):"
+grep -E '^hypura_requests_total\{.*model="[^"]+".*status="200"' "$OUT/metrics.txt" | sed -E 's/.*route="([^"]+)".* ([0-9]+)$/  \1 \2/' | sort
 python3 - "$OUT/events.ndjson" <<'PY'
 import base64, collections, json, sys
 GENERATION = ["/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/v1/chat/completions",
