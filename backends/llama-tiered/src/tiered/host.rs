@@ -110,7 +110,13 @@ pub fn plan_charged_prompt(
             n_ubatch: tokens,
             ..context.clone()
         };
-        match plan_charged(file, profile, settings, &[larger.clone()], no_repack) {
+        match plan_charged(
+            file,
+            profile,
+            settings,
+            std::slice::from_ref(&larger),
+            no_repack,
+        ) {
             Ok((grown, grown_memory)) => {
                 let gpu_compute = grown_memory.compute_bytes.saturating_sub(
                     grown_memory

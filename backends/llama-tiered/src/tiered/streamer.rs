@@ -731,7 +731,14 @@ impl Streamer {
         drop(state);
 
         if !misses.is_empty() {
-            let reads = file_order(misses.iter().flat_map(|m| m.2.iter().copied()));
+            let slices = misses.iter().flat_map(|m| m.2.iter().copied());
+            // A prompt chunk's misses are most of a layer: one sorted pass.
+            // A decode's few experts are read as before, unit by unit.
+            let reads: Vec<(u64, u64)> = if prompt {
+                file_order(slices)
+            } else {
+                slices.collect()
+            };
             let read_started = Instant::now();
             let (arrived, result) = self.read_ranges(&reads);
             let mut state = self.lock();
@@ -1464,6 +1471,18 @@ mod tests {
         // read / compute = 0.010 / 0.004 = 2.5: 3 layers.
         streamer.lock().compute_seconds_per_layer = 0.004;
         assert_eq!(predict(3), vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn a_pass_reads_in_file_order_and_evicts_the_layer_it_needs_last() {
+        // Slices of three units out of order, two of them neighbours: one
+        // sorted read per run of neighbouring bytes.
+        let ranges = [(300, 400), (0, 100), (100, 200), (500, 600), (550, 700)];
+        assert_eq!(file_order(ranges), vec![(0, 200), (300, 400), (500, 700)]);
+        // Computing layer 2 of 6: layer 3 is needed next, layer 2's unused
+        // experts and layer 1 only in the next chunk, the current last.
+        let order: Vec<u32> = (0..6).map(|l| pass_distance(l, 2, 6)).collect();
+        assert_eq!(order, vec![4, 5, 6, 1, 2, 3]);
     }
 
     #[test]
