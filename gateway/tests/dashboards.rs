@@ -510,3 +510,37 @@ fn the_data_source_chosen_at_import_is_the_one_every_query_reads() {
         );
     }
 }
+
+/// Issue 28, item 5: on a fresh server that has run one request (its model
+/// loaded, nothing refused, aborted, moved or streamed yet), every query
+/// of every panel of both dashboards answers a series: those of a loaded
+/// model exist at 0 before their first event.
+#[test]
+fn no_panel_is_empty_on_a_fresh_server_with_a_model_loaded() {
+    let server = Server::start(&["--ram-budget", "4GiB", "--parallel", "2"]);
+    generate(&server, common::MODEL, 8);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let prometheus = Prometheus::start(&address);
+    wait_until(Duration::from_secs(60), "Prometheus has three scrapes", || {
+        prometheus
+            .query("count_over_time(up[1m]) >= 3")
+            .first()
+            .is_some()
+    });
+    let mut empty = Vec::new();
+    for (dashboard, d) in dashboards() {
+        for (id, title, expr) in queries(&d) {
+            // A series, even NaN (a quantile of no observations yet):
+            // Grafana's "No data" is an empty answer.
+            let result = prometheus.query(&substitute(&expr));
+            if result.is_empty() {
+                empty.push(format!("{dashboard} #{id} {title}: {expr} → {result:?}"));
+            }
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "panels without data on a fresh server:\n{}",
+        empty.join("\n")
+    );
+}
