@@ -40,9 +40,11 @@ impl AppState {
             models: Arc::clone(&registry) as Arc<dyn crate::core::models::Models>,
             observer: Arc::new(crate::telemetry::observer::Recorder),
         };
-        let parallel = registry.settings().n_parallel as usize;
+        let settings = registry.settings();
+        let tenancy =
+            crate::tenancy::Tenancy::new(settings.n_parallel as usize, settings.queue_limit);
         AppState {
-            tenancy: Arc::new(crate::tenancy::Tenancy::new(parallel)),
+            tenancy: Arc::new(tenancy),
             registry,
             inference,
             models_dir,

@@ -31,14 +31,17 @@ use super::keys::Priority;
 /// The gates of the models, made on first use.
 pub struct FairGates {
     width: usize,
+    queue_limit: usize,
     gates: Mutex<HashMap<String, Arc<FairGate>>>,
 }
 
 impl FairGates {
-    /// Gates of `width` slots each (the server's `--parallel`).
-    pub fn new(width: usize) -> FairGates {
+    /// Gates of `width` slots each (the server's `--parallel`), at most
+    /// `queue_limit` requests waiting at each (its `--queue-limit`).
+    pub fn new(width: usize, queue_limit: usize) -> FairGates {
         FairGates {
             width: width.max(1),
+            queue_limit,
             gates: Mutex::new(HashMap::new()),
         }
     }
@@ -49,7 +52,7 @@ impl FairGates {
         Arc::clone(
             gates
                 .entry(model.to_string())
-                .or_insert_with(|| Arc::new(FairGate::new(model, self.width))),
+                .or_insert_with(|| Arc::new(FairGate::new(model, self.width, self.queue_limit))),
         )
     }
 
@@ -81,6 +84,8 @@ pub struct FairGate {
 
 struct Inner {
     width: usize,
+    queue_limit: usize,
+    waiting: usize,
     running: usize,
     /// Arrival numbers.
     next_seq: u64,
@@ -108,6 +113,10 @@ struct Waiter {
     batch_admitted_before: u64,
     tx: oneshot::Sender<Permit>,
 }
+
+/// The slots are busy and the queue holds `--queue-limit` requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull;
 
 /// How a request got its slot, for its response headers and the usage.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,11 +148,13 @@ fn class(priority: Priority) -> usize {
 }
 
 impl FairGate {
-    pub fn new(model: &str, width: usize) -> FairGate {
+    pub fn new(model: &str, width: usize, queue_limit: usize) -> FairGate {
         FairGate {
             model: model.to_string(),
             inner: Mutex::new(Inner {
                 width: width.max(1),
+                queue_limit,
+                waiting: 0,
                 running: 0,
                 next_seq: 0,
                 admitted: 0,
@@ -158,17 +169,21 @@ impl FairGate {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits for a slot for `user`'s request. Dropping the future before
-    /// then leaves the queue.
+    /// Waits for a slot for `user`'s request; [`QueueFull`] at once when
+    /// the slots are busy and `queue_limit` requests wait already. Dropping
+    /// the future before then leaves the queue.
     pub async fn admit(
         self: &Arc<Self>,
         user: &Arc<str>,
         weight: f64,
         priority: Priority,
-    ) -> Permit {
+    ) -> Result<Permit, QueueFull> {
         let arrived = Instant::now();
         let (seq, rx) = {
             let mut inner = self.lock();
+            if inner.running >= inner.width && inner.waiting >= inner.queue_limit {
+                return Err(QueueFull);
+            }
             let vt = inner.virtual_time;
             let entry = inner.users.entry(Arc::clone(user)).or_insert_with(|| User {
                 service: vt,
@@ -185,7 +200,7 @@ impl FairGate {
                 };
                 inner.start(user, priority);
                 self.publish(&inner);
-                return self.permit(user, admission);
+                return Ok(self.permit(user, admission));
             }
             let (tx, rx) = oneshot::channel();
             let seq = inner.next_seq;
@@ -199,6 +214,7 @@ impl FairGate {
             };
             inner.users.get_mut(user).expect("entered above").queues[class(priority)]
                 .push_back(waiter);
+            inner.waiting += 1;
             self.publish(&inner);
             (seq, rx)
         };
@@ -213,7 +229,7 @@ impl FairGate {
             .await
             .expect("a waiter leaves the queue only admitted or dropped");
         leave.admitted = true;
-        permit
+        Ok(permit)
     }
 
     fn permit(self: &Arc<Self>, user: &Arc<str>, admission: Admission) -> Permit {
@@ -237,6 +253,7 @@ impl FairGate {
                 .get_mut(&user)
                 .and_then(|u| u.queues[class(priority)].pop_front())
                 .expect("next_user names a user with a waiter");
+            inner.waiting -= 1;
             let admission = Admission {
                 waited: waiter.arrived.elapsed(),
                 started_while_waiting: inner.admitted - waiter.admitted_before,
@@ -338,8 +355,13 @@ impl Drop for LeaveOnDrop<'_> {
         }
         let mut inner = self.gate.lock();
         if let Some(u) = inner.users.get_mut(self.user) {
-            u.queues[class(self.priority)].retain(|w| w.seq != self.seq);
-            if u.running == 0 && u.queues.iter().all(VecDeque::is_empty) {
+            let queue = &mut u.queues[class(self.priority)];
+            let before = queue.len();
+            queue.retain(|w| w.seq != self.seq);
+            let left = before - queue.len();
+            let idle = u.running == 0 && u.queues.iter().all(VecDeque::is_empty);
+            inner.waiting -= left;
+            if idle {
                 inner.users.remove(self.user);
             }
         }
@@ -372,10 +394,10 @@ mod tests {
 
     #[tokio::test]
     async fn interactive_work_goes_before_queued_batch_work() {
-        let gate = Arc::new(FairGate::new("m", 2));
+        let gate = Arc::new(FairGate::new("m", 2, 64));
         let batch = user("batch");
-        let first = gate.admit(&batch, 1.0, Priority::Batch).await;
-        let second = gate.admit(&batch, 1.0, Priority::Batch).await;
+        let first = gate.admit(&batch, 1.0, Priority::Batch).await.unwrap();
+        let second = gate.admit(&batch, 1.0, Priority::Batch).await.unwrap();
         let mut queued: Vec<_> = (0..5)
             .map(|_| Box::pin(gate.admit(&batch, 1.0, Priority::Batch)))
             .collect();
@@ -386,21 +408,21 @@ mod tests {
         let mut interactive = Box::pin(gate.admit(&alice, 1.0, Priority::Interactive));
         assert!(interactive.as_mut().now_or_never().is_none());
         drop(first);
-        let permit = interactive.await;
+        let permit = interactive.await.unwrap();
         assert_eq!(permit.admission.started_while_waiting, 0);
         assert_eq!(permit.admission.batch_started_while_waiting, 0);
         // The batch queue keeps its order and runs when nobody else waits.
         drop(second);
-        let next = queued.remove(0).await;
+        let next = queued.remove(0).await.unwrap();
         assert_eq!(next.admission.batch_started_while_waiting, 0);
         assert_eq!(next.admission.started_while_waiting, 1);
     }
 
     #[tokio::test]
     async fn the_user_with_least_service_goes_first_and_weights_count() {
-        let gate = Arc::new(FairGate::new("m", 1));
+        let gate = Arc::new(FairGate::new("m", 1, 64));
         let (a, b) = (user("a"), user("b"));
-        let running = gate.admit(&a, 1.0, Priority::Interactive).await;
+        let running = gate.admit(&a, 1.0, Priority::Interactive).await.unwrap();
         running.tokens.store(100, Ordering::Relaxed);
         let mut a_next = Box::pin(gate.admit(&a, 1.0, Priority::Interactive));
         assert!(a_next.as_mut().now_or_never().is_none());
@@ -408,7 +430,7 @@ mod tests {
         assert!(b_next.as_mut().now_or_never().is_none());
         drop(running);
         // a has used 101, b 0 since it started waiting: b goes first.
-        let b_permit = b_next.as_mut().now_or_never().expect("b admitted");
+        let b_permit = b_next.as_mut().now_or_never().expect("b admitted").unwrap();
         assert!(a_next.as_mut().now_or_never().is_none());
         drop(b_permit);
         assert!(a_next.now_or_never().is_some());
@@ -416,9 +438,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_that_leaves_frees_its_place() {
-        let gate = Arc::new(FairGate::new("m", 1));
+        let gate = Arc::new(FairGate::new("m", 1, 64));
         let a = user("a");
-        let running = gate.admit(&a, 1.0, Priority::Interactive).await;
+        let running = gate.admit(&a, 1.0, Priority::Interactive).await.unwrap();
         let mut gone = Box::pin(gate.admit(&a, 1.0, Priority::Interactive));
         assert!(gone.as_mut().now_or_never().is_none());
         drop(gone);
@@ -427,5 +449,27 @@ mod tests {
         let again = gate.admit(&a, 1.0, Priority::Interactive).now_or_never();
         assert!(again.is_some());
         assert_eq!(gate.users().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once() {
+        let gate = Arc::new(FairGate::new("m", 1, 1));
+        let a = user("a");
+        let running = gate.admit(&a, 1.0, Priority::Interactive).await.unwrap();
+        let mut waiting = Box::pin(gate.admit(&a, 1.0, Priority::Interactive));
+        assert!(waiting.as_mut().now_or_never().is_none());
+        let refused = gate.admit(&a, 1.0, Priority::Batch).now_or_never();
+        assert_eq!(refused.map(|r| r.err()), Some(Some(QueueFull)));
+        drop(running);
+        assert!(waiting.now_or_never().is_some());
+        let none_waiting = Arc::new(FairGate::new("m", 1, 0));
+        let _held = none_waiting
+            .admit(&a, 1.0, Priority::Interactive)
+            .await
+            .unwrap();
+        assert!(none_waiting
+            .admit(&a, 1.0, Priority::Interactive)
+            .now_or_never()
+            .is_some_and(|r| r.is_err()));
     }
 }

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::fair::Permit;
+use super::fair::{Permit, QueueFull};
 use super::keys::{Priority, Role, Tenant};
 use super::limits::{InFlight, Refused};
 use super::usage::{RequestUser, CURRENT};
@@ -136,7 +136,20 @@ pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -
     let permit = match model.filter(|_| generates) {
         Some(model) => {
             let gate = tenancy.gates.gate(&model);
-            Some(gate.admit(&fair_user, tenant.weight, priority).await)
+            match gate.admit(&fair_user, tenant.weight, priority).await {
+                Ok(permit) => Some(permit),
+                Err(QueueFull) => {
+                    crate::metrics::rejected(&model, crate::metrics::Rejection::QueueFull);
+                    let mut response = refuse(
+                        &path,
+                        ApiError::Unavailable(format!(
+                            "model {model}: the model's request queue is full, retry later"
+                        )),
+                    );
+                    insert(response.headers_mut(), "retry-after", "1");
+                    return response;
+                }
+            }
         }
         None => None,
     };

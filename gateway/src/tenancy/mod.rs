@@ -40,23 +40,27 @@ pub struct Tenancy {
 }
 
 impl Tenancy {
-    /// No keys file; fair queues of `parallel` slots.
-    pub fn new(parallel: usize) -> Tenancy {
+    /// No keys file; fair queues of `parallel` slots and `queue_limit` waiters.
+    pub fn new(parallel: usize, queue_limit: usize) -> Tenancy {
         Tenancy {
             keys_file: None,
             keys: RwLock::new(Arc::new(KeySet::default())),
             stamp: Mutex::new(None),
             limiter: Arc::default(),
-            gates: fair::FairGates::new(parallel),
+            gates: fair::FairGates::new(parallel, queue_limit),
             seen: Mutex::new(BTreeSet::new()),
         }
     }
 
     /// With the keys of `path` (read now: an error stops the start).
-    pub fn with_keys_file(parallel: usize, path: &Path) -> Result<Tenancy, String> {
+    pub fn with_keys_file(
+        parallel: usize,
+        queue_limit: usize,
+        path: &Path,
+    ) -> Result<Tenancy, String> {
         let tenancy = Tenancy {
             keys_file: Some(path.to_path_buf()),
-            ..Tenancy::new(parallel)
+            ..Tenancy::new(parallel, queue_limit)
         };
         tenancy.reload()?;
         Ok(tenancy)
