@@ -178,17 +178,20 @@ impl Limiter {
                 ),
                 retry,
             ))
-        } else if let Some(limit) = limits.concurrent.filter(|l| w.in_flight >= *l) {
-            Some((
-                Exceeded::Concurrent,
-                format!(
-                    "key {name} has {limit} requests running or waiting, its limit: wait for \
-                     one to end"
-                ),
-                Duration::from_secs(1),
-            ))
         } else {
-            None
+            limits
+                .concurrent
+                .filter(|l| w.in_flight >= *l)
+                .map(|limit| {
+                    (
+                        Exceeded::Concurrent,
+                        format!(
+                            "key {name} has {limit} requests running or waiting, its limit: wait \
+                         for one to end"
+                        ),
+                        Duration::from_secs(1),
+                    )
+                })
         };
         if let Some((exceeded, message, retry_after)) = refusal {
             return Err(Refused {
