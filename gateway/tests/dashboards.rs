@@ -521,11 +521,11 @@ fn no_panel_is_empty_on_a_fresh_server_with_a_model_loaded() {
     generate(&server, common::MODEL, 8);
     let address = server.base.trim_start_matches("http://").to_string();
     let prometheus = Prometheus::start(&address);
-    wait_until(Duration::from_secs(60), "Prometheus has three scrapes", || {
-        !prometheus
-            .query("count_over_time(up[1m]) >= 3")
-            .is_empty()
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "Prometheus has three scrapes",
+        || !prometheus.query("count_over_time(up[1m]) >= 3").is_empty(),
+    );
     let mut empty = Vec::new();
     for (dashboard, d) in dashboards() {
         for (id, title, expr) in queries(&d) {
