@@ -364,8 +364,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     if let Some(path) = args.keys_file.or(file.keys_file) {
         let queue_limit = state.registry.settings().queue_limit;
-        let tenancy = crate::tenancy::Tenancy::with_keys_file(parallel as usize, queue_limit, &path)
-            .map_err(|e| anyhow::anyhow!("--keys-file {}: {e}", path.display()))?;
+        let tenancy =
+            crate::tenancy::Tenancy::with_keys_file(parallel as usize, queue_limit, &path)
+                .map_err(|e| anyhow::anyhow!("--keys-file {}: {e}", path.display()))?;
         state.tenancy = Arc::new(tenancy);
         let _in_runtime = runtime.enter();
         state.tenancy.watch();

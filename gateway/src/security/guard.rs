@@ -8,9 +8,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::api::routes::{self, family_error, Auth};
-use crate::tenancy::keys::Role;
 use crate::core::error::ApiError;
 use crate::state::AppState;
+use crate::tenancy::keys::Role;
 
 /// Refuses (403) a request from a web page of a foreign origin, or one
 /// naming a `Host` this server does not answer to (DNS rebinding); see
@@ -86,8 +86,8 @@ pub async fn auth(State(state): State<AppState>, request: Request, next: Next) -
     // A named key of the keys file ([`crate::tenancy`]) is an API key, or
     // an admin key for its admin role.
     let named = presented.and_then(|p| state.tenancy.keys().find(p));
-    let is_admin = matches(keys.admin.as_deref())
-        || named.as_ref().is_some_and(|t| t.role == Role::Admin);
+    let is_admin =
+        matches(keys.admin.as_deref()) || named.as_ref().is_some_and(|t| t.role == Role::Admin);
     let is_user = matches(keys.api.as_deref()) || named.is_some();
     if (keys.admin.is_some() || state.tenancy.has_admin()) && class == Auth::Admin {
         if is_admin {
