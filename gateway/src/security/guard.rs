@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 
@@ -48,8 +48,7 @@ pub async fn origin_guard(State(state): State<AppState>, request: Request, next:
 
 /// The key of `Authorization: Bearer <key>` (the scheme in any case, as
 /// RFC 9110 has it), or of `x-api-key` (Anthropic's clients), if sent.
-fn bearer(request: &Request) -> Option<&str> {
-    let headers = request.headers();
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -78,7 +77,7 @@ pub async fn auth(State(state): State<AppState>, request: Request, next: Next) -
         return next.run(request).await;
     }
     let keys = state.security.keys.get();
-    let presented = bearer(&request);
+    let presented = bearer(request.headers());
     let matches = |key: Option<&str>| {
         key.zip(presented)
             .is_some_and(|(k, p)| constant_time_eq(p.as_bytes(), k.as_bytes()))

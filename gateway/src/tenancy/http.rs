@@ -53,28 +53,15 @@ pub const QUEUE_SECONDS_HEADER: &str = "x-hypura-queue-seconds";
 pub const STARTED_WHILE_WAITING_HEADER: &str = "x-hypura-started-while-waiting";
 pub const BATCH_STARTED_WHILE_WAITING_HEADER: &str = "x-hypura-batch-started-while-waiting";
 
-/// The bearer key of a request (`Authorization: Bearer`, `x-api-key`).
-fn presented(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.trim_start()
-                .split_once(' ')
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, key)| key)
-        })
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim)
-}
-
 /// Who sent a request that the auth layer let through: `None` when named
 /// keys are in use and it presented none of them (the auth layer lets it
 /// through only on an open route or before it knows the keys file).
 fn tenant_of(state: &AppState, headers: &HeaderMap) -> Option<Arc<Tenant>> {
     let tenancy = &state.tenancy;
     let keys = state.security.keys.get();
-    if let Some(tenant) = presented(headers).and_then(|k| tenancy.identify(k, &keys)) {
+    if let Some(tenant) =
+        crate::security::guard::bearer(headers).and_then(|k| tenancy.identify(k, &keys))
+    {
         return Some(tenant);
     }
     let open = !tenancy.has_keys() && keys.api.is_none() && keys.admin.is_none();
