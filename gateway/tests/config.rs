@@ -90,7 +90,7 @@ fn bad_configs_stop_start_up_naming_the_key() {
              `metrics_open_on_loopback`, `admin_key`, `insecure_no_auth`, `allowed_origins`, \
              `allowed_hosts`, `model_roots`, `pull_hosts`, `pull_allow_private`, \
              `pull_max_bytes`, `in_process`, `default_max_tokens`, `prompt_cache_ram`, \
-             `prompt_cache_disk`, `idle_slots` (line 2)"
+             `prompt_cache_disk`, `idle_slots`, `keys_file` (line 2)"
                 .to_string(),
         ),
         (
