@@ -93,6 +93,8 @@ pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -
         .and_then(|name| state.registry.describe(&name))
         .map(|listed| listed.name);
     if let Some(model) = &model {
+        // Its refusals here (403, 429, a full queue) count under the model.
+        crate::metrics::http::note_model(model);
         if !tenant.may_use(model) {
             crate::metrics::users::rejected(&tenant.name, None);
             return refuse(
