@@ -298,21 +298,30 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
                           "max_tokens": 12, "temperature": 0});
         server.post_json("/v1/chat/completions", chat, 200);
     }
-    // Prometheus has scraped the last counts.
+    // Prometheus has scraped the last counts (at least: a count only grows).
     let text = server.get("/metrics").text().unwrap();
     let scrape = Scrape::parse(&text);
     let successes = scrape.sum("hypura_request_success_total", &[]);
-    wait_until(
-        Duration::from_secs(20),
-        "Prometheus saw the last requests",
-        || {
-            prometheus
-                .query("sum(hypura_request_success_total)")
-                .first()
-                .and_then(|r| r["value"][1].as_str()?.parse::<f64>().ok())
-                == Some(successes)
-        },
-    );
+    let value = |expr: &str| {
+        prometheus
+            .query(expr)
+            .first()
+            .and_then(|r| r["value"][1].as_str()?.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = value("sum(hypura_request_success_total)");
+        if seen.is_some_and(|seen| seen >= successes) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus saw {seen:?} successes, not {successes}; up {:?}, last scrape took {:?} s",
+            value("up"),
+            value("scrape_duration_seconds"),
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // promtool: the exposition is clean.
     let mut promtool = Command::new("promtool")

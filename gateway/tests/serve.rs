@@ -737,26 +737,35 @@ fn queue_full_disconnect_and_graceful_shutdown() {
         "/api/generate",
         json!({"model": MODEL, "prompt": "x", "stream": false}),
     );
-    assert_eq!(r.status(), 503);
-    assert!(r.json::<Value>().unwrap()["error"]
-        .as_str()
-        .unwrap()
-        .contains("queue"));
+    let (status, body) = (r.status(), r.text().unwrap());
+    assert_eq!(status, 503, "{body}\n{}", s.log());
+    assert!(body.contains("queue"), "{body}");
     let r = s.post(
         "/v1/chat/completions",
         json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}),
     );
-    assert_eq!(r.status(), 503);
+    let (status, body) = (r.status(), r.text().unwrap());
+    assert_eq!(status, 503, "{body}\n{}", s.log());
 
     // The client goes away: its slot frees, the next request gets it.
     drop(first);
-    wait_until(Duration::from_secs(30), "the slot is free again", || {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
         let r = s.post(
             "/api/generate",
             json!({"model": MODEL, "prompt": "Hi", "raw": true, "stream": false, "options": greedy(2)}),
         );
-        r.status() == 200
-    });
+        if r.status() == 200 {
+            break;
+        }
+        let last = format!("{} {}", r.status(), r.text().unwrap());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot never freed: {last}\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // SIGTERM with a stream in flight: the stream still ends with done: true.
     let short = json!({"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "raw": true,
@@ -776,8 +785,8 @@ fn queue_full_disconnect_and_graceful_shutdown() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stream, &mut rest).unwrap();
     let last = ndjson(&rest).pop().unwrap();
-    assert_eq!(last["done"], true, "{rest}");
-    assert_eq!(last["done_reason"], "length");
+    assert_eq!(last["done"], true, "{rest}\n{}", s.log());
+    assert_eq!(last["done_reason"], "length", "{rest}");
     let status = s.wait(Duration::from_secs(30));
     assert!(status.success(), "{status:?}\n{}", s.log());
 }

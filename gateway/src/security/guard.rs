@@ -9,6 +9,7 @@ use axum::response::Response;
 
 use crate::api::routes::{self, family_error, Auth};
 use crate::core::error::ApiError;
+use crate::security::KeyPair;
 use crate::state::AppState;
 use crate::tenancy::keys::Role;
 
@@ -100,13 +101,20 @@ pub async fn auth(State(state): State<AppState>, request: Request, next: Next) -
         }
         return unauthorized(path, presented.is_some());
     }
-    let open = keys.api.is_none()
-        && !state.tenancy.has_keys()
-        && !(keys.admin.is_some() && state.security.lan_needs_key());
-    if open || is_admin || is_user {
+    if open_without_key(&keys, &state) || is_admin || is_user {
         return next.run(request).await;
     }
     unauthorized(path, presented.is_some())
+}
+
+/// Whether a key-class route answers a request that presents no key: no API
+/// key and no named keys set, and no admin key standing in for the API key
+/// on a LAN bind. The tenancy layer reads the same rule to know a request
+/// without a key is the anonymous user, not an intruder.
+pub fn open_without_key(keys: &KeyPair, state: &AppState) -> bool {
+    keys.api.is_none()
+        && !state.tenancy.has_keys()
+        && !(keys.admin.is_some() && state.security.lan_needs_key())
 }
 
 fn unauthorized(path: &str, presented: bool) -> Response {

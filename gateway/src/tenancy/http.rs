@@ -64,7 +64,7 @@ fn tenant_of(state: &AppState, headers: &HeaderMap) -> Option<Arc<Tenant>> {
     {
         return Some(tenant);
     }
-    let open = !tenancy.has_keys() && keys.api.is_none() && keys.admin.is_none();
+    let open = crate::security::guard::open_without_key(&keys, state);
     open.then(|| Arc::new(Tenant::unlimited(ANONYMOUS_USER, Role::User)))
 }
 
