@@ -462,11 +462,16 @@ impl BudgetPolicy {
         }
         if model.level > Residency::Unloaded || model.moving_to.is_some() {
             if let Some(waiter) = self.draining(id, now) {
-                // In line behind the request it drains for.
+                // In line behind the request it drains for, when it comes
+                // now; one already waiting keeps its place (the model may
+                // drain for a later waiter once the first is in).
                 let after = self.models[waiter].waiting_since.unwrap_or(now);
+                let already = self.waiting_for(id, now).is_some();
                 let admission = self.wait(id, now, Vec::new());
-                let since = &mut self.models[id].waiting_since;
-                *since = (*since).max(Some(after + Duration::from_nanos(1)));
+                if !already {
+                    let since = &mut self.models[id].waiting_since;
+                    *since = (*since).max(Some(after + Duration::from_nanos(1)));
+                }
                 return admission;
             }
             self.count_request(id, now);
@@ -771,18 +776,22 @@ impl BudgetPolicy {
             (Some(theirs), Some(mine)) => (theirs, o) < (mine, id),
             (None, Some(_)) => false,
         };
+        // A model draining for `id` waits behind it whatever its mark says.
+        let drains_for_me = |o: ModelId| self.draining(o, now) == Some(id);
         (0..self.models.len())
-            .filter(|&o| o != id && self.waits_for_room(o, now) && before(o))
+            .filter(|&o| o != id && self.waits_for_room(o, now) && before(o) && !drains_for_me(o))
             .map(|o| self.models[o].spec.streaming)
             .fold(Footprint::ZERO, Footprint::add)
     }
 
-    /// Whether a request waits (and still asks) for room to load `id`.
+    /// Whether a request waits (and still asks) for room to load `id`:
+    /// `id` unloaded, or loaded but draining for another waiter (its memory
+    /// goes to that one: the request will need room to load it again, and
+    /// keeps its place for it among later waiters).
     fn waits_for_room(&self, id: ModelId, now: Duration) -> bool {
         let m = &self.models[id];
-        m.level == Residency::Unloaded
-            && m.moving_to.is_none()
-            && self.waiting_for(id, now).is_some()
+        let unloaded = m.level == Residency::Unloaded && m.moving_to.is_none();
+        (unloaded || self.draining(id, now).is_some()) && self.waiting_for(id, now).is_some()
     }
 
     /// Heat plus a tie-breaking nudge by priority and queue.
@@ -921,7 +930,13 @@ impl BudgetPolicy {
         }
         if want.need.fits_in(freed) {
             for v in drained {
-                self.models[v].drain_for = Some((id, now));
+                // A model draining for an earlier waiter (still asking)
+                // keeps draining for it: its memory goes to that one first
+                // (counted in this one's need), and the requests waiting on
+                // it keep their place behind that one, not this one.
+                if self.draining(v, now).is_none_or(|w| w == id) {
+                    self.models[v].drain_for = Some((id, now));
+                }
             }
         }
         let room = Some(self.room());
@@ -1600,6 +1615,46 @@ mod tests {
         assert!(matches!(p.request(1, secs(2)), Admission::Load { .. }));
         assert_eq!(p.waiting_for(1, secs(2)), None);
         assert!(p.draining_models(secs(2)).is_empty());
+    }
+
+    #[test]
+    fn a_request_waiting_on_its_draining_model_keeps_its_place_before_later_ones() {
+        // Seed 4 of the property test in small: "a" busy drains for "b";
+        // a request for "a" waits behind "b"; a later one for "c" must not
+        // get in before it (it did: "c" re-marked "a" draining for itself,
+        // the request for "a" moved behind "c", and "c" took the room "a"
+        // needed to load again).
+        let (a, b, c) = (0, 1, 2);
+        let mut p = policy(10, vec![spec("a", 6, 6), spec("b", 5, 5), spec("c", 3, 3)]);
+        admit(&mut p, a, secs(0));
+        assert_eq!(p.request(b, secs(10)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.draining_models(secs(10)), vec![a]);
+        assert_eq!(p.request(a, secs(11)), Admission::Wait { moves: vec![] });
+        // "c" would fit the 4 GiB left, but "b" and "a" came first.
+        assert_eq!(p.request(c, secs(13)), Admission::Wait { moves: vec![] });
+        // Everyone asks again (the registry does, every second).
+        assert_eq!(p.request(a, secs(13)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.request(b, secs(13)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.request(c, secs(13)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.request(a, secs(13)), Admission::Wait { moves: vec![] });
+        assert!(p.waiting_for(a, secs(13)).unwrap() > p.waiting_for(c, secs(13)).unwrap());
+
+        // "a" ends: it is unloaded for "b", which loads.
+        p.finish(a, secs(14));
+        admit(&mut p, b, secs(14));
+        assert_eq!(p.residency(a), Residency::Unloaded);
+        assert_eq!(p.residency(b), Residency::Full);
+        // 5 GiB free: "c" (3) fits, but the request for "a" (6) came first.
+        assert_eq!(p.request(c, secs(15)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.request(a, secs(15)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.draining_models(secs(15)), vec![b]);
+        assert_eq!(p.request(c, secs(15)), Admission::Wait { moves: vec![] });
+        // "b" ends: "a" gets in, then "c" beside it.
+        p.finish(b, secs(16));
+        admit(&mut p, a, secs(16));
+        assert_eq!(p.residency(b), Residency::Unloaded);
+        assert!(matches!(p.request(c, secs(16)), Admission::Load { .. }));
+        assert_within_budget(&p);
     }
 
     #[test]
