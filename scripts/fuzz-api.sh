@@ -91,6 +91,8 @@ for body in set(bodies.values()):
     for key in ("context", "input"):
         if key in props:
             walk(props[key], cap_tokens)
+    if "logit_bias" in props:   # token ids with fewer digits than the vocabulary size
+        props["logit_bias"]["propertyNames"] = {"type": "string", "pattern": "^[0-9]{1,%d}$" % (len(str(vocab)) - 1)}
     if "dimensions" in props:
         props["dimensions"] = {"type": "integer", "minimum": 1, "maximum": width}
     if "think" in props:

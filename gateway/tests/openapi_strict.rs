@@ -87,17 +87,6 @@ fn exception(route: &str, field: &str, value: &Value) -> Option<(u16, &'static s
     }
 }
 
-/// A field whose refusal names another: the word its message holds instead. An empty
-/// Responses `input` list is refused as "messages must not be empty" (api/responses.rs).
-fn misnamed(route: &str, field: &str, value: &Option<Value>) -> Option<&'static str> {
-    match (route, field) {
-        ("/v1/responses", "input") if value == &Some(json!([])) => {
-            Some("messages must not be empty")
-        }
-        _ => None,
-    }
-}
-
 /// The schema `schema` names when it is a `$ref`.
 fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     match schema["$ref"].as_str() {
@@ -397,17 +386,14 @@ fn bodies_at_the_documents_bounds_are_answered_and_past_them_refused() {
             let text = r.text().unwrap();
             sent += 1;
             let last = probe.field.rsplit(['.', ']']).next().unwrap().to_string();
-            let (want, word) = match misnamed(route, &probe.field, &probe.value) {
-                Some(word) => (400, word.to_string()),
-                _ => match probe
-                    .value
-                    .as_ref()
-                    .and_then(|v| exception(route, &probe.field, v))
-                {
-                    Some((status, word)) if probe.allowed => (status, word.to_string()),
-                    _ if probe.allowed => (200, String::new()),
-                    _ => (400, last),
-                },
+            let (want, word) = match probe
+                .value
+                .as_ref()
+                .and_then(|v| exception(route, &probe.field, v))
+            {
+                Some((status, word)) if probe.allowed => (status, word.to_string()),
+                _ if probe.allowed => (200, String::new()),
+                _ => (400, last),
             };
             if started.elapsed().as_secs() >= 2 {
                 eprintln!("{route} {}: {:?}", probe.field, started.elapsed());

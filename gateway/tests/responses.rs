@@ -273,3 +273,23 @@ fn refusals(s: &Server) {
         200,
     );
 }
+
+/// An empty `input` is a 400 naming `input`, as OpenAI's is (it named hypura's internal
+/// `messages`), with instructions or without; only reasoning items leave nothing to answer too.
+#[test]
+fn empty_input_is_a_400_naming_input() {
+    let s = Server::start(&[]);
+    for body in [
+        json!({"model": MODEL, "input": []}),
+        json!({"model": MODEL, "input": [], "instructions": "Be brief."}),
+        json!({"model": MODEL, "input": [], "stream": true}),
+        json!({"model": MODEL, "input": [{"type": "reasoning", "summary": []}]}),
+    ] {
+        let r = s.post_json("/v1/responses", body.clone(), 400);
+        assert_eq!(
+            r["error"]["message"], "input must be a non-empty string or list of them",
+            "{body}"
+        );
+        assert_eq!(r["error"]["type"], "invalid_request_error");
+    }
+}

@@ -149,3 +149,150 @@ fn out_of_range_values_are_400s_naming_them() {
         );
     }
 }
+
+/// Integer fields take an integral float (`4.0`: JavaScript clients write every number so)
+/// and answer as the integer would, on every route; a fraction stays a 400 naming the field.
+#[test]
+fn integers_written_as_floats_are_integers() {
+    let s = Server::start(&[]);
+    let chat = json!([{"role": "user", "content": "Name three colours."}]);
+    // (route, body with integers, the same with floats, what to compare).
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": chat, "temperature": 0, "max_tokens": 4, "seed": 1,
+                "n": 1, "logprobs": true, "top_logprobs": 2}),
+            json!({"model": MODEL, "messages": chat, "temperature": 0, "max_tokens": 4.0,
+                "seed": 1.0, "n": 1.0, "logprobs": true, "top_logprobs": 2.0}),
+            "/choices/0/message/content",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": chat, "temperature": 0,
+                "max_completion_tokens": 3}),
+            json!({"model": MODEL, "messages": chat, "temperature": 0,
+                "max_completion_tokens": 3.0}),
+            "/usage/completion_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Red, green", "temperature": 0, "max_tokens": 5,
+                "seed": 1, "n": 1, "logprobs": 1}),
+            json!({"model": MODEL, "prompt": "Red, green", "temperature": 0, "max_tokens": 5.0,
+                "seed": 1.0, "n": 1.0, "logprobs": 1.0}),
+            "/choices/0/text",
+        ),
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "Red, green", "stream": false, "options":
+                {"temperature": 0, "num_predict": 8, "top_k": 40, "seed": 1, "num_ctx": 512,
+                 "repeat_last_n": 64, "num_thread": 2, "num_batch": 64}}),
+            json!({"model": MODEL, "prompt": "Red, green", "stream": false, "options":
+                {"temperature": 0, "num_predict": 8.0, "top_k": 40.0, "seed": 1.0,
+                 "num_ctx": 512.0, "repeat_last_n": 64.0, "num_thread": 2.0, "num_batch": 64.0}}),
+            "/response",
+        ),
+        (
+            "/api/chat",
+            json!({"model": MODEL, "messages": chat, "stream": false, "logprobs": true,
+                "top_logprobs": 1, "options": {"temperature": 0, "num_predict": 6}}),
+            json!({"model": MODEL, "messages": chat, "stream": false, "logprobs": true,
+                "top_logprobs": 1.0, "options": {"temperature": 0, "num_predict": 6.0}}),
+            "/message/content",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "messages": chat, "max_tokens": 4, "top_k": 1}),
+            json!({"model": MODEL, "messages": chat, "max_tokens": 4.0, "top_k": 1.0}),
+            "/content/0/text",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "Name three colours.", "temperature": 0,
+                "max_output_tokens": 4}),
+            json!({"model": MODEL, "input": "Name three colours.", "temperature": 0,
+                "max_output_tokens": 4.0}),
+            "/output/0/content/0/text",
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": "red", "dimensions": 8}),
+            json!({"model": MODEL, "input": "red", "dimensions": 8.0}),
+            "/data/0/embedding",
+        ),
+        (
+            "/api/embed",
+            json!({"model": MODEL, "input": "red", "dimensions": 8}),
+            json!({"model": MODEL, "input": "red", "dimensions": 8.0}),
+            "/embeddings/0",
+        ),
+    ];
+    for (route, integers, floats, compared) in cases {
+        let want = s.post_json(route, integers, 200);
+        let got = s.post_json(route, floats.clone(), 200);
+        let (want, got) = (&want.pointer(compared), &got.pointer(compared));
+        assert!(want.is_some(), "{route} {compared}");
+        assert_eq!(got, want, "{route} {floats}");
+    }
+
+    for (route, body, field, kind) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": chat, "max_tokens": 4.5}),
+            "max_tokens",
+            "floating point `4.5`, expected u32",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": chat, "n": 1.5}),
+            "n",
+            "floating point `1.5`, expected u32",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "hi", "seed": 0.5}),
+            "seed",
+            "floating point `0.5`, expected i64",
+        ),
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "hi", "options": {"num_predict": 8.5}}),
+            "options.num_predict",
+            "floating point `8.5`, expected i64",
+        ),
+        (
+            "/api/chat",
+            json!({"model": MODEL, "messages": chat, "options": {"top_k": 40.25}}),
+            "options.top_k",
+            "floating point `40.25`, expected i32",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "messages": chat, "max_tokens": 2.5}),
+            "max_tokens",
+            "floating point `2.5`, expected u32",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "hi", "max_output_tokens": 1.5}),
+            "max_output_tokens",
+            "floating point `1.5`, expected u32",
+        ),
+    ] {
+        let message = refused(&s, route, body);
+        let want = format!("invalid JSON body: {field}: invalid type: {kind}");
+        assert!(message.starts_with(&want), "{route}: {message}");
+    }
+    // An integral float past the field's type is out of range, as the integer would be.
+    let message = refused(
+        &s,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "hi", "max_tokens": -1.0}),
+    );
+    assert!(
+        message.starts_with(
+            "invalid JSON body: max_tokens: invalid value: integer `-1`, expected u32"
+        ),
+        "{message}"
+    );
+}

@@ -160,6 +160,10 @@ pub struct MessageParam {
 pub struct MessagesRequest {
     pub model: String,
     /// Required: the most tokens to generate.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub max_tokens: Option<u32>,
     pub messages: Vec<MessageParam>,
     /// A string or a list of text blocks.
@@ -168,6 +172,10 @@ pub struct MessagesRequest {
     pub stream: Option<bool>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub top_k: Option<i32>,
     pub stop_sequences: Option<Vec<String>>,
     /// `{"name", "description", "input_schema"}`.

@@ -207,6 +207,10 @@ pub struct GenerateRequest {
     /// Return each generated token's log-probability (chunks' `logprobs`).
     pub logprobs: Option<bool>,
     /// With `logprobs`: also this many most likely tokens per position, 0-20.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub top_logprobs: Option<i64>,
     /// hypura (llama-server's field): false reads the whole prompt and keeps
     /// no KV of it for a later request. Default true.
@@ -258,6 +262,10 @@ pub struct ChatRequest {
     /// Return each generated token's log-probability (chunks' `logprobs`).
     pub logprobs: Option<bool>,
     /// With `logprobs`: also this many most likely tokens per position, 0-20.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub top_logprobs: Option<i64>,
     /// hypura (llama-server's field): false reads the whole prompt and keeps
     /// no KV of it for a later request. Default true.
@@ -328,6 +336,10 @@ pub struct OllamaEmbedRequest {
     /// Cut inputs longer than the context (default true); false makes them a 400.
     pub truncate: Option<bool>,
     /// Keep the first N dimensions (re-normalised).
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub dimensions: Option<usize>,
     pub options: Option<OllamaOptions>,
     #[schema(value_type = Object)]

@@ -107,12 +107,24 @@ pub struct ChatCompletionRequest {
     pub messages: Vec<ChatCompletionMessage>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub max_tokens: Option<u32>,
     /// Preferred over `max_tokens` when both are set.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub max_completion_tokens: Option<u32>,
     /// Default 1.0; 0 is greedy.
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub seed: Option<i64>,
     #[schema(value_type = Object)]
     pub stop: Option<StopSpec>,
@@ -136,6 +148,10 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<Value>,
     /// Choices to generate, 1 (default) to 8; each is a generation of its own
     /// (with `seed`, choice i samples with seed + i).
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub n: Option<u32>,
     /// hypura: drop the oldest messages (system messages and the last turn
     /// stay) when the conversation is too long for the context window
@@ -144,11 +160,18 @@ pub struct ChatCompletionRequest {
     /// Return each reply token's log-probability (`choices[].logprobs.content`).
     pub logprobs: Option<bool>,
     /// With `logprobs: true`: also this many most likely tokens per position, 0-20.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub top_logprobs: Option<i64>,
     /// llama-server's field: false reads the whole prompt and keeps no KV of
     /// it for a later request (default true: a conversation's next turn
     /// decodes only its new tokens).
     pub cache_prompt: Option<bool>,
+    /// Token id (as text) → a bias in [-100, 100] added to its logit
+    /// before sampling; -100 bans the token, 100 all but forces it.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -160,9 +183,17 @@ pub struct CompletionRequest {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// Default 16, as OpenAI's.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub max_tokens: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub seed: Option<i64>,
     #[schema(value_type = Object)]
     pub stop: Option<StopSpec>,
@@ -171,13 +202,24 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     pub echo: Option<bool>,
     /// Choices to generate, 1 (default) to 8.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub n: Option<u32>,
     /// Return each generated token's log-probability and this many most
     /// likely tokens per position, 0-20 (`choices[].logprobs`; the prompt's
     /// tokens, even with `echo`, have none).
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub logprobs: Option<i64>,
     /// llama-server's field: false reads the whole prompt and keeps no KV of it.
     pub cache_prompt: Option<bool>,
+    /// Token id (as text) → a bias in [-100, 100] added to its logit
+    /// before sampling; -100 bans the token, 100 all but forces it.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -297,6 +339,10 @@ pub struct EmbeddingRequest {
     pub input: EmbeddingInput,
     /// `float` (default) or `base64` (little-endian f32).
     pub encoding_format: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub dimensions: Option<usize>,
 }
 
@@ -432,6 +478,14 @@ fn chat_logprobs(wanted: Option<bool>, top: Option<i64>) -> Result<Option<u32>> 
     Ok(validation::logprobs(wanted, "top_logprobs", top)?)
 }
 
+/// `logit_bias` as the sampler takes it (none when absent).
+fn logit_bias(map: Option<&std::collections::BTreeMap<String, f64>>) -> Result<Vec<(i32, f32)>> {
+    Ok(map
+        .map(validation::logit_bias)
+        .transpose()?
+        .unwrap_or_default())
+}
+
 /// `/v1/chat/completions` → an [`InferRequest`].
 pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     let name = model_name(&request.model)?;
@@ -451,6 +505,7 @@ pub fn chat_request(request: &ChatCompletionRequest) -> Result<InferRequest> {
     let mut params = sampling.to_params()?;
     params.constraint = constraint;
     params.sampling.top_logprobs = chat_logprobs(request.logprobs, request.top_logprobs)?;
+    params.sampling.logit_bias = logit_bias(request.logit_bias.as_ref())?;
     params.skip_prompt_cache = request.cache_prompt == Some(false);
     let mut infer = InferRequest::new(&request.model, name, Prompt::messages(messages), params);
     infer.tools = Some(ToolRequest {
@@ -493,6 +548,7 @@ pub fn completion_request(request: &CompletionRequest) -> Result<InferRequest> {
     let mut params = sampling.to_params()?;
     params.sampling.top_logprobs =
         validation::logprobs(request.logprobs.is_some(), "logprobs", request.logprobs)?;
+    params.sampling.logit_bias = logit_bias(request.logit_bias.as_ref())?;
     params.skip_prompt_cache = request.cache_prompt == Some(false);
     Ok(InferRequest::new(
         &request.model,

@@ -11,10 +11,11 @@ use crate::api::dialect::ollama::OllamaOptions;
 use crate::core::bounds::MAX_REPEAT;
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{
-    StopSpec, MAX_CHOICES, MAX_EMBED_INPUTS, MAX_KEEP_ALIVE_SECONDS, OLLAMA_ROLES, OPENAI_ROLES,
+    StopSpec, LOGIT_BIAS_KEY_PATTERN, MAX_CHOICES, MAX_EMBED_INPUTS, MAX_KEEP_ALIVE_SECONDS,
+    MAX_LOGIT_BIAS_TOKENS, OLLAMA_ROLES, OPENAI_ROLES,
 };
 use crate::state::AppState;
-use llama_tiered::llama::MAX_TOP_LOGPROBS;
+use llama_tiered::llama::{LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -439,6 +440,21 @@ fn openai_tool_calls() -> Value {
     )
 }
 
+/// OpenAI's `logit_bias`: token ids (decimal keys) to a bias in [-100, 100].
+fn logit_bias() -> Value {
+    let max = f64::from(LOGIT_BIAS_MAX);
+    json!({
+        "type": "object",
+        "propertyNames": {"type": "string", "pattern": LOGIT_BIAS_KEY_PATTERN},
+        "additionalProperties": number(-max, max),
+        "maxProperties": MAX_LOGIT_BIAS_TOKENS,
+        "description": "Token id (decimal, as text) → a bias added to its logit before \
+            sampling: -100 bans the token, 100 all but forces it. Each id must be below the \
+            model's vocabulary size (`/api/show`'s `model_info`: `<architecture>.vocab_size`): \
+            one past it is a 400 naming `logit_bias`.",
+    })
+}
+
 /// The request bodies of the generation routes, by component name.
 fn request_schemas() -> Vec<(&'static str, Value)> {
     let top_logprobs = integer(0, i64::from(MAX_TOP_LOGPROBS));
@@ -632,6 +648,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
                     "logprobs": boolean(),
                     "top_logprobs": top_logprobs.clone(),
                     "cache_prompt": boolean(),
+                    "logit_bias": logit_bias(),
                 }),
                 &["model", "messages"],
             ),
@@ -659,6 +676,7 @@ fn request_schemas() -> Vec<(&'static str, Value)> {
                     "n": choices,
                     "logprobs": top_logprobs.clone(),
                     "cache_prompt": boolean(),
+                    "logit_bias": logit_bias(),
                 }),
                 &["model", "prompt"],
             ),

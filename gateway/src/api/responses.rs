@@ -75,6 +75,10 @@ pub struct ResponsesRequest {
     pub instructions: Option<String>,
     pub stream: Option<bool>,
     /// Most tokens to generate.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub max_output_tokens: Option<u32>,
     /// Default 1.0; 0 is greedy.
     pub temperature: Option<f32>,
@@ -287,6 +291,10 @@ pub fn input_messages(
             messages.push(ChatMessage::new("user", text.as_str()));
             return Ok(messages);
         }
+        // OpenAI names `input` (hypura's `messages` is internal).
+        Some(ResponsesInput::Items(items)) if items.is_empty() => {
+            return Err(ValidationError::EmptyInput.into())
+        }
         Some(ResponsesInput::Items(items)) => items,
     };
     for (i, item) in items.iter().enumerate() {
@@ -333,7 +341,7 @@ pub fn input_messages(
         }
     }
     if messages.is_empty() {
-        return Err(ApiError::from(ValidationError::EmptyMessages).into());
+        return Err(ApiError::from(ValidationError::EmptyInput).into());
     }
     Ok(messages)
 }

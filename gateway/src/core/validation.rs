@@ -305,6 +305,10 @@ pub enum ValidationError {
         n_ctx: u32,
         limit: usize,
     },
+    /// OpenAI's `logit_bias` refused (a key that is no token id, a bias out
+    /// of range, too many tokens): the message names the field.
+    #[error("logit_bias: {0}")]
+    LogitBias(String),
     /// An option outside its range (`top_p 5`, `temperature -1`).
     #[error("{field} must be between {min} and {max}, got {value}")]
     OptionOutOfRange {
@@ -313,6 +317,135 @@ pub enum ValidationError {
         max: f32,
         value: f32,
     },
+}
+
+/// Most tokens one request's `logit_bias` may name.
+pub const MAX_LOGIT_BIAS_TOKENS: usize = 1024;
+/// A `logit_bias` key: a token id in decimal (an `i32`).
+pub const LOGIT_BIAS_KEY_PATTERN: &str = "^[0-9]{1,10}$";
+
+/// OpenAI's `logit_bias` (token id as text → bias): the `(id, bias)` pairs
+/// of [`SamplingParams::logit_bias`], each key a token id and each bias in
+/// [-100, 100]. Whether the ids are in the vocabulary is checked where the
+/// model is known (its backend).
+pub fn logit_bias(
+    map: &std::collections::BTreeMap<String, f64>,
+) -> Result<Vec<(i32, f32)>, ValidationError> {
+    use llama_tiered::llama::LOGIT_BIAS_MAX;
+    if map.len() > MAX_LOGIT_BIAS_TOKENS {
+        return Err(ValidationError::LogitBias(format!(
+            "{} tokens, more than the {MAX_LOGIT_BIAS_TOKENS} one request may bias",
+            map.len()
+        )));
+    }
+    map.iter()
+        .map(|(key, &bias)| {
+            let token = key
+                .parse::<i32>()
+                .ok()
+                .filter(|t| *t >= 0 && key.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| {
+                    ValidationError::LogitBias(format!(
+                        "key {:?} is not a token id: use token ids (integers from 0) as keys",
+                        capped_key(key)
+                    ))
+                })?;
+            let max = f64::from(LOGIT_BIAS_MAX);
+            if !(-max..=max).contains(&bias) {
+                return Err(ValidationError::LogitBias(format!(
+                    "the bias of token {token} must be between -{max} and {max}, got {bias}"
+                )));
+            }
+            Ok((token, bias as f32))
+        })
+        .collect()
+}
+
+/// A map key as an error quotes it: at most 32 characters.
+fn capped_key(key: &str) -> String {
+    match key.char_indices().nth(32) {
+        Some((end, _)) => format!("{}…", &key[..end]),
+        None => key.to_string(),
+    }
+}
+
+/// Integer fields that also take an integral float (`4.0`, as JavaScript
+/// clients write every number): `#[serde(default, deserialize_with =
+/// "integral::option")]` on an `Option` of any integer type. A fraction
+/// (`4.5`) or a value outside the type is refused with serde's own words,
+/// so the 400 names the field (`max_tokens: invalid type: floating point
+/// `4.5`, expected u32`).
+pub mod integral {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserializer, Unexpected, Visitor};
+
+    /// An optional integer field; `null` is `None`.
+    pub fn option<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: TryFrom<i64> + TryFrom<u64>,
+    {
+        deserializer.deserialize_option(Optional(PhantomData))
+    }
+
+    /// Two to the 64th: the first integral `f64` past `u64`.
+    const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+
+    struct Integer<T>(PhantomData<T>);
+
+    impl<'de, T: TryFrom<i64> + TryFrom<u64>> Visitor<'de> for Integer<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str(std::any::type_name::<T>())
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+            T::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+            T::try_from(v).map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+            if !v.is_finite() || v.fract() != 0.0 {
+                return Err(E::invalid_type(Unexpected::Float(v), &self));
+            }
+            // Exact: an integral float within these bounds converts without rounding.
+            if (0.0..TWO_POW_64).contains(&v) {
+                self.visit_u64(v as u64)
+            } else if (-TWO_POW_64 / 2.0..0.0).contains(&v) {
+                self.visit_i64(v as i64)
+            } else {
+                Err(E::invalid_value(Unexpected::Float(v), &self))
+            }
+        }
+    }
+
+    struct Optional<T>(PhantomData<T>);
+
+    impl<'de, T: TryFrom<i64> + TryFrom<u64>> Visitor<'de> for Optional<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str(std::any::type_name::<T>())
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<T>, D::Error> {
+            d.deserialize_any(Integer(PhantomData)).map(Some)
+        }
+    }
 }
 
 /// Most texts one embedding request may carry (OpenAI's limit).
@@ -737,6 +870,93 @@ pub fn fit_to_context(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[derive(Debug, Deserialize)]
+    struct Integers {
+        #[serde(default, deserialize_with = "integral::option")]
+        n: Option<u32>,
+        #[serde(default, deserialize_with = "integral::option")]
+        seed: Option<i64>,
+    }
+
+    fn integers(body: &str) -> Result<Integers, ValidationError> {
+        parse_json(body.as_bytes())
+    }
+
+    #[test]
+    fn integer_fields_take_integral_floats_and_nothing_else() {
+        let n = integers(r#"{"n": 4.0, "seed": -3.0}"#).unwrap();
+        assert_eq!((n.n, n.seed), (Some(4), Some(-3)));
+        let n = integers(r#"{"n": 4, "seed": null}"#).unwrap();
+        assert_eq!((n.n, n.seed), (Some(4), None));
+        assert_eq!(integers("{}").unwrap().n, None);
+        for (body, message) in [
+            (
+                r#"{"n": 4.5}"#,
+                "n: invalid type: floating point `4.5`, expected u32",
+            ),
+            (
+                r#"{"n": -1.0}"#,
+                "n: invalid value: integer `-1`, expected u32",
+            ),
+            (
+                r#"{"n": 1e300}"#,
+                "n: invalid value: floating point `1e+300`, expected u32",
+            ),
+            (
+                r#"{"n": "4"}"#,
+                "n: invalid type: string \"4\", expected u32",
+            ),
+            (
+                r#"{"seed": 1e19}"#,
+                "seed: invalid value: integer `10000000000000000000`, expected i64",
+            ),
+        ] {
+            let error = integers(body).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!("invalid JSON body: {message}")),
+                "{body}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn logit_bias_keys_are_token_ids_and_biases_within_100() {
+        let map = |pairs: &[(&str, f64)]| {
+            pairs
+                .iter()
+                .map(|&(k, v)| (k.to_string(), v))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            logit_bias(&map(&[("7", -100.0), ("42", 2.5)])).unwrap(),
+            [(42, 2.5), (7, -100.0)]
+        );
+        for (pairs, message) in [
+            (
+                vec![("x", 1.0)],
+                "logit_bias: key \"x\" is not a token id: use token ids (integers from 0) as keys",
+            ),
+            (
+                vec![("+1", 1.0)],
+                "logit_bias: key \"+1\" is not a token id: use token ids (integers from 0) as keys",
+            ),
+            (
+                vec![("1", 100.5)],
+                "logit_bias: the bias of token 1 must be between -100 and 100, got 100.5",
+            ),
+        ] {
+            assert_eq!(logit_bias(&map(&pairs)).unwrap_err().to_string(), message);
+        }
+        let many: Vec<(String, f64)> = (0..=MAX_LOGIT_BIAS_TOKENS)
+            .map(|i| (i.to_string(), 1.0))
+            .collect();
+        let many = many.into_iter().collect();
+        assert_eq!(
+            logit_bias(&many).unwrap_err().to_string(),
+            "logit_bias: 1025 tokens, more than the 1024 one request may bias"
+        );
+    }
 
     #[test]
     fn names_get_latest_and_lower_case_keys() {

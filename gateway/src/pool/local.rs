@@ -377,6 +377,15 @@ fn submit(
     if prompt.is_empty() {
         return Err(invalid("the prompt is empty after tokenization"));
     }
+    // Before the engine: a bad id there would fail the generation after
+    // its answer began (a stream's 200) instead of as a 400.
+    params
+        .sampling
+        .check_vocabulary(local.engine.model().n_vocab())
+        .map_err(|e| match e {
+            EngineError::InvalidArgument(message) => invalid(message),
+            e => e.into(),
+        })?;
     let n_ctx = params
         .num_ctx
         .map_or(lease.n_ctx_per_seq, |n| n.min(lease.n_ctx_per_seq));

@@ -26,6 +26,6 @@ pub use backend::{gpu_devices, GpuDevice};
 pub use context::{default_threads, Batch, Context, ContextMemory, ContextParams, PerfTimings};
 pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
 pub use model::{GpuOffload, LoadMode, Model, ModelParams};
-pub use sampler::{Sampler, SamplingParams, MAX_TOP_LOGPROBS};
+pub use sampler::{Sampler, SamplingParams, LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
 pub use state::{StateBuffer, StateBuffers};
 pub use stream::{EvalHook, LoadReport, Node, StreamBufferType, StreamRegion, PAGE};

@@ -49,7 +49,17 @@ pub struct SamplingParams {
     /// distribution they come from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
+    /// Added to token ids' logits before any other sampler, as OpenAI's and
+    /// llama-server's `logit_bias`: `(token id, bias)`, the bias in
+    /// [`-LOGIT_BIAS_MAX`, `LOGIT_BIAS_MAX`]; `-100` bans the token (it is
+    /// applied as minus infinity, as OpenAI documents it). Kept finite here
+    /// so that it crosses JSON (a runner's IPC, a peer) unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(i32, f32)>,
 }
+
+/// Largest bias [`SamplingParams::logit_bias`] takes, either sign (OpenAI's range).
+pub const LOGIT_BIAS_MAX: f32 = 100.0;
 
 /// Token ids with their log-probabilities, most likely first.
 pub type TopLogProbs = Vec<(i32, f32)>;
@@ -72,6 +82,7 @@ impl Default for SamplingParams {
             grammar: None,
             preserved_tokens: Vec::new(),
             top_logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -126,6 +137,19 @@ impl SamplingParams {
                 self.top_logprobs.unwrap_or_default()
             )));
         }
+        for &(token, bias) in &self.logit_bias {
+            if token < 0 {
+                return Err(EngineError::InvalidArgument(format!(
+                    "logit_bias: token id {token} is not a token id (ids are 0 or more)"
+                )));
+            }
+            if !(-LOGIT_BIAS_MAX..=LOGIT_BIAS_MAX).contains(&bias) {
+                return Err(EngineError::InvalidArgument(format!(
+                    "logit_bias: the bias of token {token} must be between -{LOGIT_BIAS_MAX} \
+                     and {LOGIT_BIAS_MAX}, got {bias}"
+                )));
+            }
+        }
         if self.repeat_last_n < -1 {
             return Err(EngineError::InvalidArgument(format!(
                 "repeat_last_n must be -1, 0 or positive, got {}",
@@ -134,10 +158,27 @@ impl SamplingParams {
         }
         Ok(())
     }
+
+    /// Checks [`SamplingParams::logit_bias`] against a vocabulary of
+    /// `n_vocab` tokens (known only once a model is loaded).
+    pub fn check_vocabulary(&self, n_vocab: usize) -> Result<(), EngineError> {
+        match self
+            .logit_bias
+            .iter()
+            .find(|&&(token, _)| token < 0 || token as usize >= n_vocab)
+        {
+            Some(&(token, _)) => Err(EngineError::InvalidArgument(format!(
+                "logit_bias: token {token} is outside the model's vocabulary of {n_vocab} tokens \
+                 (ids 0 to {})",
+                n_vocab.saturating_sub(1)
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A llama.cpp sampler chain built from [`SamplingParams`], in llama.cpp's
-/// order: penalties → top-k → top-p → min-p → temperature → distribution,
+/// order: logit bias → penalties → top-k → top-p → min-p → temperature → distribution,
 /// with the grammar (when there is one) constraining before all of them, as
 /// llama.cpp's common sampler does.
 pub struct Sampler {
@@ -145,11 +186,12 @@ pub struct Sampler {
     grammar: Option<GrammarSampler>,
     /// Candidate buffer for grammar sampling and log-probabilities, `n_vocab` long.
     candidates: Vec<sys::llama_token_data>,
-    /// Whether the chain's first sampler is the repetition penalties.
-    penalties: bool,
+    /// How many of the chain's first samplers only move logits (the logit
+    /// bias, the repetition penalties): [`Sampler::log_probs`] applies them.
+    reshaping: usize,
     /// [`Sampler::log_probs`]' answer, `n_vocab` long once asked.
     log_probs: Vec<f32>,
-    /// Plain greedy: no penalties, no grammar, temperature `<= 0`.
+    /// Plain greedy: no bias, no penalties, no grammar, temperature `<= 0`.
     greedy: bool,
 }
 
@@ -160,6 +202,7 @@ impl Sampler {
     pub fn new(params: &SamplingParams, model: &Model, n_ctx: u32) -> Result<Sampler, EngineError> {
         params.validate()?;
         let n_vocab = model.n_vocab();
+        params.check_vocabulary(n_vocab)?;
         let grammar = match params.grammar.as_deref() {
             Some(text) if !text.is_empty() => Some(GrammarSampler::new(model, text, GRAMMAR_ROOT)?),
             _ => None,
@@ -181,18 +224,28 @@ impl Sampler {
             params.repeat_last_n
         };
         let penalties = penalties_on && last_n != 0;
+        let bias = logit_bias(&params.logit_bias);
         let sampler = Sampler {
             raw,
-            greedy: params.temperature <= 0.0 && !penalties && grammar.is_none(),
+            greedy: params.temperature <= 0.0 && !penalties && bias.is_empty() && grammar.is_none(),
             grammar,
             candidates: Vec::new(),
-            penalties,
+            reshaping: usize::from(!bias.is_empty()) + usize::from(penalties),
             log_probs: Vec::new(),
         };
         // SAFETY (whole block): each init returns a new sampler whose ownership
         // passes to the chain, freed with it.
         unsafe {
-            if sampler.penalties {
+            if !bias.is_empty() {
+                // llama.cpp copies the array; every id is in the vocabulary
+                // (checked above).
+                sampler.add(sys::llama_sampler_init_logit_bias(
+                    n_vocab as i32,
+                    bias.len() as i32,
+                    bias.as_ptr(),
+                ));
+            }
+            if penalties {
                 sampler.add(sys::llama_sampler_init_penalties(
                     n_vocab as i32,
                     last_n,
@@ -281,8 +334,8 @@ impl Sampler {
     }
 
     /// The distribution log-probabilities are reported from, at batch row
-    /// `idx`: the log-softmax of the model's logits after the repetition
-    /// penalties, before the grammar, top-k, top-p, min-p and temperature cut
+    /// `idx`: the log-softmax of the model's logits after the logit bias and
+    /// the repetition penalties, before the grammar, top-k, top-p, min-p and temperature cut
     /// and reshape them; indexed by token id. Without penalties this is what
     /// llama.cpp's server reports by default (`n_probs` without
     /// `post_sampling_probs`: a softmax of the raw logits); with them it is the
@@ -292,19 +345,19 @@ impl Sampler {
     pub fn log_probs(&mut self, ctx: &Context, idx: i32) -> Result<&[f32], EngineError> {
         let logits = ctx.logits(idx)?;
         fill_candidates(&mut self.candidates, logits);
-        if self.penalties {
+        for i in 0..self.reshaping {
             let mut array = sys::llama_token_data_array {
                 data: self.candidates.as_mut_ptr(),
                 size: self.candidates.len(),
                 selected: -1,
                 sorted: false,
             };
-            // SAFETY: the chain is alive and holds the penalties first
-            // (`self.penalties`); they change logits in place, in order,
-            // without resizing `array`, which points at `candidates`.
+            // SAFETY: the chain is alive and its first `reshaping` samplers
+            // (the bias, the penalties) change logits in place, without
+            // resizing `array`, which points at `candidates`.
             unsafe {
-                let penalties = sys::llama_sampler_chain_get(self.raw.as_ptr(), 0);
-                sys::llama_sampler_apply(penalties, &mut array);
+                let reshaper = sys::llama_sampler_chain_get(self.raw.as_ptr(), i as i32);
+                sys::llama_sampler_apply(reshaper, &mut array);
             }
         }
         let max = self
@@ -382,6 +435,22 @@ impl Sampler {
         // SAFETY: the chain is alive.
         unsafe { sys::llama_sampler_accept(self.raw.as_ptr(), token) }
     }
+}
+
+/// `biases` as llama.cpp applies them: OpenAI's `-100` is a ban (minus
+/// infinity), the others are added as they are.
+fn logit_bias(biases: &[(i32, f32)]) -> Vec<sys::llama_logit_bias> {
+    biases
+        .iter()
+        .map(|&(token, bias)| sys::llama_logit_bias {
+            token,
+            bias: if bias <= -LOGIT_BIAS_MAX {
+                f32::NEG_INFINITY
+            } else {
+                bias
+            },
+        })
+        .collect()
 }
 
 /// Candidates the grammar checks first when it refused the sampled token.

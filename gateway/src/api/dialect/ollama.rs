@@ -38,12 +38,24 @@ const MAX_THREADS: i64 = 1024;
 pub struct OllamaOptions {
     /// Context window for this request, up to the model's training context
     /// (a larger one than the model is loaded with reloads it).
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub num_ctx: Option<i64>,
     /// Most tokens to generate; -1 (default) or -2 = until the context is full.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub num_predict: Option<i64>,
     /// 0.8 by default; 0 is greedy.
     pub temperature: Option<f32>,
     /// 40 by default; 0 disables.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub top_k: Option<i32>,
     /// 0.9 by default; 1 disables.
     pub top_p: Option<f32>,
@@ -52,22 +64,46 @@ pub struct OllamaOptions {
     /// Accepted for compatibility; not applied.
     pub typical_p: Option<f32>,
     /// 64 by default; 0 disables the penalties, -1 = whole context.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub repeat_last_n: Option<i32>,
     /// 1.0 (off) by default, as Ollama's `DefaultOptions` since 2026 (1.1 before).
     pub repeat_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     /// -1 (default) picks a random seed.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub seed: Option<i64>,
     /// Strings that end generation (not returned).
     #[schema(value_type = Vec<String>)]
     pub stop: Option<StopSpec>,
     /// Accepted; the server's batch size applies.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub num_batch: Option<i64>,
     /// Accepted; the server's thread count applies.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub num_thread: Option<i64>,
     /// Accepted; the placement is the scheduler's.
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub num_gpu: Option<i64>,
+    #[serde(
+        default,
+        deserialize_with = "crate::core::validation::integral::option"
+    )]
     pub num_keep: Option<i64>,
 }
 

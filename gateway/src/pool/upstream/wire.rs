@@ -100,6 +100,13 @@ pub fn generate_body(
     };
     body["stream"] = json!(true);
     if kind.speaks_ollama() {
+        if !params.sampling.logit_bias.is_empty() {
+            return Err(BackendError::Invalid(
+                "logit_bias cannot be passed on to this upstream server (Ollama's API has no \
+                 logit_bias): omit it, or use a model whose upstream speaks OpenAI's API"
+                    .into(),
+            ));
+        }
         body["options"] = ollama_options(params);
     } else {
         add_openai_sampling(&mut body, params);
@@ -218,6 +225,14 @@ fn add_openai_sampling(body: &mut Value, params: &GenerationParams) {
     }
     if !params.stop.is_empty() {
         body["stop"] = json!(params.stop);
+    }
+    if !s.logit_bias.is_empty() {
+        let bias: serde_json::Map<String, Value> = s
+            .logit_bias
+            .iter()
+            .map(|&(token, bias)| (token.to_string(), json!(bias)))
+            .collect();
+        body["logit_bias"] = Value::Object(bias);
     }
 }
 
@@ -504,6 +519,19 @@ mod tests {
             context: Vec::new(),
             params,
         }
+    }
+
+    #[test]
+    fn logit_bias_goes_to_openai_peers_and_is_refused_for_ollama_s_api() {
+        let mut chat = request(Prompt::messages(vec![ChatMessage::new("user", "hi")]));
+        chat.params.sampling.logit_bias = vec![(42, -100.0), (7, 2.5)];
+        let (_, body) = generate_body(UpstreamKind::Openai, "m", &chat).unwrap();
+        assert_eq!(body["logit_bias"], json!({"42": -100.0, "7": 2.5}));
+        let refused = generate_body(UpstreamKind::Ollama, "m", &chat).unwrap_err();
+        assert!(refused.to_string().contains("logit_bias"), "{refused}");
+        chat.params.sampling.logit_bias.clear();
+        let (_, body) = generate_body(UpstreamKind::Openai, "m", &chat).unwrap();
+        assert!(body.get("logit_bias").is_none());
     }
 
     #[test]
