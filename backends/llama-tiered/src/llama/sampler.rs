@@ -335,11 +335,12 @@ impl Sampler {
 
     /// The distribution log-probabilities are reported from, at batch row
     /// `idx`: the log-softmax of the model's logits after the logit bias and
-    /// the repetition penalties, before the grammar, top-k, top-p, min-p and temperature cut
-    /// and reshape them; indexed by token id. Without penalties this is what
-    /// llama.cpp's server reports by default (`n_probs` without
-    /// `post_sampling_probs`: a softmax of the raw logits); with them it is the
-    /// distribution greedy decoding picks the most likely token of. Call it
+    /// the repetition penalties, before the grammar, top-k, top-p, min-p and
+    /// temperature cut and reshape them; indexed by token id. Without bias
+    /// or penalties this is what llama.cpp's server reports by default
+    /// (`n_probs` without `post_sampling_probs`: a softmax of the raw
+    /// logits); with them it is the distribution greedy decoding picks the
+    /// most likely token of (a banned token's is minus infinity). Call it
     /// before [`Sampler::sample`], which adds the sampled token to the
     /// penalties' history.
     pub fn log_probs(&mut self, ctx: &Context, idx: i32) -> Result<&[f32], EngineError> {
