@@ -243,6 +243,39 @@ pub fn prompt_ubatch_tokens(mode: Mode, n_batch: u32, mut fits: impl FnMut(u32) 
     tokens.max(default)
 }
 
+/// The prompt pass (`n_ubatch`) of `candidates` that reads the fewest
+/// streamed bytes over a prompt of `prompt_tokens`: each pass of the graph
+/// reads the streamed weights its cache lacks once, so a candidate
+/// `(pass tokens, the stream cache its placement leaves)` reads
+/// `ceil(prompt / pass) × (stream − cache)`. The first candidate is the
+/// default pass; a larger pass takes larger compute buffers, which the
+/// cache pays for, and a smaller cache slows every decoded token too: a
+/// larger pass is a candidate only while it keeps [`PASS_CACHE_SHARE`] of
+/// the default pass's cache. Ties go to the smaller pass (smaller buffers,
+/// shorter steps for the sequences decoding beside a prompt). `None`
+/// without candidates.
+pub fn least_read_pass(
+    prompt_tokens: u32,
+    stream_bytes: u64,
+    candidates: &[(u32, u64)],
+) -> Option<u32> {
+    let reads = |&(pass, cache): &(u32, u64)| {
+        let passes = u64::from(prompt_tokens.max(1).div_ceil(pass.max(1)));
+        passes * stream_bytes.saturating_sub(cache)
+    };
+    let &(_, default_cache) = candidates.first()?;
+    candidates
+        .iter()
+        .filter(|&&(_, cache)| cache as f64 >= PASS_CACHE_SHARE * default_cache as f64)
+        .min_by_key(|c| (reads(c), c.0))
+        .map(|&(pass, _)| pass)
+}
+
+/// The share of the default prompt pass's stream cache a larger pass must
+/// keep ([`least_read_pass`]): on a model far bigger than its budget (the
+/// case larger passes are for) its buffers cost a few percent of the cache.
+pub const PASS_CACHE_SHARE: f64 = 0.9;
+
 impl Budgets {
     /// The budgets in force on `profile`: as given, capped by its capacity
     /// (GPU: total less [`GPU_RESERVE_BYTES`]; RAM: total); absent ones take
@@ -1632,5 +1665,22 @@ mod tests {
         for mode in [Mode::FullResident, Mode::DenseFfnStreaming] {
             assert_eq!(prompt_ubatch_tokens(mode, 4096, |_| panic!("asked")), 512);
         }
+    }
+
+    #[test]
+    fn the_prompt_pass_that_reads_least_wins_and_a_cache_that_holds_all_keeps_the_small_one() {
+        let gib = 1u64 << 30;
+        // Mixtral-like: 24 GiB streamed, a cache of 10 GiB at 512, 9 at 4096.
+        let big = [(512, 10 * gib), (1024, 10 * gib - gib / 4), (4096, 9 * gib)];
+        assert_eq!(least_read_pass(4096, 24 * gib, &big), Some(4096));
+        // A pass whose buffers take half the cache: decode would pay.
+        let costly = [(512, 200 << 20), (1024, 98 << 20)];
+        assert_eq!(least_read_pass(4096, 430 << 20, &costly), Some(512));
+        // A cache that holds every streamed weight at 512 reads nothing.
+        let held = [(512, 300 << 20), (2048, 200 << 20)];
+        assert_eq!(least_read_pass(4096, 243 << 20, &held), Some(512));
+        // Short prompts: one pass whichever, the smaller pass reads less.
+        assert_eq!(least_read_pass(300, 24 * gib, &big), Some(512));
+        assert_eq!(least_read_pass(300, 24 * gib, &[]), None);
     }
 }

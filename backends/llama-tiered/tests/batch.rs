@@ -21,6 +21,7 @@ fn config(n_parallel: u32) -> BatchConfig {
         n_parallel,
         n_ctx_per_seq: 512,
         n_batch: 512,
+        n_ubatch: 0,
         n_threads: 2,
         queue_limit: 16,
         prompt_cache: Default::default(),
@@ -193,6 +194,7 @@ fn a_long_prompt_is_split_and_does_not_stall_generating_sequences() {
         Arc::clone(&model),
         BatchConfig {
             n_batch: 32,
+            n_ubatch: 0,
             ..config(2)
         },
     )

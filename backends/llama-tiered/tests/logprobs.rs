@@ -25,6 +25,7 @@ fn engine(model: &Arc<Model>) -> BatchEngine {
         n_parallel: 1,
         n_ctx_per_seq: N_CTX,
         n_batch: 512,
+        n_ubatch: 0,
         n_threads: 2,
         queue_limit: 4,
         prompt_cache: Default::default(),

@@ -31,6 +31,7 @@ fn config(n_parallel: u32, prompt_cache: PromptCacheConfig) -> BatchConfig {
         n_parallel,
         n_ctx_per_seq: 2048,
         n_batch: 256,
+        n_ubatch: 0,
         n_threads: 2,
         queue_limit: 16,
         prompt_cache,

@@ -22,6 +22,7 @@ fn config() -> BatchConfig {
         n_parallel: 4,
         n_ctx_per_seq: 512,
         n_batch: 512,
+        n_ubatch: 0,
         n_threads: 2,
         queue_limit: 16,
         prompt_cache: Default::default(),

@@ -238,6 +238,7 @@ mod tests {
             profile: ServerProfile::new(h200()),
             overhead: Footprint::ZERO,
             prompt_cache_bytes: 0,
+            prompt_pass: 0,
         }
     }
 

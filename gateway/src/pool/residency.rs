@@ -126,6 +126,9 @@ pub struct BudgetedModel {
     /// `streaming`: an idle model's conversations stay on disk); capped by
     /// [`BudgetedModel::within`].
     pub prompt_cache_bytes: u64,
+    /// Tokens per prompt pass of its engine (`n_ubatch`; `0`: llama.cpp's
+    /// default): the contexts above are measured with it.
+    pub prompt_pass: u32,
 }
 
 impl BudgetedModel {
@@ -643,6 +646,7 @@ mod tests {
             profile: ServerProfile::new(profile),
             overhead: Footprint::ZERO,
             prompt_cache_bytes: 0,
+            prompt_pass: 0,
         }
     }
 
@@ -657,6 +661,7 @@ mod tests {
         };
         let wanting = |bytes| BudgetedModel {
             prompt_cache_bytes: bytes,
+            prompt_pass: 0,
             ..model(Some(full))
         };
         // An eighth of the RAM at most: 100 of 800.

@@ -29,6 +29,7 @@ pub fn contexts(path: &Path, mode: Mode) -> u64 {
         n_parallel: 1,
         n_ctx_per_seq: CONTEXT,
         n_batch: BATCH,
+        n_ubatch: 0,
         n_threads: 0,
         queue_limit: 1,
         prompt_cache: Default::default(),

@@ -31,6 +31,12 @@ pub struct BatchConfig {
     /// Most tokens per decode step; prompt chunks of several sequences share
     /// it. At least `n_parallel`, so every generating sequence fits each step.
     pub n_batch: u32,
+    /// Tokens per pass of the graph over a prompt (llama.cpp's `n_ubatch`),
+    /// at most `n_batch`; `0`: llama.cpp's default (`min(n_batch, 512)`).
+    /// A model whose experts stream reads each streamed expert once per
+    /// pass, so it is best one pass per prompt
+    /// ([`hypura_scheduler::plan::prompt_ubatch_tokens`]).
+    pub n_ubatch: u32,
     /// Decoding threads (`0` = one per available core).
     pub n_threads: u32,
     /// Requests waiting for a slot beyond which [`BatchEngine::submit`]
@@ -47,6 +53,7 @@ impl Default for BatchConfig {
             n_parallel: 4,
             n_ctx_per_seq: 4096,
             n_batch: 512,
+            n_ubatch: 0,
             n_threads: 0,
             queue_limit: 64,
             prompt_cache: PromptCacheConfig::default(),
@@ -80,6 +87,12 @@ impl BatchConfig {
             return invalid(format!(
                 "n_batch ({}) must be at least n_parallel ({}): every generating sequence needs a place in each step",
                 self.n_batch, self.n_parallel
+            ));
+        }
+        if self.n_ubatch > self.n_batch {
+            return invalid(format!(
+                "n_ubatch ({}) must be at most n_batch ({})",
+                self.n_ubatch, self.n_batch
             ));
         }
         if self.n_ctx_per_seq.checked_mul(self.n_slots()).is_none() {
@@ -120,6 +133,7 @@ impl BatchConfig {
         ContextParams {
             n_ctx: self.n_ctx_per_seq * self.n_slots(),
             n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
             n_seq_max: self.n_slots(),
             n_threads: self.n_threads,
             ..Default::default()
@@ -529,6 +543,10 @@ mod tests {
             BatchConfig {
                 n_ctx_per_seq: 1 << 30,
                 n_parallel: 16,
+                ..Default::default()
+            },
+            BatchConfig {
+                n_ubatch: 1024,
                 ..Default::default()
             },
         ];

@@ -16,7 +16,7 @@ use moka::sync::Cache;
 
 use super::leases::{Engine, InProcess, LoadedModel};
 use super::names::NamedModel;
-use super::placement::{batch_config, plan_settings};
+use super::placement::{batch_config, plan_settings, with_prompt_pass};
 use super::EngineSettings;
 use crate::core::backend::StreamCounters;
 use crate::core::models::ModelsError;
@@ -177,6 +177,7 @@ fn load_in_process(
     config.n_ctx_per_seq = config.n_ctx_per_seq.min(model.n_ctx_train().max(16));
     if let Some((budgeted, level)) = &budgeted {
         config.prompt_cache.ram_bytes = budgeted.prompt_cache_bytes(*level);
+        config = with_prompt_pass(config, budgeted.prompt_pass);
     }
     let n_ctx_per_seq = config.n_ctx_per_seq;
     let template = prompt::model_template(&model).map_err(|e| e.to_string());

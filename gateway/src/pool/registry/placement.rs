@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use hypura_gguf::GgufFile as HeaderFile;
 use hypura_scheduler::budget::{Footprint, Residency};
-use hypura_scheduler::plan::{Budgets, PlanSettings};
-use hypura_scheduler::profile::HardwareProfile;
+use hypura_scheduler::plan::{
+    least_read_pass, Budgets, PlanSettings, DEFAULT_UBATCH_TOKENS, MAX_STREAMED_UBATCH_TOKENS,
+};
 use llama_tiered::engine::BatchConfig;
 use llama_tiered::tiered::footprint::StreamFootprint;
 use llama_tiered::tiered::{context_memory, GpuShare, Mode};
@@ -45,10 +46,22 @@ pub(super) fn batch_config(named: &NamedModel, settings: &EngineSettings) -> Bat
         n_ctx_per_seq,
         // Every generating sequence needs a place in each decode step.
         n_batch: settings.n_batch.max(n_parallel),
+        n_ubatch: 0,
         n_threads: settings.n_threads,
         queue_limit: settings.queue_limit,
         prompt_cache: settings.prompt_cache.clone(),
     }
+}
+
+/// `config` with prompt passes of `pass` tokens (`0`: llama.cpp's default
+/// pass, the config as it is): the batch grows to a pass, so one prompt of
+/// up to `pass` tokens is one pass of the graph.
+pub(super) fn with_prompt_pass(mut config: BatchConfig, pass: u32) -> BatchConfig {
+    if pass > 0 {
+        config.n_batch = config.n_batch.max(pass);
+        config.n_ubatch = pass;
+    }
+    config
 }
 
 /// What the planner is asked for a model whatever its placement: the
@@ -70,6 +83,13 @@ pub(super) fn plan_settings(named: &NamedModel, settings: &EngineSettings) -> Pl
 /// GPU as the GPU budget holds beside their KV cache and compute buffers),
 /// both the planner's, each with what its contexts hold, measured by
 /// llama.cpp without loading any weight. `limit`: the whole budget.
+///
+/// A MoE that streams experts reads, in each prompt pass of the graph, the
+/// streamed experts its cache lacks: its prompts pass the graph in the pass
+/// ([`least_read_pass`] over the context's worth of prompt) that reads the
+/// least, each pass's larger compute buffers measured and charged and the
+/// cache left beside them counted; llama.cpp's default pass where the cache
+/// holds the experts anyway.
 fn budgeted_model(
     named: &NamedModel,
     settings: &EngineSettings,
@@ -78,7 +98,56 @@ fn budgeted_model(
 ) -> Result<BudgetedModel, String> {
     let file = HeaderFile::open(named.source.local_path().as_path()).map_err(|e| e.to_string())?;
     let footprint = StreamFootprint::of(&file);
-    let contexts = batch_config(named, settings).contexts(n_ctx_train(named));
+    let default = budgeted_model_at(named, settings, limit, gpu_left, footprint, 0)?;
+    let mut chosen = None;
+    if footprint.mode == Mode::ExpertStreaming {
+        let n_ctx = batch_config(named, settings).n_ctx_per_seq;
+        // The stream cache the budget leaves a placement alone.
+        let cache = |model: &BudgetedModel| {
+            let least = model.footprint_at(Residency::Streaming);
+            least.fits_in(limit).then(|| {
+                (footprint.minimum_cache_bytes + limit.ram_bytes.saturating_sub(least.ram_bytes))
+                    .min(footprint.stream_bytes)
+            })
+        };
+        let default_pass = n_ctx.min(DEFAULT_UBATCH_TOKENS);
+        let mut candidates: Vec<(u32, u64)> = cache(&default)
+            .map(|c| (default_pass, c))
+            .into_iter()
+            .collect();
+        let mut larger = Vec::new();
+        let mut pass = n_ctx.min(MAX_STREAMED_UBATCH_TOKENS);
+        while pass > default_pass {
+            if let Ok(model) = budgeted_model_at(named, settings, limit, gpu_left, footprint, pass)
+            {
+                if let Some(c) = cache(&model) {
+                    candidates.push((pass, c));
+                    larger.push(model);
+                }
+            }
+            pass /= 2;
+        }
+        let best = least_read_pass(n_ctx, footprint.stream_bytes, &candidates);
+        chosen = larger.into_iter().find(|m| Some(m.prompt_pass) == best);
+    }
+    // The least it needs is the default pass's: with less room than a
+    // larger pass needs, it gets the default one.
+    log_plan_alone(named, &default, chosen.as_ref().map(|m| m.prompt_pass));
+    Ok(chosen.unwrap_or(default))
+}
+
+/// [`budgeted_model`] with prompt passes of `pass` tokens
+/// ([`with_prompt_pass`]).
+fn budgeted_model_at(
+    named: &NamedModel,
+    settings: &EngineSettings,
+    limit: Footprint,
+    gpu_left: u64,
+    footprint: StreamFootprint,
+    pass: u32,
+) -> Result<BudgetedModel, String> {
+    let contexts =
+        with_prompt_pass(batch_config(named, settings), pass).contexts(n_ctx_train(named));
     let base = plan_settings(named, settings);
     let profile = settings.profile.get();
     let named_error = |e: String| format!("{}: {e}", named.name);
@@ -158,9 +227,8 @@ fn budgeted_model(
         settings: base,
         profile: Arc::clone(&settings.profile),
         prompt_cache_bytes: settings.prompt_cache.ram_bytes,
+        prompt_pass: pass,
     };
-    let least = model.footprint_at(Residency::Streaming);
-    log_plan_alone(named, &profile, base, least);
     Ok(model)
 }
 
@@ -183,23 +251,33 @@ pub fn least_under_budget(path: &Path, settings: &EngineSettings) -> Result<Foot
         settings.gpu_budget_bytes.unwrap_or(0),
         settings.ram_budget_bytes.unwrap_or(u64::MAX),
     );
-    let model = budgeted_model(&named, settings, limit, limit.gpu_bytes)?;
+    let footprint = StreamFootprint::of(&HeaderFile::open(path).map_err(|e| e.to_string())?);
+    // The default prompt pass: the least room it runs in.
+    let model = budgeted_model_at(&named, settings, limit, limit.gpu_bytes, footprint, 0)?;
     Ok(model.footprint_at(Residency::Streaming))
 }
 
 /// Logs what the planner would choose for a model alone under the server's
 /// budgets (what `hypura inspect --plan` shows for them); the budget policy
-/// then shares the budgets between models by residency. `least`: what the
-/// budget charges it at the least (streaming, its contexts and runner
-/// included), the figure its refusal names when it cannot fit.
-fn log_plan_alone(
-    named: &NamedModel,
-    profile: &HardwareProfile,
-    base: PlanSettings,
-    least: Footprint,
-) {
-    let alone = format!("alone under the budgets; at least {least} under the budget");
-    match plan_model(named.source.local_path(), profile, base) {
+/// then shares the budgets between models by residency. It names what the
+/// budget charges the model at the least (streaming, its contexts and runner
+/// included: the figure its refusal names when it cannot fit), and its
+/// prompt pass when that is not llama.cpp's default.
+fn log_plan_alone(named: &NamedModel, model: &BudgetedModel, pass: Option<u32>) {
+    let least = model.footprint_at(Residency::Streaming);
+    let pass = match pass {
+        None => String::new(),
+        Some(tokens) => format!(
+            "; its experts stream: prompts pass the graph {tokens} tokens at a time, \
+             its contexts charged for it"
+        ),
+    };
+    let alone = format!("alone under the budgets; at least {least} under the budget{pass}");
+    match plan_model(
+        named.source.local_path(),
+        &model.profile.get(),
+        model.settings,
+    ) {
         Ok((plan, _)) => log_placement(&named.name, &alone, &plan),
         Err(e) => eprintln!("hypura: {} {alone}: {e}", named.name),
     }

@@ -73,6 +73,7 @@ pub fn load_spec(
             settings: model.settings,
             overhead: model.overhead,
             prompt_cache_bytes: model.prompt_cache_bytes,
+            prompt_pass: model.prompt_pass,
         }),
     }
 }
@@ -139,6 +140,7 @@ pub fn from_spec(spec: LoadSpec) -> Result<Loadable, String> {
                 profile,
                 overhead: b.overhead,
                 prompt_cache_bytes: b.prompt_cache_bytes,
+                prompt_pass: b.prompt_pass,
             };
             Some((model, b.level))
         }

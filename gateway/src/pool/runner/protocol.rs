@@ -195,6 +195,8 @@ pub struct BudgetedSpec {
     /// [`crate::pool::residency::BudgetedModel::prompt_cache_bytes`].
     #[serde(default)]
     pub prompt_cache_bytes: u64,
+    #[serde(default)]
+    pub prompt_pass: u32,
 }
 
 /// [`crate::pool::residency::FullPlacement`] on the wire.
