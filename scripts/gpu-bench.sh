@@ -38,6 +38,7 @@ H=$PWD/.devcarry/hypura
 # Carried xz-compressed where the device tool's size limit is tight.
 [ -x "$H" ] || { [ -f "$H.xz" ] && xz -dc "$H.xz" >"$H" && chmod +x "$H"; }
 S=$PWD/.devcarry/hypura-synth
+[ -x "$S" ] || { [ -f "$S.xz" ] && xz -dc "$S.xz" >"$S" && chmod +x "$S"; }
 LB=$W/llama-decode-bench
 DENSE=$W/llama-8b-q4k.gguf
 MOE=$W/mixtral-8l-q4k.gguf
@@ -735,7 +736,9 @@ vsmixtral() {
 # (default "22 23": the best at this memory), with its default -ub 512 and
 # with -ub 2048. Both in a cgroup of MIX_LB_MAX (the RAM budget plus the host
 # overhead) unless MIX_CG=0; page cache dropped before each.
-MOEMIX=$W/mixtral-8x7b-routed-q4k.gguf
+# MOEMIX: another file of the same shape and routing may stand in (gpu-agent.sh's
+# bigmodel, written by a hypura-synth whose Mixtral presets default to --routing mixtral).
+MOEMIX=${MOEMIX:-$W/mixtral-8x7b-routed-q4k.gguf}
 vsmixprompt() {
   if [ ! -f "$MOEMIX" ]; then
     late vsmixprompt && return 0
