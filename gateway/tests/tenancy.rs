@@ -332,3 +332,172 @@ fn interactive_users_never_wait_for_the_batch_queue_and_limits_and_usage_hold() 
     assert_eq!(complete(&server, &alice, "hi", 1).0, 200);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A fresh directory for one test's keys file.
+fn test_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hypura-tenancy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// SmolLM2's end tokens (`<|endoftext|>`, `<|im_end|>`) banned: a reply
+/// that runs to its `max_tokens`.
+const NO_END: &str = r#"{"0": -100, "2": -100}"#;
+
+#[test]
+fn hypura_ps_shows_who_holds_each_slot_and_who_waits() {
+    let dir = test_dir("ps");
+    let file = dir.join("keys.toml");
+    let alice = add_key(&file, "alice", &[]);
+    let bob = add_key(&file, "bob", &[]);
+    let admin = add_key(&file, "ops", &["--role", "admin"]);
+    let server = Server::start(&["--parallel", "1", "--keys-file", file.to_str().unwrap()]);
+    // Alice's long reply holds the one slot: its stream is left unread
+    // after its first bytes, so it holds the slot until it is dropped.
+    let mut held = client()
+        .post(server.url("/v1/completions"))
+        .bearer_auth(&alice)
+        .json(&json!({
+            "model": MODEL, "prompt": "Once upon a time", "max_tokens": 3000,
+            "temperature": 0, "stream": true,
+            "logit_bias": serde_json::from_str::<Value>(NO_END).unwrap()
+        }))
+        .send()
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let mut first = [0u8; 16];
+    assert!(std::io::Read::read(&mut held, &mut first).unwrap() > 0);
+    // Bob's request waits for it.
+    let waiting = {
+        let (url, key) = (server.base.clone(), bob.clone());
+        std::thread::spawn(move || {
+            client()
+                .post(format!("{url}/v1/completions"))
+                .bearer_auth(key)
+                .json(&json!({"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}))
+                .send()
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    let slots = |user: &str| -> Option<(u64, u64)> {
+        let usage: Value = client()
+            .get(server.url("/api/usage"))
+            .bearer_auth(&admin)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let users = usage["models"][0]["users"].as_array()?;
+        let u = users.iter().find(|u| u["user"] == user)?;
+        Some((u["running"].as_u64()?, u["waiting"].as_u64()?))
+    };
+    wait_until(Duration::from_secs(60), "bob waits behind alice", || {
+        slots("bob") == Some((0, 1))
+    });
+    assert_eq!(slots("alice"), Some((1, 0)));
+
+    let ps = |key: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hypura"))
+            .arg("ps")
+            .env("HYPURA_HOST", &server.base)
+            .env("HYPURA_API_KEY", key)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = ps(&admin);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("MODEL "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["MODEL", "USER", "RUNNING", "WAITING"],
+            vec![MODEL, "alice", "1", "0"],
+            vec![MODEL, "bob", "0", "1"],
+        ],
+        "{table}"
+    );
+    assert!(
+        table.starts_with("NAME "),
+        "the models' table first: {table}"
+    );
+    // A user's key reads the models, not who uses them.
+    let table = ps(&alice);
+    assert!(
+        table.starts_with("NAME ") && table.contains(MODEL),
+        "{table}"
+    );
+    assert!(
+        !table.contains("alice") && !table.contains("WAITING"),
+        "{table}"
+    );
+
+    // Alice's stream dropped, her slot goes to Bob.
+    drop(held);
+    assert_eq!(waiting.join().unwrap(), 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_keys_file_with_a_key_guards_a_lan_address_alone() {
+    let dir = test_dir("lan");
+    let file = dir.join("keys.toml");
+    let model = common::smollm2();
+    let serve = |file: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_hypura"))
+            .arg("serve")
+            .arg(&model)
+            .args(["--host", "0.0.0.0", "--port", "0", "--keys-file"])
+            .arg(file)
+            .env("HYPURA_CACHE_DIR", common::profile_cache_dir())
+            .env_remove("HYPURA_API_KEY")
+            .env_remove("HYPURA_ADMIN_KEY")
+            .output()
+            .unwrap()
+    };
+    // No key at all (the file holds none): refused, as without a keys file.
+    let out = serve(&file);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("lets anyone on the network use every model")
+            && err.contains("(the keys file holds no key)"),
+        "{err}"
+    );
+
+    let alice = add_key(&file, "alice", &[]);
+    let server = Server::start(&["--host", "0.0.0.0", "--keys-file", file.to_str().unwrap()]);
+    assert!(
+        server.base.starts_with("http://0.0.0.0:"),
+        "{}",
+        server.base
+    );
+    let r = client()
+        .post(server.url("/v1/completions"))
+        .json(&json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(complete(&server, "hyp_wrong", "hi", 1).0, 401);
+    let (status, _, body) = complete(&server, &alice, "hi", 1);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tokens(&body).1, 1);
+    let r = client()
+        .get(server.url("/api/tags"))
+        .bearer_auth(&alice)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -67,7 +67,8 @@ pub struct ServeArgs {
     /// /api/delete, where the API key is not enough (also read from HYPURA_ADMIN_KEY).
     #[arg(long, env = "HYPURA_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
-    /// Allow listening on a non-loopback address without an API key.
+    /// Allow listening on a non-loopback address without an API key (or a
+    /// keys file holding one).
     #[arg(long)]
     insecure_no_auth: bool,
     /// Named API keys with roles and limits (`hypura keys add`; read again
@@ -333,6 +334,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut default_roots: Vec<PathBuf> = models_dir.iter().cloned().collect();
     default_roots.extend(paths.iter().cloned());
     default_roots.extend(file.models.iter().map(|m| m.path.clone()));
+    // Read before the key check: a keys file holding a key guards a LAN bind.
+    let tenancy = match args.keys_file.or(file.keys_file) {
+        Some(path) => {
+            let queue_limit = registry.settings().queue_limit;
+            let tenancy =
+                crate::tenancy::Tenancy::with_keys_file(parallel as usize, queue_limit, &path)
+                    .map_err(|e| anyhow::anyhow!("--keys-file {}: {e}", path.display()))?;
+            Some(Arc::new(tenancy))
+        }
+        None => None,
+    };
     let security = Security::new(
         SecuritySettings {
             api_key,
@@ -342,6 +354,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ..file.security
         },
         addr,
+        tenancy.as_ref().map(|t| t.keys().tenants.len()),
     )?;
     if let Some(dir) = &models_dir {
         crate::api::pull::remove_stale_parts(dir);
@@ -362,12 +375,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.metrics_open_on_loopback || file.metrics_open_on_loopback.unwrap_or(false),
         security,
     );
-    if let Some(path) = args.keys_file.or(file.keys_file) {
-        let queue_limit = state.registry.settings().queue_limit;
-        let tenancy =
-            crate::tenancy::Tenancy::with_keys_file(parallel as usize, queue_limit, &path)
-                .map_err(|e| anyhow::anyhow!("--keys-file {}: {e}", path.display()))?;
-        state.tenancy = Arc::new(tenancy);
+    if let Some(tenancy) = tenancy {
+        state.tenancy = tenancy;
         let _in_runtime = runtime.enter();
         state.tenancy.watch();
         let tenancy = Arc::clone(&state.tenancy);

@@ -34,6 +34,9 @@ pub struct Security {
     /// The server binds a non-loopback address: a key is required (unless
     /// `insecure_no_auth`), on reload too.
     lan_needs_key: bool,
+    /// A keys file with named keys guards every route (they are checked
+    /// by [`guard::auth`]), so a LAN bind needs no API or admin key besides.
+    keys_file_guards: bool,
     pub roots: ModelRoots,
     pub pull: PullPolicy,
 }
@@ -67,12 +70,31 @@ pub struct SecuritySettings {
 
 impl Security {
     /// Checks the settings against the address the server binds: a
-    /// non-loopback address needs an API key unless `insecure_no_auth`.
-    pub fn new(settings: SecuritySettings, bind: SocketAddr) -> anyhow::Result<Security> {
+    /// non-loopback address needs a key unless `insecure_no_auth`: an API
+    /// or admin key, or a keys file holding at least one key (`named_keys`:
+    /// how many its entries are, `None` without a keys file). A keys file
+    /// goes on guarding every route when it is read again, even emptied
+    /// (then every request is refused: it never opens the server).
+    pub fn new(
+        settings: SecuritySettings,
+        bind: SocketAddr,
+        named_keys: Option<usize>,
+    ) -> anyhow::Result<Security> {
         let loopback = bind.ip().is_loopback();
         let lan_needs_key = !loopback && !settings.insecure_no_auth;
-        let keys = KeyPair::checked(settings.api_key, settings.admin_key, lan_needs_key)
-            .map_err(|e| anyhow::anyhow!(e.replace("{ip}", &bind.ip().to_string())))?;
+        let keys_file_guards = named_keys.is_some_and(|n| n > 0);
+        let keys = KeyPair::checked(
+            settings.api_key,
+            settings.admin_key,
+            lan_needs_key && !keys_file_guards,
+        )
+        .map_err(|e| {
+            let e = e.replace("{ip}", &bind.ip().to_string());
+            match named_keys {
+                Some(0) => anyhow::anyhow!("{e} (the keys file holds no key)"),
+                _ => anyhow::anyhow!(e),
+            }
+        })?;
         let roots = if settings.model_roots.is_empty() {
             settings.default_roots
         } else {
@@ -82,6 +104,7 @@ impl Security {
             origins: OriginPolicy::new(settings.allowed_origins, settings.allowed_hosts, bind.ip()),
             keys: Keys::new(keys),
             lan_needs_key,
+            keys_file_guards,
             roots: ModelRoots::new(&roots),
             pull: PullPolicy::new(
                 settings.pull_hosts,
@@ -100,7 +123,7 @@ impl Security {
     /// Replaces the keys (a configuration read again), checked as at
     /// start; on an error the keys in use stay. Whether they changed.
     pub fn reload_keys(&self, api: Option<String>, admin: Option<String>) -> Result<bool, String> {
-        let keys = KeyPair::checked(api, admin, self.lan_needs_key)
+        let keys = KeyPair::checked(api, admin, self.lan_needs_key && !self.keys_file_guards)
             .map_err(|e| e.replace("{ip}", "a non-loopback address"))?;
         Ok(self.keys.replace(keys))
     }
@@ -116,6 +139,7 @@ impl Security {
             ),
             keys: Keys::new(KeyPair::default()),
             lan_needs_key: false,
+            keys_file_guards: false,
             roots: ModelRoots::new(&[]),
             pull: PullPolicy::new(Vec::new(), false, None),
         }
@@ -184,8 +208,9 @@ impl KeyPair {
         if lan_needs_key && keys.api.is_none() && keys.admin.is_none() {
             return Err(
                 "listening on {ip} (not a loopback address) lets anyone on the network use every \
-                 model: give an API key (--api-key, HYPURA_API_KEY or [server] api_key), or \
-                 --insecure-no-auth to serve without one"
+                 model: give an API key (--api-key, HYPURA_API_KEY or [server] api_key) or a \
+                 keys file with at least one key (--keys-file or [server] keys_file, `hypura \
+                 keys add`), or --insecure-no-auth to serve without one"
                     .into(),
             );
         }
@@ -200,22 +225,38 @@ mod tests {
     #[test]
     fn a_lan_address_needs_a_key() {
         let lan: SocketAddr = "0.0.0.0:11434".parse().unwrap();
-        let err = Security::new(SecuritySettings::default(), lan).unwrap_err();
+        let err = Security::new(SecuritySettings::default(), lan, None).unwrap_err();
         assert!(err.to_string().contains("--insecure-no-auth"), "{err}");
         let keyed = SecuritySettings {
             api_key: Some("k".into()),
             ..SecuritySettings::default()
         };
-        assert!(Security::new(keyed, lan).is_ok());
+        assert!(Security::new(keyed, lan, None).is_ok());
         let insecure = SecuritySettings {
             insecure_no_auth: true,
             ..SecuritySettings::default()
         };
-        assert!(Security::new(insecure, lan).is_ok());
+        assert!(Security::new(insecure, lan, None).is_ok());
         let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        assert!(Security::new(SecuritySettings::default(), local).is_ok());
+        assert!(Security::new(SecuritySettings::default(), local, None).is_ok());
         let v6: SocketAddr = "[::1]:0".parse().unwrap();
-        assert!(Security::new(SecuritySettings::default(), v6).is_ok());
+        assert!(Security::new(SecuritySettings::default(), v6, None).is_ok());
+    }
+
+    #[test]
+    fn a_keys_file_with_a_key_guards_a_lan_address() {
+        let lan: SocketAddr = "0.0.0.0:11434".parse().unwrap();
+        let security = Security::new(SecuritySettings::default(), lan, Some(1)).unwrap();
+        assert!(security.lan_needs_key());
+        // Its reload may leave the API and admin keys unset.
+        assert_eq!(security.reload_keys(None, None), Ok(false));
+        // An empty keys file guards nothing: still refused.
+        let err = Security::new(SecuritySettings::default(), lan, Some(0)).unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("--keys-file") && err.ends_with("(the keys file holds no key)"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -226,7 +267,9 @@ mod tests {
                 api_key: Some(blank.into()),
                 ..SecuritySettings::default()
             };
-            let err = Security::new(settings, local).unwrap_err().to_string();
+            let err = Security::new(settings, local, None)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("whitespace"), "{err}");
         }
         let lan: SocketAddr = "0.0.0.0:11434".parse().unwrap();
@@ -236,6 +279,7 @@ mod tests {
                 ..SecuritySettings::default()
             },
             lan,
+            None,
         )
         .unwrap();
         assert_eq!(security.keys.get().api.as_deref(), Some("k"));

@@ -1,5 +1,7 @@
 //! `hypura ps`: the models in memory, as `ollama ps` lists them, plus where
-//! their weights are (residency, bytes per tier) and their slots.
+//! their weights are (residency, bytes per tier) and their slots; with an
+//! admin key (or on a server that asks for none), who holds each model's
+//! slots and how many of each user's requests wait (`GET /api/usage`).
 use clap::Args;
 use serde_json::Value;
 
@@ -14,12 +16,50 @@ pub struct PsArgs {
 }
 
 pub fn ps(args: PsArgs) -> anyhow::Result<()> {
-    let reply = Client::from_env()?.get("/api/ps")?;
+    let client = Client::from_env()?;
+    let reply = client.get("/api/ps")?;
     if args.json {
         return print_json(&reply);
     }
     print!("{}", render(&reply, chrono::Utc::now()));
+    // Admins only where keys are in use, and hypura's alone: a refusal or an
+    // Ollama server (404) leaves the users out.
+    if let Ok(usage) = client.get("/api/usage") {
+        print!("{}", render_users(&usage));
+    }
     Ok(())
+}
+
+/// Who holds each model's slots and who waits for them, from
+/// `/api/usage`'s `models`: a row per model and user with requests running
+/// or waiting, after a blank line; nothing when nobody has any.
+pub fn render_users(usage: &Value) -> String {
+    let models = usage["models"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let rows: Vec<Vec<String>> = models
+        .iter()
+        .flat_map(|m| {
+            let users = m["users"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            users.iter().filter_map(move |u| {
+                let running = u["running"].as_u64().unwrap_or(0);
+                let waiting = u["waiting"].as_u64().unwrap_or(0);
+                (running + waiting > 0).then(|| {
+                    vec![
+                        text(&m["model"]),
+                        text(&u["user"]),
+                        running.to_string(),
+                        waiting.to_string(),
+                    ]
+                })
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n{}",
+        table(&["MODEL", "USER", "RUNNING", "WAITING"], &rows)
+    )
 }
 
 /// The columns of `ollama ps` (NAME ID SIZE PROCESSOR … CONTEXT UNTIL) with
@@ -117,5 +157,25 @@ mod tests {
             "NAME                                 ID              SIZE     PROCESSOR    RESIDENCY    GPU    RAM      STREAM    SLOTS     TOK/S    CONTEXT    UNTIL\n\
              SmolLM2-135M-Instruct.Q4_1:latest    b179c9523d0e    98 MB    100% CPU     full         0 B    98 MB    0 B       1/4 +2    41.3     4096       4 minutes from now\n"
         );
+    }
+
+    #[test]
+    fn a_row_per_user_holding_or_waiting_for_a_slot() {
+        let usage = json!({"users": [], "models": [
+            {"model": "smol:latest", "users": [
+                {"user": "alice", "running": 1, "waiting": 0},
+                {"user": "batch", "running": 1, "waiting": 38},
+                {"user": "idle", "running": 0, "waiting": 0}
+            ]},
+            {"model": "quiet:latest", "users": [{"user": "bob", "running": 0, "waiting": 0}]}
+        ]});
+        assert_eq!(
+            render_users(&usage),
+            "\nMODEL          USER     RUNNING    WAITING\n\
+             smol:latest    alice    1          0\n\
+             smol:latest    batch    1          38\n"
+        );
+        let nobody = json!({"users": [], "models": [{"model": "quiet:latest", "users": []}]});
+        assert_eq!(render_users(&nobody), "");
     }
 }
