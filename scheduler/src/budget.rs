@@ -35,6 +35,13 @@
 //! request (those wait too) until it is in, so each waits at most for the
 //! work running when it came, plus the loads. Waiters get room in the order
 //! they came (a later one leaves room for the earlier ones).
+//!
+//! Requests the server holds before they ask (the fair gate in front of a
+//! model's slots) are announced with [`BudgetPolicy::arrive`]: a model with
+//! such a request that came before another's is busy to that other's
+//! request (not idle, so never unloaded for it, and drained only after the
+//! announced request has run), and an announced request keeps the place
+//! its arrival gives it among waiters ([`BudgetPolicy::request_announced`]).
 use std::fmt;
 use std::time::Duration;
 
@@ -285,6 +292,9 @@ struct ModelState {
     /// load): no promotion to it or above until the model is unloaded.
     failed_at: Option<Residency>,
     in_flight: usize,
+    /// Requests announced for it that have not been admitted yet
+    /// ([`BudgetPolicy::arrive`]), and when each came.
+    coming: Vec<(Ticket, Duration)>,
     /// Requests per half-life, decayed ([`BudgetPolicy::heat`]).
     heat: f64,
     heat_at: Duration,
@@ -313,6 +323,16 @@ impl ModelState {
         self.heat * 0.5f64.powf(dt / half_life.as_secs_f64().max(1e-9))
     }
 
+    /// Whether nothing runs on it nor is announced for it before `came`
+    /// (`None`: announced at all): idle to a request that came then.
+    fn idle_for(&self, came: Option<Duration>) -> bool {
+        self.in_flight == 0
+            && self
+                .coming
+                .iter()
+                .all(|&(_, at)| came.is_some_and(|came| at >= came))
+    }
+
     /// The lowest level a move may take it to now.
     fn floor(&self) -> Residency {
         let floor = if self.in_flight > 0 {
@@ -330,7 +350,11 @@ pub struct BudgetPolicy {
     budget: Footprint,
     config: PolicyConfig,
     models: Vec<ModelState>,
+    next_ticket: Ticket,
 }
+
+/// A request announced with [`BudgetPolicy::arrive`].
+pub type Ticket = u64;
 
 impl BudgetPolicy {
     pub fn new(budget: Footprint, config: PolicyConfig) -> BudgetPolicy {
@@ -338,6 +362,7 @@ impl BudgetPolicy {
             budget,
             config,
             models: Vec::new(),
+            next_ticket: 0,
         }
     }
 
@@ -392,6 +417,7 @@ impl BudgetPolicy {
             waiting_asked: None,
             drain_for: None,
             in_flight: 0,
+            coming: Vec::new(),
             heat: 0.0,
             heat_at: Duration::ZERO,
             last_used: Duration::ZERO,
@@ -453,21 +479,84 @@ impl BudgetPolicy {
     /// ([`Admission::Wait`]; module docs). A waiting caller asks again after
     /// every change, and at least every [`WAITING_FRESH`].
     pub fn request(&mut self, id: ModelId, now: Duration) -> Admission {
+        self.request_announced(id, now, None)
+    }
+
+    /// Announces a request for `id` that came at `now` and will ask later
+    /// ([`BudgetPolicy::request_announced`] with the ticket), held before
+    /// that (e.g. waiting for one of the model's slots): from now on the
+    /// model is not idle to requests that come after it. Withdrawn by
+    /// [`BudgetPolicy::leave`], or by its admission.
+    pub fn arrive(&mut self, id: ModelId, now: Duration) -> Ticket {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.models[id].coming.push((ticket, now));
+        ticket
+    }
+
+    /// An announced request went away before it was admitted (none when it
+    /// was admitted already). Whether it was still announced.
+    pub fn leave(&mut self, id: ModelId, ticket: Ticket) -> bool {
+        let coming = &mut self.models[id].coming;
+        let before = coming.len();
+        coming.retain(|&(t, _)| t != ticket);
+        coming.len() < before
+    }
+
+    /// Requests announced for `id` and not admitted yet.
+    pub fn coming(&self, id: ModelId) -> usize {
+        self.models[id].coming.len()
+    }
+
+    /// [`BudgetPolicy::request`] of a request announced with `ticket`
+    /// (`None`, or one admitted already: as it comes now): it counts as
+    /// having come when announced, before the requests that came after it
+    /// whatever the order they ask in; a model draining for a later one
+    /// still takes it. Once admitted it is no longer announced.
+    pub fn request_announced(
+        &mut self,
+        id: ModelId,
+        now: Duration,
+        ticket: Option<Ticket>,
+    ) -> Admission {
         // Whatever this model's waiter marked draining before is planned anew.
         self.clear_drains_for(id);
+        let announced = ticket.and_then(|t| {
+            let coming = &self.models[id].coming;
+            coming.iter().find(|&&(c, _)| c == t).map(|&(_, at)| at)
+        });
+        let fresh_mark = self.waiting_for(id, now).and(self.models[id].waiting_since);
+        let came = announced.or(fresh_mark).unwrap_or(now);
+        let admission = self.admit_came(id, now, came);
+        if matches!(admission, Admission::Ready | Admission::Load { .. }) {
+            if let Some(t) = ticket {
+                self.leave(id, t);
+            }
+        }
+        admission
+    }
+
+    /// [`BudgetPolicy::request_announced`] of a request that came at `came`.
+    fn admit_came(&mut self, id: ModelId, now: Duration, came: Duration) -> Admission {
         let model = &self.models[id];
         if model.moving_to == Some(Residency::Unloaded) {
             // Being unloaded: load it again once that is done.
-            return self.wait(id, now, Vec::new());
+            return self.wait(id, now, came, Vec::new());
         }
         if model.level > Residency::Unloaded || model.moving_to.is_some() {
             if let Some(waiter) = self.draining(id, now) {
+                let after = self.models[waiter].waiting_since.unwrap_or(now);
+                if came < after {
+                    // It came before the request the model drains for: that
+                    // one waits for it as for the work running when it came.
+                    self.count_request(id, now);
+                    return Admission::Ready;
+                }
                 // In line behind the request it drains for, when it comes
                 // now; one already waiting keeps its place (the model may
                 // drain for a later waiter once the first is in).
-                let after = self.models[waiter].waiting_since.unwrap_or(now);
                 let already = self.waiting_for(id, now).is_some();
-                let admission = self.wait(id, now, Vec::new());
+                let admission = self.wait(id, now, came, Vec::new());
                 if !already {
                     let since = &mut self.models[id].waiting_since;
                     *since = (*since).max(Some(after + Duration::from_nanos(1)));
@@ -480,7 +569,7 @@ impl BudgetPolicy {
         if !model.spec.streaming.fits_in(self.budget) {
             return Admission::Reject(too_big(&model.spec, self.budget));
         }
-        let before = self.waiting_before(id, now);
+        let before = self.waiting_before(id, now, came);
         let room = self.room().saturating_sub(before);
         for level in [Residency::Full, Residency::Partial, Residency::Streaming] {
             if !self.may_hold(id, level) {
@@ -506,28 +595,30 @@ impl BudgetPolicy {
                 id,
                 need: need.add(before),
                 now,
+                came: Some(came),
                 stages,
             };
             if let Some(plan) = self.plan_room(&want, Some(self.room()), &[], false) {
                 let moves = self.start_moves(plan);
-                return self.wait(id, now, moves);
+                return self.wait(id, now, came, moves);
             }
         }
         let moves = self
-            .make_room(id, Residency::Streaming, now, true)
+            .make_room(id, Residency::Streaming, now, Some(came))
             .unwrap_or_default();
-        self.wait(id, now, moves)
+        self.wait(id, now, came, moves)
     }
 
-    /// Marks a request for `id` waiting (asked at `now`).
-    fn wait(&mut self, id: ModelId, now: Duration, moves: Vec<Move>) -> Admission {
+    /// Marks a request for `id` that came at `came` waiting (asked at `now`).
+    fn wait(&mut self, id: ModelId, now: Duration, came: Duration, moves: Vec<Move>) -> Admission {
         let model = &mut self.models[id];
         let fresh = model
             .waiting_asked
             .is_some_and(|at| now.saturating_sub(at) <= WAITING_FRESH);
-        if !fresh {
-            model.waiting_since = Some(now);
-        }
+        model.waiting_since = match model.waiting_since {
+            Some(since) if fresh => Some(since.min(came)),
+            _ => Some(came),
+        };
         model.waiting_asked = Some(now);
         Admission::Wait { moves }
     }
@@ -662,7 +753,7 @@ impl BudgetPolicy {
                 .is_some_and(|k| now.saturating_sub(m.last_used) >= k);
             let to = m.spec.pin.min(m.level);
             if m.moving_to.is_none()
-                && m.in_flight == 0
+                && m.idle_for(None)
                 && m.level > m.spec.pin
                 && expired
                 && m.extra_to(to).fits_in(self.room())
@@ -676,7 +767,7 @@ impl BudgetPolicy {
             let idle = now.saturating_sub(m.last_used) >= self.config.demote_after;
             let to = Residency::Streaming.max(m.spec.pin);
             if m.moving_to.is_none()
-                && m.in_flight == 0
+                && m.idle_for(None)
                 && idle
                 && m.level > to
                 && m.extra_to(to).fits_in(self.room())
@@ -709,7 +800,7 @@ impl BudgetPolicy {
                 if failed || !self.may_hold(id, level) {
                     continue;
                 }
-                if let Some(mut made) = self.make_room(id, level, now, false) {
+                if let Some(mut made) = self.make_room(id, level, now, None) {
                     if made.is_empty() {
                         moves.push(self.start_move(id, level));
                     } else {
@@ -763,18 +854,14 @@ impl BudgetPolicy {
             .fold(Footprint::ZERO, Footprint::add)
     }
 
-    /// What the requests for other models that have waited for room longer
-    /// than any for `id` need to stream: room `id` leaves them (first come,
-    /// first served).
-    fn waiting_before(&self, id: ModelId, now: Duration) -> Footprint {
-        let mine = match self.waiting_for(id, now) {
-            Some(_) => self.models[id].waiting_since,
-            None => None,
-        };
-        let before = |o: ModelId| match (self.models[o].waiting_since, mine) {
-            (_, None) => true,
-            (Some(theirs), Some(mine)) => (theirs, o) < (mine, id),
-            (None, Some(_)) => false,
+    /// What the requests for other models that have waited for room since
+    /// before `came` (when the request for `id` came) need to stream: room
+    /// `id` leaves them (first come, first served).
+    fn waiting_before(&self, id: ModelId, now: Duration, came: Duration) -> Footprint {
+        let before = |o: ModelId| {
+            self.models[o]
+                .waiting_since
+                .is_some_and(|theirs| (theirs, o) < (came, id))
         };
         // A model draining for `id` waits behind it whatever its mark says.
         let drains_for_me = |o: ModelId| self.draining(o, now) == Some(id);
@@ -798,7 +885,7 @@ impl BudgetPolicy {
     fn rank(&self, id: ModelId, now: Duration) -> f64 {
         let m = &self.models[id];
         m.heat_at(now, self.config.heat_half_life)
-            + m.in_flight as f64
+            + (m.in_flight + m.coming.len()) as f64
             + m.spec.priority as f64 * 1e-3
     }
 
@@ -812,22 +899,22 @@ impl BudgetPolicy {
     /// placement loaded beside its full one). The plan first keeps to moves
     /// that all fit the room there is now; if that does not suffice, it
     /// starts what fits of the plan that would, and leaves the rest for a
-    /// later call, once the others have freed theirs. For a request that
-    /// only busy models' unloading would let in, see
-    /// [`BudgetPolicy::drain_for`].
+    /// later call, once the others have freed theirs. For a request (one
+    /// that came at `came`; `None`: a promotion) that only busy models'
+    /// unloading would let in, see [`BudgetPolicy::drain_for`].
     fn make_room(
         &mut self,
         id: ModelId,
         to: Residency,
         now: Duration,
-        for_request: bool,
+        came: Option<Duration>,
     ) -> Option<Vec<Move>> {
+        let for_request = came.is_some();
         let mut need = self.models[id].extra_to(to);
-        need = need.add(if for_request {
-            self.waiting_before(id, now)
-        } else {
+        need = need.add(match came {
+            Some(came) => self.waiting_before(id, now, came),
             // A promotion leaves room for the requests waiting to get in.
-            self.waiting_need(now)
+            None => self.waiting_need(now),
         });
         if need.fits_in(self.room()) {
             return Some(Vec::new());
@@ -836,6 +923,7 @@ impl BudgetPolicy {
             id,
             need,
             now,
+            came,
             stages: if for_request {
                 FOR_REQUEST
             } else {
@@ -891,7 +979,7 @@ impl BudgetPolicy {
     /// in flight ends — and starts what idle models can give now.
     fn drain_for(&mut self, want: &Want) -> Vec<Move> {
         let (id, now) = (want.id, want.now);
-        let idle = |p: &BudgetPolicy, v: ModelId| p.models[v].in_flight == 0;
+        let idle = |p: &BudgetPolicy, v: ModelId| p.models[v].idle_for(want.came);
         let idle_plan: Vec<(ModelId, Residency)> = self
             .plan_room(want, None, &[], true)
             .unwrap_or_default()
@@ -986,8 +1074,8 @@ impl BudgetPolicy {
             let m = &self.models[v];
             let colder = self.rank(v, now) * self.config.promote_margin <= my_rank
                 && m.spec.priority <= my_priority;
-            let idle =
-                m.in_flight == 0 && now.saturating_sub(m.last_used) >= self.config.demote_after;
+            let idle = m.idle_for(want.came)
+                && now.saturating_sub(m.last_used) >= self.config.demote_after;
             colder || idle
         };
         let mut victims: Vec<ModelId> = (0..self.models.len())
@@ -1013,7 +1101,7 @@ impl BudgetPolicy {
                     continue;
                 }
                 let m = &self.models[v];
-                let idle = m.in_flight == 0;
+                let idle = m.idle_for(want.came);
                 let lowest = match stage {
                     Stage::IdleDemote if idle => Residency::Streaming.max(m.floor()),
                     Stage::IdleUnload if idle => m.floor(),
@@ -1087,6 +1175,9 @@ struct Want {
     id: ModelId,
     need: Footprint,
     now: Duration,
+    /// When the request came (`None`: a promotion): models with nothing
+    /// running nor announced before then are idle to it.
+    came: Option<Duration>,
     stages: &'static [Stage],
 }
 
@@ -1655,6 +1746,82 @@ mod tests {
         assert_eq!(p.residency(b), Residency::Unloaded);
         assert!(matches!(p.request(c, secs(16)), Admission::Load { .. }));
         assert_within_budget(&p);
+    }
+
+    #[test]
+    fn a_request_held_before_it_asks_keeps_its_model_busy_and_its_place() {
+        // The server's gate holds a second request for "a" while its one
+        // slot runs the first. Unannounced, "a" looked idle the moment its
+        // running request ended, and "b" (which came later) had it
+        // unloaded: the held request then waited for "b"'s load and work
+        // and a reload of "a" (property seeds 4 and 6).
+        let (a, b) = (0, 1);
+        let mut p = policy(10, vec![spec("a", 6, 6), spec("b", 5, 5)]);
+        admit(&mut p, a, secs(0));
+        let held = p.arrive(a, secs(1));
+        assert_eq!(p.coming(a), 1);
+        assert_eq!(p.request(b, secs(2)), Admission::Wait { moves: vec![] });
+        assert_eq!(p.draining_models(secs(2)), vec![a]);
+        // "a"'s running request ends; "b" asks before the held one does.
+        p.finish(a, secs(3));
+        assert_eq!(p.request(b, secs(3)), Admission::Wait { moves: vec![] });
+        let moves = p.tick(secs(3));
+        assert!(moves.is_empty(), "{moves:?}");
+        // The held request came before "b": it runs on "a", which drains
+        // for "b" meanwhile.
+        assert_eq!(
+            p.request_announced(a, secs(3), Some(held)),
+            Admission::Ready
+        );
+        assert_eq!(p.coming(a), 0);
+        assert_eq!(p.request(b, secs(3)), Admission::Wait { moves: vec![] });
+        // One that came after "b" waits behind it: once "a" runs nothing
+        // announced before "b", it is unloaded for "b".
+        let later = p.arrive(a, secs(4));
+        p.finish(a, secs(5));
+        let unload = Move {
+            model: a,
+            from: Residency::Full,
+            to: Residency::Unloaded,
+        };
+        assert_eq!(
+            p.request(b, secs(5)),
+            Admission::Wait {
+                moves: vec![unload]
+            }
+        );
+        assert_eq!(
+            p.request_announced(a, secs(5), Some(later)),
+            Admission::Wait { moves: vec![] }
+        );
+        apply(&mut p, &[unload]);
+        admit(&mut p, b, secs(5));
+        assert_eq!(
+            p.request_announced(a, secs(6), Some(later)),
+            Admission::Wait { moves: vec![] }
+        );
+        assert_eq!(p.draining_models(secs(6)), vec![b]);
+        // It went away: nothing is announced for "a" any more.
+        assert!(p.leave(a, later));
+        assert!(!p.leave(a, later));
+        assert_eq!(p.coming(a), 0);
+        assert_within_budget(&p);
+    }
+
+    #[test]
+    fn an_announced_request_keeps_an_idle_model_from_its_keep_alive() {
+        let mut p = policy(10, vec![spec("a", 2, 6)]);
+        p.set_keep_alive(0, Some(Duration::ZERO));
+        admit(&mut p, 0, secs(0));
+        let held = p.arrive(0, secs(0));
+        p.finish(0, secs(1));
+        assert!(p.tick(secs(1)).is_empty());
+        assert_eq!(
+            p.request_announced(0, secs(1), Some(held)),
+            Admission::Ready
+        );
+        p.finish(0, secs(2));
+        assert_eq!(p.tick(secs(2)).len(), 1, "unloaded once nothing is held");
     }
 
     #[test]
