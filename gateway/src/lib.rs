@@ -5,9 +5,11 @@
 //! - [`api`]: one file per API family (Ollama, OpenAI) translating bodies
 //!   into a [`core::request::InferRequest`] and events back into the wire
 //!   format; `/api/pull`; the OpenAPI document.
-//! - [`core`]: the dialect-neutral request, its validation, structured
-//!   output and tools, the [`core::backend::ModelBackend`] trait every model
-//!   is reached through, and [`core::infer`], the one inference path.
+//! - [`core`] (the `hypura-core` crate, `core/`): the dialect-neutral
+//!   request, its validation, structured output and tools, the
+//!   [`core::backend::ModelBackend`] trait every model is reached through,
+//!   and [`core::infer`], the one inference path. A crate of its own, so it
+//!   cannot name the layers above it.
 //! - [`pool`]: the one door to every model ([`core::models::Models`]):
 //!   model names → sources, loaded models with keep-alive, the global memory
 //!   budget and its moves, the in-process llama-tiered backend
@@ -33,7 +35,6 @@ pub mod bodies;
 pub mod cli;
 pub mod config;
 pub mod connections;
-pub mod core;
 pub mod fetch;
 pub mod metrics;
 pub mod pool;
@@ -42,3 +43,6 @@ pub mod server;
 pub mod state;
 pub mod telemetry;
 pub mod tenancy;
+
+/// `crate::core::...` in the gateway names the `hypura-core` crate.
+pub use hypura_core as core;

@@ -220,24 +220,6 @@ fn record_rate(events: EventStream, rate: Arc<DecodeRate>) -> EventStream {
         .boxed()
 }
 
-impl From<EngineError> for BackendError {
-    fn from(e: EngineError) -> Self {
-        let message = e.to_string();
-        match e {
-            EngineError::InvalidArgument(_)
-            | EngineError::PromptTooLong { .. }
-            | EngineError::Template(_) => BackendError::Invalid(message),
-            EngineError::QueueFull => BackendError::Busy(format!(
-                "{message}: the model's request queue is full, retry later"
-            )),
-            EngineError::ShuttingDown => BackendError::ShuttingDown(format!(
-                "{message}: the model is being unloaded or the server is stopping, retry"
-            )),
-            _ => BackendError::Failed(message),
-        }
-    }
-}
-
 fn invalid(message: impl Into<String>) -> BackendError {
     BackendError::Invalid(message.into())
 }

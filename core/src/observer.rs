@@ -1,4 +1,4 @@
-//! What [`crate::core::infer`] tells the outside about the requests it runs:
+//! What [`crate::infer`] tells the outside about the requests it runs:
 //! the [`Observer`] trait. Metrics and traces implement it; core calls it at
 //! the few points every request passes (its start, the model it names, a full
 //! queue, its end) and knows nothing of what they record.
@@ -29,7 +29,7 @@ pub trait Observer: Send + Sync {
     /// `model`'s queue was full: the request was refused.
     fn queue_full(&self, _model: &str) {}
 
-    /// A generation ended, whichever way ([`crate::core::infer::finish`]).
+    /// A generation ended, whichever way ([`crate::infer::finish`]).
     fn generation_ended(&self, _record: &GenerationRecord<'_>) {}
 
     /// An embedding request ended with `vectors` from `tokens` tokens.

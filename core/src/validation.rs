@@ -1,8 +1,8 @@
 //! Raw request pieces → checked values, before anything runs: JSON bodies,
 //! model names, `keep_alive` durations, the sampling values every dialect
-//! sets (each dialect's own fields are read in [`crate::core`]'s callers,
-//! the API modules). Every failure is a 400 that says which field was wrong
-//! and how.
+//! sets (each dialect's own fields are read by this crate's callers, the
+//! gateway's API modules). Every failure is a 400 that says which field was
+//! wrong and how.
 use std::time::Duration;
 
 use llama_tiered::llama::{SamplingParams, MAX_TOP_LOGPROBS};
@@ -148,13 +148,13 @@ pub enum ValidationError {
         reason: String,
     },
     /// A schema whose conversion into a grammar would cost more than a
-    /// request may ([`crate::core::schema_cost`]).
+    /// request may ([`crate::schema_cost`]).
     #[error(
         "{field}: the JSON Schema is too costly to turn into a grammar: {problem}: simplify it"
     )]
     SchemaTooCostly {
         field: String,
-        problem: crate::core::schema_cost::CostProblem,
+        problem: crate::schema_cost::CostProblem,
     },
     /// The grammar a schema becomes is too large to compile per request.
     #[error(

@@ -132,7 +132,7 @@ pub async fn count_prompt_tokens(
     check_thinking(&mut request, &local)?;
     let lease = models.lease(lease_request(&request)).await?;
     let backend = &lease.backend;
-    Ok(crate::core::blocking::off_runtime(|| {
+    Ok(crate::blocking::off_runtime(|| {
         backend.prompt_tokens(&request.backend)
     })?)
 }
@@ -670,9 +670,10 @@ pub fn shorten(vectors: &mut [Vec<f32>], n: Option<usize>) -> Result<(), ApiErro
     Ok(())
 }
 
-/// Outcomes for the dialects' translation tests.
-#[cfg(test)]
-pub(crate) mod testing {
+/// Outcomes for the dialects' translation tests (feature `testing`: the
+/// gateway's unit tests use them too).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use std::time::Duration;
 
     use hypura_chat::tools::{ParsedReply, ToolCall};
@@ -680,8 +681,8 @@ pub(crate) mod testing {
     use serde_json::{json, Value};
 
     use super::Outcome;
-    use crate::core::backend::{FinishReason, Finished};
-    use crate::core::request::{InferRequest, Prompt};
+    use crate::backend::{FinishReason, Finished};
+    use crate::request::{InferRequest, Prompt};
 
     /// The conversation a request renders (panics for other prompts).
     pub fn prompt_messages(infer: &InferRequest) -> &[ChatMessage] {
@@ -760,13 +761,13 @@ mod tests {
     use tokio_stream::wrappers::UnboundedReceiverStream;
 
     use super::*;
-    use crate::core::backend::{
+    use crate::backend::{
         BackendError, BackendStatus, EmbedOutput, MemoryUse, ModelBackend, ModelFacts, Residency,
         TierBytes,
     };
-    use crate::core::request::{BackendRequest, EmbedBatch, GenerationParams};
-    use crate::core::structured::ToolChoice;
-    use crate::core::validation::ModelName;
+    use crate::request::{BackendRequest, EmbedBatch, GenerationParams};
+    use crate::structured::ToolChoice;
+    use crate::validation::ModelName;
 
     /// A backend that plays back scripted events through a channel the test
     /// keeps, so it can see the stream being dropped.
@@ -879,7 +880,7 @@ mod tests {
             backend: Arc::clone(backend) as Arc<dyn ModelBackend>,
             load_duration: Duration::from_millis(3),
         };
-        let observer = Arc::new(crate::core::observer::Unobserved);
+        let observer = Arc::new(crate::observer::Unobserved);
         Generation::start(lease, &request(), tools, Instant::now(), observer).await
     }
 
@@ -1001,7 +1002,7 @@ mod tests {
     }
 
     fn logprobs(token: i32) -> BackendEvent {
-        let logprob = crate::core::backend::Logprob {
+        let logprob = crate::backend::Logprob {
             token,
             bytes: vec![b'a'],
             logprob: -1.0,

@@ -1,4 +1,4 @@
-//! The one door to every model: the [`Models`] trait [`crate::core::infer`]
+//! The one door to every model: the [`Models`] trait [`crate::infer`]
 //! and the model lists go through, and its error type.
 //!
 //! Core names what it needs of a model and no more: where a name runs (here,
@@ -16,7 +16,7 @@ use super::request::BackendRequest;
 use super::validation::{KeepAlive, ModelName};
 
 /// Why a model could not be served; its HTTP status is decided in
-/// [`crate::core::error`].
+/// [`crate::error`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ModelsError {
     /// No model of that name (the name as the client sent it).

@@ -1,6 +1,6 @@
 //! The boundary between the gateway and a model: [`ModelBackend`].
 //!
-//! Everything above this trait (dialects, [`crate::core::infer`]) works with
+//! Everything above this trait (dialects, [`crate::infer`]) works with
 //! text, token counts and the events below, never with llama.cpp types: the
 //! in-process engine is one implementation, a child runner process and a
 //! remote upstream are others. Requests and events
@@ -68,7 +68,7 @@ pub struct CalledTool {
     pub arguments: Map<String, Value>,
 }
 
-/// A failure of a backend; its HTTP status is decided in [`crate::core::error`].
+/// A failure of a backend; its HTTP status is decided in [`crate::error`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum BackendError {
     /// The request cannot run on this model (prompt too long, bad template…): a 400.
@@ -83,6 +83,27 @@ pub enum BackendError {
     /// Anything else: a 500.
     #[error("{0}")]
     Failed(String),
+}
+
+/// llama-tiered's errors as the statuses they mean (here, not in the pool,
+/// because a crate may only implement `From` for its own types).
+impl From<llama_tiered::EngineError> for BackendError {
+    fn from(e: llama_tiered::EngineError) -> Self {
+        use llama_tiered::EngineError;
+        let message = e.to_string();
+        match e {
+            EngineError::InvalidArgument(_)
+            | EngineError::PromptTooLong { .. }
+            | EngineError::Template(_) => BackendError::Invalid(message),
+            EngineError::QueueFull => BackendError::Busy(format!(
+                "{message}: the model's request queue is full, retry later"
+            )),
+            EngineError::ShuttingDown => BackendError::ShuttingDown(format!(
+                "{message}: the model is being unloaded or the server is stopping, retry"
+            )),
+            _ => BackendError::Failed(message),
+        }
+    }
 }
 
 /// What a generation yields, in this order: `Started`, then (when any token

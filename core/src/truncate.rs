@@ -287,10 +287,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::core::backend::{
+    use crate::backend::{
         BackendStatus, EmbedOutput, EventStream, MemoryUse, ModelFacts, Residency,
     };
-    use crate::core::request::{EmbedBatch, GenerationParams};
+    use crate::request::{EmbedBatch, GenerationParams};
 
     /// Counts each message as its words plus 4, as the trait's estimate does.
     struct Words;

@@ -2,9 +2,9 @@
 //!
 //! An [`InferRequest`] holds everything a generation needs and nothing of the
 //! wire format it came in: the Ollama and OpenAI routes both build one, it is
-//! validated once ([`crate::core::infer::infer`] checks it against the model's
+//! validated once ([`crate::infer::infer`] checks it against the model's
 //! facts), and the part a model needs ([`BackendRequest`]) crosses the
-//! [`crate::core::backend::ModelBackend`] boundary. Every type here is
+//! [`crate::backend::ModelBackend`] boundary. Every type here is
 //! serializable so a runner process or a remote backend can take it as is.
 use hypura_chat::ChatMessage;
 use llama_tiered::llama::SamplingParams;
@@ -54,7 +54,7 @@ impl Prompt {
 }
 
 /// What the reply must be, as data: a local backend makes it a grammar
-/// for llama.cpp ([`crate::core::structured::constraint_grammar`]), an
+/// for llama.cpp ([`crate::structured::constraint_grammar`]), an
 /// upstream passes it on in its own dialect (`format`, `response_format`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -62,7 +62,7 @@ pub enum Constraint {
     /// Any JSON object (Ollama's `"json"`, OpenAI's `json_object`).
     JsonObject,
     /// A JSON Schema, already checked against the rules and bounds of
-    /// [`crate::core::structured`] (its conversion's cost included).
+    /// [`crate::structured`] (its conversion's cost included).
     JsonSchema {
         schema: Value,
         /// The request field it came in, for errors (`format`,
@@ -74,7 +74,7 @@ pub enum Constraint {
     Grammar(String),
 }
 
-/// How to sample and when to stop, checked ([`crate::core::validation`]).
+/// How to sample and when to stop, checked ([`crate::validation`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GenerationParams {
     /// Temperature, top-k/p, penalties, seed; its grammar is set only by a
@@ -96,7 +96,7 @@ pub struct GenerationParams {
     /// Context window for this request, in tokens (`None`: the model's
     /// per-sequence context). A larger one than the model is loaded with
     /// reloads it with that context, up to its training context (the pool
-    /// does, asked through [`crate::core::models::LeaseRequest::context`]).
+    /// does, asked through [`crate::models::LeaseRequest::context`]).
     pub num_ctx: Option<u32>,
     /// The request asked not to use the prompt cache (llama-server's
     /// `cache_prompt: false`): its prompt is read whole and its KV is not
@@ -106,7 +106,7 @@ pub struct GenerationParams {
 }
 
 /// What a model generates from: the part of an [`InferRequest`] a
-/// [`crate::core::backend::ModelBackend`] needs.
+/// [`crate::backend::ModelBackend`] needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BackendRequest {
     pub prompt: Prompt,
@@ -155,7 +155,7 @@ pub struct InferRequest {
     #[serde(default)]
     pub priority: i32,
     /// Drops the oldest messages of a conversation too long for the context
-    /// window ([`crate::core::truncate`]); `false` makes it a 400.
+    /// window ([`crate::truncate`]); `false` makes it a 400.
     #[serde(default = "yes")]
     pub truncate: bool,
 }

@@ -21,12 +21,12 @@ use hypura_chat::tools::{self, ParsedReply, ToolCall, ToolFamily, ToolStream};
 use llama_tiered::llama::{json_schema_to_grammar, JSON_OBJECT_SCHEMA};
 use serde_json::{json, Map, Value};
 
-use crate::core::bounds::{self, BoundsProblem, GrammarProblem};
-use crate::core::convert::{self, ConvertError};
-use crate::core::error::ApiError;
-use crate::core::request::{Constraint, GenerationParams, Prompt};
-use crate::core::schema_cost::{self, CostProblem};
-use crate::core::validation::ValidationError;
+use crate::bounds::{self, BoundsProblem, GrammarProblem};
+use crate::convert::{self, ConvertError};
+use crate::error::ApiError;
+use crate::request::{Constraint, GenerationParams, Prompt};
+use crate::schema_cost::{self, CostProblem};
+use crate::validation::ValidationError;
 
 /// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}`
 /// or `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`
@@ -627,8 +627,8 @@ pub fn ollama_input_tool_calls(calls: Option<&Value>) -> Option<Value> {
 mod tests {
     use super::*;
 
-    /// Ollama's `format` as its route reads it
-    /// (`crate::api::dialect::ollama::ollama_format`), then as a local
+    /// Ollama's `format` as the gateway's Ollama route reads it (its
+    /// `ollama_format`, in the gateway's API modules), then as a local
     /// backend makes it a grammar.
     fn ollama_format(format: Option<&Value>) -> Result<Option<String>, ApiError> {
         let constraint = match format {
