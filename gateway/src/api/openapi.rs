@@ -1,11 +1,19 @@
-//! The OpenAPI document of every route (`GET /openapi.json`) and a docs page
-//! rendering it (`GET /docs`, Scalar).
-use axum::routing::get;
-use axum::{Json, Router};
+//! The OpenAPI document (`GET /openapi.json`, rendered at `GET /docs`).
+//!
+//! utoipa writes each operation from its handler's `#[utoipa::path]`; the
+//! route table ([`routes::ROUTES`]) decides which of them the document
+//! lists, each one's security requirement (open, the API key, the admin
+//! key) and the statuses the server's layers answer on it. The request
+//! bodies are then made as strict as their validation ([`tighten`]).
 use serde_json::{json, Map, Value};
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
+use utoipa::openapi::{ContentBuilder, PathItem, Ref, ResponseBuilder};
 use utoipa::OpenApi;
-use utoipa_scalar::{Scalar, Servable};
 
+use super::routes::{self, Auth, Family, Route, ROUTES};
 use super::{anthropic, blobs, create, health, ollama, openai, pull, responses};
 use crate::api::dialect::ollama::OllamaOptions;
 use crate::core::bounds::MAX_REPEAT;
@@ -14,7 +22,6 @@ use crate::core::validation::{
     StopSpec, LOGIT_BIAS_KEY_PATTERN, MAX_CHOICES, MAX_EMBED_INPUTS, MAX_KEEP_ALIVE_SECONDS,
     MAX_LOGIT_BIAS_TOKENS, OLLAMA_ROLES, OPENAI_ROLES,
 };
-use crate::state::AppState;
 use llama_tiered::llama::{LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
 
 #[derive(OpenApi)]
@@ -22,13 +29,13 @@ use llama_tiered::llama::{LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
     info(
         title = "hypura",
         description = "Ollama- and OpenAI-compatible inference over GGUF models. Durations are \
-                       integer nanoseconds; timestamps RFC 3339. When the server has an API key, \
-                       every route but `/` and `/api/version` needs `Authorization: Bearer <key>` \
-                       (or `x-api-key: <key>`). A path with a trailing slash is the same route. \
-                       Chat routes drop the oldest messages of a conversation too long for the \
-                       context window (`x-hypura-truncated-messages` counts them) unless \
-                       `truncate` is false."
+                       integer nanoseconds; timestamps RFC 3339. A path with a trailing slash is \
+                       the same route. Chat routes drop the oldest messages of a conversation too \
+                       long for the context window (`x-hypura-truncated-messages` counts them) \
+                       unless `truncate` is false."
     ),
+    // The handlers utoipa writes operations from; the route table says
+    // which the document lists (a test holds the two together).
     paths(
         ollama::root,
         ollama::version,
@@ -74,35 +81,21 @@ use llama_tiered::llama::{LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
 )]
 pub struct ApiDoc;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/openapi.json", get(|| async { Json(document()) }))
-        .merge(Scalar::with_url("/docs", document()))
-}
+/// The security scheme of `Authorization: Bearer <key>`.
+const BEARER: &str = "bearer";
+/// The security scheme of `x-api-key: <key>` (Anthropic's clients).
+const X_API_KEY: &str = "x-api-key";
+/// The role an admin route's requirement names (OpenAPI 3.1 lets a
+/// requirement of an HTTP or API-key scheme list roles).
+const ADMIN_ROLE: &str = "admin";
 
-/// Routes open without the API key.
-const OPEN_ROUTES: &[&str] = &["/", "/api/version", "/health", "/ready"];
-/// Routes that change which models exist (the admin key, when set).
-const ADMIN_ROUTES: &[&str] = &["/api/pull", "/api/copy", "/api/delete"];
-/// Routes that run a model: they may queue (503) and fail mid-way (500).
-const MODEL_ROUTES: &[&str] = &[
-    "/api/generate",
-    "/api/chat",
-    "/api/embed",
-    "/api/embeddings",
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-];
-
-/// The document with, on every operation, the statuses the server's layers
+/// The document of every route the table marks documented, with on each
+/// operation its security requirement and the statuses the server's layers
 /// answer besides the handler's own: 400 (a body that breaks a rule: JSON,
-/// names, options, schema bounds, sizes), 401 (API key), 403 (a foreign
-/// web origin or `Host`, or a route needing the admin key), 413 (the body
-/// limit), 503 (a full queue), 500.
+/// names, options, schema bounds, sizes), 401 (the API key, but on open
+/// routes), 403 (a foreign web origin or `Host`, or a route needing the
+/// admin key), 413 (the body limit), and where a model runs 404, 503 (a
+/// full queue) and 500.
 ///
 /// Then every generation route's request body is replaced by the schema of
 /// what its validation accepts ([`tighten`]): the same bounds, from the same
@@ -111,10 +104,101 @@ const MODEL_ROUTES: &[&str] = &[
 /// embedding length) and the cross-field rules each field's description
 /// states.
 pub fn document() -> Value {
-    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
     let mut doc = ApiDoc::openapi();
-    let error = |description: &str, body: &str| {
-        ResponseBuilder::new()
+    let mut written = std::mem::take(&mut doc.paths.paths);
+    for route in ROUTES.iter().filter(|r| r.documented) {
+        let path = route.openapi_path();
+        // A documented route without a handler in `paths(...)` is caught by
+        // the tests, not here.
+        if let Some(mut item) = written.remove(&path) {
+            answer_for_layers(route, &mut item);
+            doc.paths.paths.insert(path, item);
+        }
+    }
+    if let Some(info) = doc.info.description.as_mut() {
+        info.push(' ');
+        info.push_str(&auth_words());
+    }
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        BEARER,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some("The API key or the admin key"))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        X_API_KEY,
+        SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+            "x-api-key",
+            "The API key or the admin key",
+        ))),
+    );
+    let mut doc = serde_json::to_value(doc).unwrap_or_default();
+    tighten(&mut doc);
+    doc
+}
+
+/// The document's words on keys, from the table: which routes are open and
+/// which need the admin key.
+fn auth_words() -> String {
+    let paths = |auth: Auth| {
+        ROUTES
+            .iter()
+            .filter(|r| r.documented && r.auth == auth)
+            .map(|r| format!("`{}`", r.openapi_path()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "When the server has an API key, every route but {} needs `Authorization: Bearer <key>` \
+         (or `x-api-key: <key>`); when it has an admin key, {} need that one (their security \
+         names the role `{ADMIN_ROLE}`).",
+        paths(Auth::Open),
+        paths(Auth::Admin)
+    )
+}
+
+/// Who may call `auth`'s routes, as OpenAPI says it: nothing for an open
+/// route, else either key header, with the admin role on admin routes.
+fn security(auth: Auth) -> Option<Vec<SecurityRequirement>> {
+    let roles: &[&str] = match auth {
+        Auth::Open => return None,
+        Auth::Key | Auth::Scrape => &[],
+        Auth::Admin => &[ADMIN_ROLE],
+    };
+    Some(vec![
+        SecurityRequirement::new(BEARER, roles.iter().copied()),
+        SecurityRequirement::new(X_API_KEY, roles.iter().copied()),
+    ])
+}
+
+/// Adds to each operation of `route` its security and the statuses of the
+/// layers in front of its handler, each unless the handler states it.
+fn answer_for_layers(route: &Route, item: &mut PathItem) {
+    let body = match routes::family(route.path) {
+        Family::Anthropic => "AnthropicErrorBody",
+        Family::OpenAi => "OpenAiErrorBody",
+        Family::Ollama => "OllamaErrorBody",
+    };
+    let operations = [
+        item.get.as_mut(),
+        item.post.as_mut(),
+        item.delete.as_mut(),
+        item.head.as_mut(),
+    ];
+    for operation in operations.into_iter().flatten() {
+        operation.security = security(route.auth);
+        answer_for_layers_on(route, operation, body);
+    }
+}
+
+fn answer_for_layers_on(route: &Route, operation: &mut Operation, body: &str) {
+    let has_body = operation.request_body.is_some();
+    let mut add = |status: &str, description: &str| {
+        let error = ResponseBuilder::new()
             .description(description)
             .content(
                 "application/json",
@@ -122,64 +206,48 @@ pub fn document() -> Value {
                     .schema(Some(Ref::from_schema_name(body)))
                     .build(),
             )
-            .build()
+            .build();
+        operation
+            .responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| error.into());
     };
-    for (path, item) in doc.paths.paths.iter_mut() {
-        let body = match path.as_str() {
-            "/v1/messages" | "/v1/messages/count_tokens" => "AnthropicErrorBody",
-            p if p.starts_with("/v1") => "OpenAiErrorBody",
-            _ => "OllamaErrorBody",
-        };
-        let operations = [
-            item.get.as_mut(),
-            item.post.as_mut(),
-            item.delete.as_mut(),
-            item.head.as_mut(),
-        ];
-        for operation in operations.into_iter().flatten() {
-            let has_body = operation.request_body.is_some();
-            let mut add = |status: &str, description: &str| {
-                operation
-                    .responses
-                    .responses
-                    .entry(status.to_string())
-                    .or_insert_with(|| error(description, body).into());
-            };
-            if has_body {
-                add(
-                    "400",
-                    "The body breaks a rule (JSON, a field's type or range, a model name, a \
-                     JSON Schema's bounds, a prompt or input too large); the message says which",
-                );
-                add(
-                    "413",
-                    "The body is larger than the server's limit (--max-body-bytes, 32 MiB by default)",
-                );
-            }
-            add(
-                "403",
-                "The request comes from a web page whose origin is not allowed, names a Host the \
-                 server does not answer to, or needs the admin key",
-            );
-            if !OPEN_ROUTES.contains(&path.as_str()) {
-                add("401", "An API key is set and the request lacks it");
-            }
-            if ADMIN_ROUTES.contains(&path.as_str()) {
-                add("404", "No model of that name");
-            }
-            if MODEL_ROUTES.contains(&path.as_str()) {
-                add("404", "No model of that name");
-                add(
-                    "503",
-                    "The model's queue is full, or it is stopping: retry later",
-                );
-                add("500", "The model failed");
-            }
-        }
+    if has_body {
+        add(
+            "400",
+            "The body breaks a rule (JSON, a field's type or range, a model name, a \
+             JSON Schema's bounds, a prompt or input too large); the message says which",
+        );
+        add(
+            "413",
+            "The body is larger than the server's limit (--max-body-bytes, 32 MiB by default)",
+        );
     }
-    let mut doc = serde_json::to_value(doc).unwrap_or_default();
-    tighten(&mut doc);
-    doc
+    if route.auth == Auth::Admin {
+        add(
+            "403",
+            "The request comes from a web page whose origin is not allowed, names a Host the \
+             server does not answer to, or needs the admin key",
+        );
+    } else {
+        add(
+            "403",
+            "The request comes from a web page whose origin is not allowed, or names a Host \
+             the server does not answer to",
+        );
+    }
+    if route.auth != Auth::Open {
+        add("401", "An API key is set and the request lacks it");
+    }
+    if route.runs_model {
+        add("404", "No model of that name");
+        add(
+            "503",
+            "The model's queue is full, or it is stopping: retry later",
+        );
+        add("500", "The model failed");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -826,7 +894,141 @@ fn keep_words(old: &Value, tight: &mut Value) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+
+    /// (path, method) of every operation of `paths`, an OpenAPI `paths` object.
+    fn operations(paths: &Value) -> BTreeSet<(String, String)> {
+        let mut found = BTreeSet::new();
+        for (path, item) in paths.as_object().unwrap() {
+            for method in ["get", "head", "post", "put", "delete", "patch", "options"] {
+                if item.get(method).is_some() {
+                    found.insert((path.clone(), method.to_string()));
+                }
+            }
+        }
+        found
+    }
+
+    /// (path, method) of every endpoint of the table's documented routes.
+    fn documented_endpoints() -> BTreeSet<(String, String)> {
+        ROUTES
+            .iter()
+            .filter(|r| r.documented)
+            .flat_map(|r| {
+                r.endpoints.iter().map(|e| {
+                    (
+                        r.openapi_path(),
+                        e.verb.method().as_str().to_ascii_lowercase(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The handlers of `paths(...)` are the table's documented endpoints,
+    /// no more (a handler the table leaves out would vanish from the
+    /// document unseen) and no fewer (a documented route would be missing).
+    #[test]
+    fn utoipa_writes_exactly_the_tables_documented_endpoints() {
+        let written = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        assert_eq!(operations(&written["paths"]), documented_endpoints());
+        assert_eq!(operations(&document()["paths"]), documented_endpoints());
+    }
+
+    #[test]
+    fn each_operations_security_is_its_routes_auth() {
+        let doc = document();
+        let key = json!([{"bearer": []}, {"x-api-key": []}]);
+        let admin = json!([{"bearer": ["admin"]}, {"x-api-key": ["admin"]}]);
+        for route in ROUTES.iter().filter(|r| r.documented) {
+            for endpoint in route.endpoints {
+                let method = endpoint.verb.method().as_str().to_ascii_lowercase();
+                let operation = &doc["paths"][route.openapi_path()][&method];
+                let expected = match route.auth {
+                    Auth::Open => None,
+                    Auth::Key | Auth::Scrape => Some(&key),
+                    Auth::Admin => Some(&admin),
+                };
+                assert_eq!(
+                    operation.get("security"),
+                    expected,
+                    "{method} {}",
+                    route.path
+                );
+            }
+        }
+        assert_eq!(
+            doc["paths"]["/api/pull"]["post"]["security"], admin,
+            "pull needs the admin key"
+        );
+        assert!(doc["paths"]["/health"]["get"].get("security").is_none());
+        let schemes = &doc["components"]["securitySchemes"];
+        assert_eq!(schemes["bearer"]["type"], "http");
+        assert_eq!(schemes["bearer"]["scheme"], "bearer");
+        assert_eq!(schemes["x-api-key"]["type"], "apiKey");
+        assert_eq!(schemes["x-api-key"]["in"], "header");
+        assert_eq!(schemes["x-api-key"]["name"], "x-api-key");
+    }
+
+    #[test]
+    fn the_description_names_the_open_and_admin_routes_of_the_table() {
+        let description = document()["info"]["description"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            description.ends_with(
+                "When the server has an API key, every route but `/`, `/api/version`, \
+                 `/health`, `/ready` needs `Authorization: Bearer <key>` (or `x-api-key: \
+                 <key>`); when it has an admin key, `/api/delete`, `/api/copy`, `/api/pull`, \
+                 `/api/create`, `/api/push`, `/api/blobs/{digest}` need that one (their \
+                 security names the role `admin`)."
+            ),
+            "{description}"
+        );
+    }
+
+    /// 401 on every route but the open ones, 404, 503 and 500 where a model
+    /// runs: as the table says.
+    #[test]
+    fn the_layers_statuses_follow_the_table() {
+        let doc = document();
+        for route in ROUTES.iter().filter(|r| r.documented) {
+            for endpoint in route.endpoints {
+                let method = endpoint.verb.method().as_str().to_ascii_lowercase();
+                let responses = &doc["paths"][route.openapi_path()][&method]["responses"];
+                let has = |code: &str| responses.get(code).is_some();
+                assert!(has("403"), "{method} {} 403", route.path);
+                assert_eq!(
+                    has("401"),
+                    route.auth != Auth::Open,
+                    "{method} {} 401",
+                    route.path
+                );
+                if route.runs_model {
+                    for code in ["404", "503", "500"] {
+                        assert!(has(code), "{method} {} {code}", route.path);
+                    }
+                }
+            }
+        }
+        let pull = &doc["paths"]["/api/pull"]["post"]["responses"];
+        assert!(pull.get("404").is_none(), "a pull names no loaded model");
+        assert!(
+            doc["paths"]["/api/copy"]["post"]["responses"]["403"]["description"]
+                .as_str()
+                .unwrap()
+                .ends_with("or needs the admin key")
+        );
+        assert!(
+            !doc["paths"]["/api/chat"]["post"]["responses"]["403"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("admin")
+        );
+    }
 
     #[test]
     fn every_route_lists_the_statuses_of_the_layers() {

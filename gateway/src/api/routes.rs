@@ -3,8 +3,10 @@
 //! router ([`crate::server::app`]) is built from it and the key check
 //! ([`crate::security::guard`]) reads it, so a route's auth is written once.
 //!
-//! The table also says which routes the OpenAPI document
-//! ([`super::openapi`]) lists; a test holds the two together.
+//! The OpenAPI document ([`super::openapi`]) reads it too: which routes it
+//! lists, each operation's security requirement and the statuses the
+//! layers answer (401 but on open routes; 404, 503 and 500 where a model
+//! runs); tests hold the handlers utoipa documents and the table together.
 use std::sync::LazyLock;
 
 use axum::http::Method;
@@ -159,6 +161,11 @@ impl Route {
     pub fn enabled(&self) -> bool {
         !self.test_hook
             || std::env::var(crate::pool::runner::protocol::TEST_HOOKS_ENV).as_deref() == Ok("1")
+    }
+
+    /// The path in OpenAPI's syntax (`{*id}` is `{id}` there).
+    pub fn openapi_path(&self) -> String {
+        self.path.replace("{*", "{")
     }
 
     /// Whether `path` (its trailing slash already trimmed) is this route.
@@ -329,15 +336,32 @@ pub fn auth_of(path: &str) -> Auth {
     find(path).map_or(Auth::Key, |r| r.auth)
 }
 
-/// An error written in the family of the route asked for: Anthropic's
-/// under `/v1/messages`, OpenAI's elsewhere under `/v1`, Ollama's else.
-pub fn family_error(path: &str, e: ApiError) -> Response {
+/// The API a path belongs to, whose shape its errors take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Ollama,
+    OpenAi,
+    Anthropic,
+}
+
+/// Anthropic's under `/v1/messages`, OpenAI's elsewhere under `/v1`,
+/// Ollama's else.
+pub fn family(path: &str) -> Family {
     if path == "/v1/messages" || path.starts_with("/v1/messages/") {
-        anthropic::AnthropicError(e).into_response()
+        Family::Anthropic
     } else if path == "/v1" || path.starts_with("/v1/") {
-        OpenAiError(e).into_response()
+        Family::OpenAi
     } else {
-        OllamaError(e).into_response()
+        Family::Ollama
+    }
+}
+
+/// An error written in the family of the route asked for ([`family`]).
+pub fn family_error(path: &str, e: ApiError) -> Response {
+    match family(path) {
+        Family::Anthropic => anthropic::AnthropicError(e).into_response(),
+        Family::OpenAi => OpenAiError(e).into_response(),
+        Family::Ollama => OllamaError(e).into_response(),
     }
 }
 
@@ -357,11 +381,6 @@ mod tests {
 
     use super::*;
 
-    /// `{*id}` is `{id}` in OpenAPI's syntax.
-    fn openapi_path(path: &str) -> String {
-        path.replace("{*", "{")
-    }
-
     #[test]
     fn the_table_and_the_openapi_document_list_the_same_routes() {
         let doc = serde_json::to_value(openapi::document()).unwrap();
@@ -379,7 +398,7 @@ mod tests {
             .flat_map(|r| {
                 r.endpoints.iter().map(|e| {
                     (
-                        openapi_path(r.path),
+                        r.openapi_path(),
                         e.verb.method().as_str().to_ascii_lowercase(),
                     )
                 })
@@ -397,7 +416,7 @@ mod tests {
         );
         for route in ROUTES.iter().filter(|r| !r.documented) {
             assert!(
-                doc["paths"].get(openapi_path(route.path)).is_none(),
+                doc["paths"].get(route.openapi_path()).is_none(),
                 "{} is documented but marked undocumented",
                 route.path
             );
