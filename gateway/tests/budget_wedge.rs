@@ -314,3 +314,56 @@ fn a_request_waiting_for_room_is_counted_on_ps_status_and_metrics() {
     drop(server);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_request_held_at_its_models_gate_keeps_the_model_and_goes_before_later_ones() {
+    let dir = models_dir("gate");
+    // SmolLM2 in full alone, as above.
+    let server = serve(&dir, "465MiB");
+    // Both of SmolLM2's slots busy: a third request for it waits at its
+    // gate, then one for tinyllama waits for SmolLM2's room. Both are
+    // waiting requests (the gate's were shown nowhere).
+    let busy = [hold(&server, SMOLLM2), hold(&server, SMOLLM2)];
+    std::thread::scope(|s| {
+        let server = &server;
+        let held = s.spawn(move || answered(SMOLLM2, generate(server, SMOLLM2, json!({}))));
+        wait_until(Duration::from_secs(60), "the held request seen", || {
+            ps(server)["waiting"]["total"] == 1
+        });
+        let later = s.spawn(move || answered(TINYLLAMA, generate(server, TINYLLAMA, json!({}))));
+        wait_until(Duration::from_secs(60), "both seen waiting", || {
+            ps(server)["waiting"]["total"] == 2
+        });
+        let waiting = ps(server)["waiting"].clone();
+        assert_eq!(
+            waiting,
+            json!({"total": 2, "models": [
+                {"name": SMOLLM2, "requests": 1},
+                {"name": TINYLLAMA, "requests": 1}
+            ]})
+        );
+        let status: Value = client()
+            .get(server.url("/api/status"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(status["waiting"], waiting);
+        // SmolLM2's running requests end: the held one came before the
+        // one for tinyllama, so it runs on SmolLM2 as loaded (SmolLM2 was
+        // unloaded for tinyllama the moment it looked idle, and loaded
+        // again for the held request after tinyllama's work).
+        drop(busy);
+        held.join().unwrap();
+        later.join().unwrap();
+    });
+    let log = server.log();
+    let loads = log
+        .lines()
+        .filter(|l| l.contains("request{") && l.contains("loading smollm2:latest from"))
+        .count();
+    assert_eq!(loads, 1, "SmolLM2 loaded once: {log}");
+    assert_eq!(ps(&server)["waiting"]["total"], 0);
+    drop(server);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -509,10 +509,12 @@ impl BudgetPolicy {
     }
 
     /// [`BudgetPolicy::request`] of a request announced with `ticket`
-    /// (`None`, or one admitted already: as it comes now): it counts as
-    /// having come when announced, before the requests that came after it
-    /// whatever the order they ask in; a model draining for a later one
-    /// still takes it. Once admitted it is no longer announced.
+    /// (`None`, or one admitted already: as it comes now). A request counts
+    /// as having come when the earliest request announced for its model
+    /// did (the server picks which of a model's requests asks first):
+    /// before the requests for other models that came after that, whatever
+    /// the order they ask in, and a model draining for a later one still
+    /// takes it. Once admitted it is no longer announced.
     pub fn request_announced(
         &mut self,
         id: ModelId,
@@ -521,12 +523,17 @@ impl BudgetPolicy {
     ) -> Admission {
         // Whatever this model's waiter marked draining before is planned anew.
         self.clear_drains_for(id);
-        let announced = ticket.and_then(|t| {
-            let coming = &self.models[id].coming;
-            coming.iter().find(|&&(c, _)| c == t).map(|&(_, at)| at)
-        });
-        let fresh_mark = self.waiting_for(id, now).and(self.models[id].waiting_since);
-        let came = announced.or(fresh_mark).unwrap_or(now);
+        // The model's queue is as early as its earliest request: the server
+        // may hold that one behind a later one (its own order), which must
+        // not then wait behind the requests that came between them.
+        let model = &self.models[id];
+        let earliest = model.coming.iter().map(|&(_, at)| at).min();
+        let fresh_mark = self.waiting_for(id, now).and(model.waiting_since);
+        let came = [Some(now), earliest, fresh_mark]
+            .into_iter()
+            .flatten()
+            .min();
+        let came = came.unwrap_or(now);
         let admission = self.admit_came(id, now, came);
         if matches!(admission, Admission::Ready | Admission::Load { .. }) {
             if let Some(t) = ticket {
@@ -1806,6 +1813,38 @@ mod tests {
         assert!(!p.leave(a, later));
         assert_eq!(p.coming(a), 0);
         assert_within_budget(&p);
+    }
+
+    #[test]
+    fn a_model_whose_earlier_request_is_held_behind_a_later_one_takes_the_later_one() {
+        // The gate may let a later request for "a" ask before an earlier
+        // one (fairness between users): the later one must not wait behind
+        // "b", or the earlier one (held behind it) would wait for ever.
+        let (a, b) = (0, 1);
+        let mut p = policy(10, vec![spec("a", 6, 6), spec("b", 5, 5)]);
+        admit(&mut p, a, secs(0));
+        let early = p.arrive(a, secs(1));
+        assert_eq!(p.request(b, secs(2)), Admission::Wait { moves: vec![] });
+        let late = p.arrive(a, secs(3));
+        p.finish(a, secs(4));
+        assert_eq!(
+            p.request_announced(a, secs(4), Some(late)),
+            Admission::Ready
+        );
+        assert_eq!(p.coming(a), 1);
+        p.finish(a, secs(5));
+        assert_eq!(p.request(b, secs(5)), Admission::Wait { moves: vec![] });
+        assert_eq!(
+            p.request_announced(a, secs(5), Some(early)),
+            Admission::Ready
+        );
+        p.finish(a, secs(6));
+        let Admission::Wait { moves } = p.request(b, secs(6)) else {
+            panic!("b waits for a's unloading")
+        };
+        apply(&mut p, &moves);
+        admit(&mut p, b, secs(6));
+        assert_eq!(p.residency(a), Residency::Unloaded);
     }
 
     #[test]

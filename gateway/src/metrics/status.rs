@@ -26,15 +26,16 @@ pub struct StatusResponse {
     /// The global budget (absent without one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetStatus>,
-    /// Requests waiting for room in the budget to load their model.
+    /// Requests waiting for their model (a slot, or room to load it).
     pub waiting: BudgetWaiting,
     /// Models served by name that can never run within the budget, and why.
     pub unavailable: Vec<UnavailableModel>,
     pub version: &'static str,
 }
 
-/// Requests waiting for room in the global memory budget to load their
-/// model (none without a budget): `/api/ps`, `/api/status`.
+/// Requests waiting for their model: held at its fair gate while its
+/// slots are busy, or waiting for room in the global memory budget to load
+/// it: `/api/ps`, `/api/status`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BudgetWaiting {
     /// All of them.
@@ -52,7 +53,7 @@ pub struct WaitingModel {
 impl BudgetWaiting {
     pub fn of(registry: &crate::pool::registry::Registry) -> BudgetWaiting {
         let models: Vec<WaitingModel> = registry
-            .waiting_for_room()
+            .waiting()
             .into_iter()
             .map(|(name, requests)| WaitingModel { name, requests })
             .collect();

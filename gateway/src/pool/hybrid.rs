@@ -382,7 +382,7 @@ mod tests {
         assert_eq!(loaded.stream_cache_bytes, cache);
         assert_eq!(loaded.tier_bytes.gpu, share.weights.gpu_bytes);
         // Loaded alone, the policy charges it the whole RAM budget.
-        let Admission::Load { mv } = budget.request(model.id) else {
+        let Admission::Load { mv } = budget.request(model.id, None) else {
             panic!("loads at once")
         };
         assert_eq!(mv.to, Residency::Full);
@@ -471,7 +471,7 @@ mod tests {
         // Both requested: each loads at the highest level that fits, and
         // the books never exceed the budget on either tier.
         for m in [&a, &b] {
-            let Admission::Load { mv } = budget.request(m.id) else {
+            let Admission::Load { mv } = budget.request(m.id, None) else {
                 panic!("{} must load at once", m.id);
             };
             assert!(budget.policy().charged().fits_in(limit));

@@ -70,7 +70,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use hypura_scheduler::budget::{
-    Admission, BudgetPolicy, Footprint, ModelId, ModelSpec, Move, PolicyConfig, Residency,
+    Admission, BudgetPolicy, Footprint, ModelId, ModelSpec, Move, PolicyConfig, Residency, Ticket,
 };
 use hypura_scheduler::plan::{Plan, PlanSettings};
 use llama_tiered::tiered::footprint::StreamFootprint;
@@ -403,6 +403,31 @@ impl Drop for WaitingRequest {
     }
 }
 
+/// A request announced to the policy before it asks for its model
+/// ([`BudgetPolicy::arrive`]: held at the model's fair gate meanwhile);
+/// withdrawn when dropped, unless admitted by then.
+pub struct Announced {
+    budget: Arc<GlobalBudget>,
+    pub id: ModelId,
+    pub ticket: Ticket,
+}
+
+impl Announced {
+    /// Whether it was announced to `budget`.
+    pub fn is_of(&self, budget: &Arc<GlobalBudget>) -> bool {
+        Arc::ptr_eq(&self.budget, budget)
+    }
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        if self.budget.policy().leave(self.id, self.ticket) {
+            // Its model may be idle now, to requests waiting for room.
+            self.budget.changed.notify_waiters();
+        }
+    }
+}
+
 impl GlobalBudget {
     pub fn new(gpu_bytes: u64, ram_bytes: u64, config: PolicyConfig) -> GlobalBudget {
         GlobalBudget {
@@ -570,9 +595,22 @@ impl GlobalBudget {
             .map(|(p, _)| Arc::clone(p))
     }
 
-    pub fn request(&self, id: ModelId) -> Admission {
+    /// Announces a request for `id` that will ask later (see [`Announced`]).
+    pub fn announce(self: &Arc<Self>, id: ModelId) -> Announced {
         let now = self.now();
-        self.policy().request(id, now)
+        let ticket = self.policy().arrive(id, now);
+        Announced {
+            budget: Arc::clone(self),
+            id,
+            ticket,
+        }
+    }
+
+    /// A request for `id` asks, announced with `ticket` or not
+    /// ([`BudgetPolicy::request_announced`]).
+    pub fn request(&self, id: ModelId, ticket: Option<Ticket>) -> Admission {
+        let now = self.now();
+        self.policy().request_announced(id, now, ticket)
     }
 
     pub fn finish(&self, id: ModelId) {

@@ -5,6 +5,12 @@
 //! capped at the key's `max_tokens` and `max_context`, then a slot of the
 //! model from its fair queue ([`super::fair`]), held with the key's
 //! concurrency until the response body ends. `GET /api/usage` ([`usage`]).
+//!
+//! A request held at the fair queue is the pool's [`Arrival`] from the
+//! moment it came (counted waiting for its model; under a memory budget
+//! its model is not idle to later requests for other models, and it keeps
+//! its place among them): the pool's admission is the one queue that sees
+//! every waiting request, the gate only picks which of a model's goes next.
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -27,6 +33,7 @@ use super::ANONYMOUS_USER;
 use crate::core::error::{ApiError, OllamaError, OpenAiError};
 use crate::core::models::Models;
 use crate::core::validation::ModelName;
+use crate::pool::registry::Arrival;
 use crate::state::AppState;
 
 /// Routes that generate: they wait at their model's fair queue.
@@ -122,8 +129,10 @@ pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -
     let priority = priority(&tenant, request.headers());
     let fair_user: Arc<str> =
         fairness_id(&tenant, request.headers()).map_or_else(|| Arc::clone(&tenant.name), Arc::from);
+    let mut arrival: Option<Arrival> = None;
     let permit = match model.filter(|_| generates) {
         Some(model) => {
+            arrival = Some(state.registry.arrive(&model));
             let gate = tenancy.gates.gate(&model);
             match gate.admit(&fair_user, tenant.weight, priority).await {
                 Ok(permit) => Some(permit),
@@ -142,6 +151,9 @@ pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -
         }
         None => None,
     };
+    if let Some(arrival) = arrival.as_mut() {
+        arrival.passed_gate();
+    }
     let waited = permit.as_ref().map(|p| p.admission.waited.as_secs_f64());
     crate::metrics::users::request_started(&tenant.name, waited.unwrap_or(0.0));
     let current = Arc::new(RequestUser {
@@ -152,7 +164,11 @@ pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -
         limiter: Arc::clone(&tenancy.limiter),
     });
     let admission = permit.as_ref().map(|p| p.admission);
-    let response = CURRENT.scope(Arc::clone(&current), next.run(request)).await;
+    let handler = CURRENT.scope(Arc::clone(&current), next.run(request));
+    let response = match arrival {
+        Some(arrival) => arrival.scope(handler).await,
+        None => handler.await,
+    };
     let (mut parts, body) = response.into_parts();
     for (name, value) in rate.pairs() {
         insert(&mut parts.headers, name, &value);

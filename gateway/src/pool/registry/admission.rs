@@ -3,9 +3,20 @@
 //! its context is too small; under the global budget the policy admits the
 //! request, makes room by moves, or has it wait (up to
 //! [`ADMISSION_TIMEOUT`]).
+//!
+//! A request the server holds before it asks (at its model's fair gate,
+//! while the model's slots are busy) is an [`Arrival`] from the moment it
+//! came: counted waiting for its model ([`Registry::waiting`]) and, under
+//! the budget, announced to the policy, so that the model is not idle to
+//! requests for other models that came after it and it keeps its place
+//! among the waiters ([`hypura_scheduler::budget::BudgetPolicy::arrive`]).
+//! The gate runs the request's handler in the arrival's scope
+//! ([`Arrival::scope`]): its admission here finds it there.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hypura_scheduler::budget::{Admission, Move, Residency};
@@ -18,18 +29,86 @@ use super::placement::batch_config;
 use super::Registry;
 use crate::core::models::ModelsError;
 use crate::core::validation::{KeepAlive, ModelName};
-use crate::pool::residency::{GlobalBudget, InFlight};
+use crate::pool::residency::{Announced, GlobalBudget, InFlight};
 
 /// How long a request waits for room in the global budget.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Requests held at each model's fair gate, by the name they asked for.
+pub(super) type GateCounts = Arc<Mutex<HashMap<String, usize>>>;
+
+tokio::task_local! {
+    /// The request being handled, when it came through its model's gate.
+    static ARRIVAL: Arrival;
+}
+
+/// A request for a model, from when the server took it in until it asks
+/// for the model (module docs); dropped, it counts no more.
+pub struct Arrival {
+    /// The name it is counted under while held at the gate, and the counts.
+    at_gate: Option<(String, GateCounts)>,
+    announced: Option<Announced>,
+}
+
+impl Arrival {
+    /// It passed the gate: no longer counted waiting there (still
+    /// announced until its admission).
+    pub fn passed_gate(&mut self) {
+        if let Some((name, counts)) = self.at_gate.take() {
+            let mut counts = super::lock(&counts);
+            if let Some(n) = counts.get_mut(&name) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    counts.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// Runs `handler` (the request's) with this arrival: its admission
+    /// takes the place the arrival gave it.
+    pub fn scope<F: Future>(self, handler: F) -> impl Future<Output = F::Output> {
+        ARRIVAL.scope(self, handler)
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.passed_gate();
+    }
+}
+
 impl Registry {
-    /// Requests waiting for room in the global budget now, per model name
-    /// (models with none left out; empty without a budget).
-    pub fn waiting_for_room(&self) -> Vec<(String, usize)> {
-        self.budget
-            .as_ref()
-            .map_or_else(Vec::new, |budget| budget.waiting())
+    /// A request for `model` (a name the pool lists) came: see [`Arrival`].
+    pub fn arrive(&self, model: &str) -> Arrival {
+        *super::lock(&self.at_gate)
+            .entry(model.to_string())
+            .or_default() += 1;
+        let announced = self.budget.as_ref().and_then(|budget| {
+            let name = ModelName::parse(model, "model").ok()?;
+            let named = self.resolve(&name)?;
+            let id = budget.model(named.source.local_path())?.id;
+            Some(budget.announce(id))
+        });
+        Arrival {
+            at_gate: Some((model.to_string(), Arc::clone(&self.at_gate))),
+            announced,
+        }
+    }
+
+    /// Requests waiting for their model now, per model name (models with
+    /// none left out), sorted by name: held at its fair gate (its slots
+    /// busy), or waiting for room in the global budget to load it.
+    pub fn waiting(&self) -> Vec<(String, usize)> {
+        let mut all: HashMap<String, usize> = super::lock(&self.at_gate).clone();
+        if let Some(budget) = &self.budget {
+            for (name, n) in budget.waiting() {
+                *all.entry(name).or_default() += n;
+            }
+        }
+        let mut all: Vec<(String, usize)> = all.into_iter().filter(|&(_, n)| n > 0).collect();
+        all.sort();
+        all
     }
 
     /// Loads the model named `name` unless it is loaded, and holds it for one
@@ -154,13 +233,21 @@ impl Registry {
                 KeepAlive::For(d) => Some(d),
             },
         );
+        // Announced when it came, if it came through the gate.
+        let ticket = ARRIVAL
+            .try_with(|arrival| {
+                let announced = arrival.announced.as_ref()?;
+                (announced.is_of(budget) && announced.id == id).then_some(announced.ticket)
+            })
+            .ok()
+            .flatten();
         let deadline = Instant::now() + ADMISSION_TIMEOUT;
         let mut waiting = None;
         loop {
             let changed = budget.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            match budget.request(id) {
+            match budget.request(id, ticket) {
                 Admission::Ready => {
                     let in_flight = InFlight::admitted(budget, id);
                     match self.loaded_by_now(budget, id, &path, deadline).await {
@@ -331,6 +418,6 @@ mod tests {
             e,
             ModelsError::Rejected(format!("model 'ghost' cannot run on this server: {why}"))
         );
-        assert!(registry.waiting_for_room().is_empty());
+        assert!(registry.waiting().is_empty());
     }
 }

@@ -30,6 +30,7 @@ pub mod moves;
 pub mod names;
 pub mod placement;
 
+pub use admission::Arrival;
 pub use leases::{Engine, InProcess, LoadedModel, ModelLease};
 pub use loading::load;
 pub use names::{hex, parameter_size, ModelInfo, ModelSource, NamedModel};
@@ -130,6 +131,9 @@ pub struct Registry {
     /// Model files served by name that can never run within the global
     /// budget, and why (naming the minimum): listed, refused when asked for.
     unfit: DashMap<Arc<PathBuf>, String>,
+    /// Requests held at each model's fair gate now, by the name they asked
+    /// for ([`Arrival`]).
+    at_gate: admission::GateCounts,
 }
 
 impl Registry {
@@ -165,6 +169,7 @@ impl Registry {
             cancel: tokio::sync::watch::Sender::new(false),
             upstreams: std::sync::OnceLock::new(),
             unfit: DashMap::new(),
+            at_gate: Arc::default(),
         }
     }
 
