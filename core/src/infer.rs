@@ -341,9 +341,23 @@ impl Generation {
         observer: Arc<dyn Observer>,
     ) -> Result<Generation, ApiError> {
         let slot = lease.backend.status().context_length;
-        let window = request.backend.params.num_ctx.map_or(slot, |n| n.min(slot));
+        let asked = request.backend.params.num_ctx.map_or(slot, |n| n.min(slot));
+        // The caller's cap (a key's max_context) narrows the window on every
+        // route: the prompt is fitted to it, and the reply gets what it
+        // leaves (the backend caps max_tokens to its num_ctx, as to its slot).
+        let cap = observer.context_cap().filter(|&cap| cap < asked);
+        let window = cap.unwrap_or(asked);
         validation::check_prompt_bytes(prompt_bytes(&request.backend.prompt), window)?;
         let mut backend_request = request.backend.clone();
+        if let Some(cap) = cap {
+            let params = &mut backend_request.params;
+            params.num_ctx = Some(cap);
+            // A model another server runs counts its prompt over there: its
+            // reply at least stays within the cap.
+            if !lease.backend.counts_tokens() {
+                params.max_tokens = Some(params.max_tokens.map_or(cap, |m| m.min(cap)));
+            }
+        }
         // A model another server runs is fitted to its context over there.
         let truncated_messages = if lease.backend.counts_tokens() {
             truncate::fit(

@@ -1,7 +1,8 @@
 //! What [`crate::infer`] tells the outside about the requests it runs:
 //! the [`Observer`] trait. Metrics and traces implement it; core calls it at
 //! the few points every request passes (its start, the model it names, a full
-//! queue, its end) and knows nothing of what they record.
+//! queue, its end) and knows nothing of what they record. It asks one thing
+//! back: the context cap of whoever the request is served for.
 use std::time::Duration;
 
 use tracing::Span;
@@ -37,6 +38,15 @@ pub trait Observer: Send + Sync {
 
     /// A request failed before it produced anything.
     fn failed(&self, _span: &Span, _error: &ApiError) {}
+
+    /// The most tokens the generation starting now may take, prompt and
+    /// reply together, when whoever the request is served for is capped (a
+    /// key's `max_context`, known to the server around the route, not to
+    /// core): [`crate::infer::Generation::start`] fits the prompt into it
+    /// and caps the reply at what it leaves. The one question core asks.
+    fn context_cap(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// An observer that records nothing (tools and tests).

@@ -501,3 +501,101 @@ fn a_keys_file_with_a_key_guards_a_lan_address_alone() {
     assert_eq!(r.status(), 200);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_key_s_max_context_caps_prompt_and_reply_on_every_route() {
+    let dir = test_dir("context");
+    let file = dir.join("keys.toml");
+    let small = add_key(&file, "small", &["--max-context", "64"]);
+    let free = add_key(&file, "free", &[]);
+    let server = Server::start(&["--keys-file", file.to_str().unwrap()]);
+    let no_end = serde_json::from_str::<Value>(NO_END).unwrap();
+    let post = |path: &str, key: &str, body: Value| {
+        let r = client()
+            .post(server.url(path))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().unwrap())
+    };
+    // OpenAI: the reply gets what the prompt leaves of the key's 64 tokens
+    // (as llama-server caps n_predict at its context), ending for length.
+    let completion = json!({
+        "model": MODEL, "prompt": "Once upon a time", "max_tokens": 100,
+        "temperature": 0, "logit_bias": no_end
+    });
+    let (status, body) = post("/v1/completions", &small, completion.clone());
+    assert_eq!(status, 200, "{body}");
+    let (prompt, generated) = tokens(&body);
+    assert!(prompt < 64, "{body}");
+    assert_eq!(prompt + generated, 64, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    // Another key is not capped: the same request gets its 100 tokens.
+    let (status, body) = post("/v1/completions", &free, completion);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(tokens(&body), (prompt, 100));
+
+    let chat = |content: &str, max_tokens: u32| {
+        json!({
+            "model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0, "logit_bias": no_end
+        })
+    };
+    let (status, body) = post(
+        "/v1/chat/completions",
+        &small,
+        chat("Tell me a story.", 100),
+    );
+    assert_eq!(status, 200, "{body}");
+    let usage = &body["usage"];
+    assert_eq!(usage["total_tokens"], 64, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    // A prompt alone over the cap: 400, OpenAI's context_length_exceeded.
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(10);
+    let (status, body) = post("/v1/chat/completions", &small, chat(&long, 1));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the context window holds 64"), "{message}");
+    // The same prompt fits the free key's window.
+    let (status, body) = post("/v1/chat/completions", &free, chat(&long, 1));
+    assert_eq!(status, 200, "{body}");
+
+    // Anthropic: input (the part read from the cache too) and output
+    // tokens make the 64.
+    let (status, body) = post(
+        "/v1/messages",
+        &small,
+        json!({
+            "model": MODEL, "max_tokens": 100, "temperature": 0,
+            "messages": [{"role": "user", "content": "Tell me a story."}]
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    let usage = &body["usage"];
+    let used = ["input_tokens", "cache_read_input_tokens", "output_tokens"]
+        .iter()
+        .map(|k| usage[k].as_u64().unwrap_or(0))
+        .sum::<u64>();
+    assert_eq!(used, 64, "{body}");
+    assert_eq!(body["stop_reason"], "max_tokens", "{body}");
+
+    // Ollama: the same cap without a num_ctx of its own (its
+    // prompt_eval_count counts only what the prompt cache did not hold: the
+    // prompt's tokens are those /v1/completions reported for it).
+    let (status, body) = post(
+        "/api/generate",
+        &small,
+        json!({
+            "model": MODEL, "prompt": "Once upon a time", "raw": true, "stream": false,
+            "options": {"num_predict": 100, "temperature": 0}
+        }),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["eval_count"].as_u64(), Some(64 - prompt), "{body}");
+    assert_eq!(body["done_reason"], "length", "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

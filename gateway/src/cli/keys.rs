@@ -57,7 +57,7 @@ struct AddArgs {
     /// Requests waiting or running at once.
     #[arg(long)]
     concurrent: Option<u32>,
-    /// Largest context (num_ctx) a request may ask for.
+    /// Most tokens of a request's prompt and reply together, on every route.
     #[arg(long)]
     max_context: Option<u32>,
     /// Most tokens of one reply.

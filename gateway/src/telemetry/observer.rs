@@ -42,4 +42,8 @@ impl Observer for Recorder {
     fn failed(&self, span: &Span, error: &ApiError) {
         genai::record_error(span, error);
     }
+
+    fn context_cap(&self) -> Option<u32> {
+        crate::tenancy::usage::context_cap()
+    }
 }

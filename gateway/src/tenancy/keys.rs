@@ -20,7 +20,7 @@
 //! rpm = 60                  # requests per minute
 //! tpm = 100000              # tokens (prompt + generated) per minute
 //! concurrent = 4            # requests waiting or running at once
-//! max_context = 8192        # options.num_ctx at most (Ollama routes)
+//! max_context = 8192        # tokens of prompt and reply together, every route
 //! max_tokens = 1024         # tokens of one reply at most
 //! weight = 1.0              # share of the slots when users compete
 //! priority = "interactive"  # or "batch": only slots nobody else waits for

@@ -25,6 +25,8 @@ struct Window {
     /// Tokens of the requests that ended in the last minute.
     tokens: VecDeque<(Instant, u64)>,
     in_flight: u32,
+    /// The key's `max_context` as of its latest request ([`Limiter::max_context`]).
+    max_context: Option<u32>,
 }
 
 /// Which limit a request went over.
@@ -124,6 +126,7 @@ impl Limiter {
         let mut keys = self.lock();
         let w = keys.entry(Arc::clone(&tenant.name)).or_default();
         w.expire(now);
+        w.max_context = limits.max_context;
         let used_tokens: u64 = w.tokens.iter().map(|(_, t)| t).sum();
         let token_reset = |w: &Window, limit: u64| {
             // When enough of the window's tokens leave it to be under the limit.
@@ -221,6 +224,13 @@ impl Limiter {
         ))
     }
 
+    /// The `max_context` of `key` as its latest request found it (the
+    /// keys file may have changed since): what caps the context of the
+    /// requests it let in ([`super::usage::context_cap`]).
+    pub fn max_context(&self, key: &str) -> Option<u32> {
+        self.lock().get(key).and_then(|w| w.max_context)
+    }
+
     /// `tokens` used by a request of `key` that ended now.
     pub fn used(&self, key: &Arc<str>, tokens: u64, now: Instant) {
         if tokens == 0 {
@@ -311,6 +321,22 @@ mod tests {
             Some((100, 0, Duration::from_secs(59)))
         );
         assert!(limiter.admit(&t, now + WINDOW).is_ok());
+    }
+
+    #[test]
+    fn a_key_s_max_context_as_its_latest_request_found_it() {
+        let limiter = Arc::new(Limiter::default());
+        let mut t = tenant(Limits {
+            max_context: Some(64),
+            ..Limits::default()
+        });
+        assert_eq!(limiter.max_context("k"), None);
+        let now = Instant::now();
+        let _a = limiter.admit(&t, now).unwrap();
+        assert_eq!(limiter.max_context("k"), Some(64));
+        t.limits.max_context = None;
+        let _b = limiter.admit(&t, now).unwrap();
+        assert_eq!(limiter.max_context("k"), None);
     }
 
     #[test]

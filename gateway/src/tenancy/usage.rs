@@ -2,7 +2,8 @@
 //! ([`CURRENT`], set by [`super::http`] around the handler and each poll of
 //! the response body), so the end of a generation ([`generation_ended`],
 //! called by [`crate::metrics::generation_ended`]) is counted for it, in
-//! `/metrics` and against its key's tokens per minute.
+//! `/metrics` and against its key's tokens per minute, and a generation
+//! that starts is capped at its key's context ([`context_cap`]).
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,6 +48,18 @@ pub fn generation_ended(record: &GenerationRecord<'_>) {
             .limiter
             .used(&current.user, prompt + generated, Instant::now());
     });
+}
+
+/// The context cap of the request being served: its key's `max_context`
+/// (none outside a request, or for a key without one). Core asks it when a
+/// generation starts ([`crate::core::observer::Observer::context_cap`]), so
+/// the cap holds on every route: the OpenAI and Anthropic ones have no
+/// context field of their own to cap.
+pub fn context_cap() -> Option<u32> {
+    CURRENT
+        .try_with(|current| current.limiter.max_context(&current.user))
+        .ok()
+        .flatten()
 }
 
 /// One user's usage since the server started (`GET /api/usage`).
