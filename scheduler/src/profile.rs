@@ -119,6 +119,25 @@ impl DiskProfile {
         self.reads.iter().map(|p| p.gbps).fold(0.0, f64::max)
     }
 
+    /// The slowest bandwidth measured at `queue_depth` (any block size;
+    /// the best overall when none was measured there): a figure to plan
+    /// with until a path's own reads are timed, where a choice made on the
+    /// fast figure of a disk whose figures scatter costs more than the
+    /// read saves.
+    pub fn slowest_gbps_at(&self, queue_depth: u32) -> f64 {
+        let slowest = self
+            .reads
+            .iter()
+            .filter(|p| p.queue_depth == queue_depth && p.gbps > 0.0)
+            .map(|p| p.gbps)
+            .fold(f64::INFINITY, f64::min);
+        if slowest.is_finite() {
+            slowest
+        } else {
+            self.best_gbps()
+        }
+    }
+
     /// Bandwidth for reads of about `block_bytes` at up to `queue_depth`
     /// in flight: the best point with a block no larger and a depth no
     /// deeper (falls back to the best overall when none is).
@@ -273,5 +292,15 @@ mod tests {
         assert_eq!(d.gbps_for(32 << 20, 4), 1.2);
         // Smaller than anything measured: the best there is.
         assert_eq!(d.gbps_for(4096, 1), 1.3);
+    }
+
+    #[test]
+    fn the_slowest_read_at_a_depth_is_the_floor_of_that_depth() {
+        let d = disk();
+        // Single stream: 0.3 (64 KiB) and 1.2 (16 MiB) were measured.
+        assert_eq!(d.slowest_gbps_at(1), 0.3);
+        assert_eq!(d.slowest_gbps_at(32), 1.0);
+        // Nothing at that depth: the best there is.
+        assert_eq!(d.slowest_gbps_at(7), 1.3);
     }
 }

@@ -173,7 +173,10 @@ fn prompt_cache(
         .ok()
         .map(|dir| dir.join("prompt-cache"))
         .filter(|_| disk_bytes > 0);
-    let read_gbps = profile.get().disk.gbps_for(16 << 20, 1);
+    // A state file is read by one thread, front to back: until the tier
+    // times a read of its own (then kept beside the files), the slowest
+    // single-stream read the profile measured.
+    let read_gbps = profile.get().disk.slowest_gbps_at(1);
     llama_tiered::engine::PromptCacheConfig {
         ram_bytes: args
             .prompt_cache_ram

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::prompt_cache::disk::DiskTier;
-use super::prompt_cache::ram::RamTier;
+use super::prompt_cache::ram::{Entry, RamTier};
 use super::prompt_cache::{common_prefix, CacheKey, Costs, Counters, PromptCacheConfig, Tier};
 use super::worker::{Slot, Worker};
 use crate::llama::{StateBuffer, StateBuffers};
@@ -63,6 +63,9 @@ impl Tiers {
         if let Some(speed) = disk.as_ref().and_then(DiskTier::remembered_prefill) {
             costs.remembered_prefill(speed);
         }
+        if let Some(speed) = disk.as_ref().and_then(DiskTier::remembered_read) {
+            costs.remembered_disk_read(speed);
+        }
         let tiers = Tiers {
             ram: RamTier::new(config.ram_bytes),
             disk,
@@ -78,12 +81,17 @@ impl Tiers {
         self.ram.limit_bytes() > 0 || self.disk.is_some()
     }
 
-    /// Keeps a saved state in RAM and writes it through to NVMe.
+    /// Keeps a saved state in RAM and writes it through to NVMe (a state
+    /// larger than the RAM tier goes to NVMe alone).
     fn keep(&mut self, tokens: Vec<i32>, state: Arc<StateBuffer>) {
         if let Some(disk) = &self.disk {
-            disk.write(tokens.clone(), Arc::clone(&state));
+            if state.memory_bytes() as u64 > self.ram.limit_bytes() {
+                disk.write(tokens, state);
+                return;
+            }
+            // Written unless a newer turn supersedes it in RAM first.
+            disk.write_through(tokens.clone(), &state);
         }
-        // What RAM evicts is already on NVMe (or was dropped by a full disk).
         self.hold(tokens, state);
     }
 
@@ -92,7 +100,22 @@ impl Tiers {
     fn hold(&mut self, tokens: Vec<i32>, state: Arc<StateBuffer>) {
         let evicted = self.ram.insert(tokens, state);
         self.keep_spare_memory();
-        drop(evicted);
+        self.spill(evicted, &[]);
+    }
+
+    /// Entries that left RAM: those `superseding` (a newer turn of the
+    /// same conversation) are dropped; the others go to NVMe unless a file
+    /// already holds them (they were written through when saved, unless
+    /// the writer was behind), their memory back to the pool once written.
+    fn spill(&self, gone: Vec<Entry>, superseding: &[i32]) {
+        let Some(disk) = &self.disk else {
+            return;
+        };
+        for entry in gone {
+            if !superseding.starts_with(&entry.tokens) && !disk.holds(&entry.tokens) {
+                disk.write(entry.tokens, entry.state);
+            }
+        }
     }
 
     /// Memory kept for saves fills what the RAM tier's entries leave of its
@@ -257,9 +280,11 @@ impl Worker {
                 let cached = match loaded.filter(|(t, _)| common_prefix(t, prompt) >= n) {
                     Some((tokens, state)) => {
                         let seconds = read.elapsed().as_secs_f64();
-                        self.tiers
-                            .costs
-                            .measured_restore(Tier::Disk, state.len() as u64, seconds);
+                        let costs = &mut self.tiers.costs;
+                        costs.measured_restore(Tier::Disk, state.len() as u64, seconds);
+                        if let Some(disk) = &self.tiers.disk {
+                            disk.remember_read(costs.disk_read());
+                        }
                         let cached = self.restore(seq, &state, n, Tier::Disk);
                         // Back in RAM: the next turn restores from there.
                         if cached > 0 && self.tiers.ram.limit_bytes() > 0 {
@@ -363,7 +388,7 @@ impl Worker {
         let bytes = self.ctx.seq_state_bytes(seq as i32) as u64;
         let gone = self.tiers.ram.make_room(kept, bytes);
         self.tiers.keep_spare_memory();
-        drop(gone);
+        self.tiers.spill(gone, kept);
         match self.ctx.seq_state(seq as i32, &self.tiers.buffers) {
             Ok(state) if !state.is_empty() => {
                 let counters = &self.shared.counters.prompt_cache;
@@ -403,7 +428,7 @@ impl Worker {
     pub(super) fn set_ram_limit(&mut self, bytes: u64) {
         let evicted = self.tiers.ram.set_limit(bytes);
         self.tiers.keep_spare_memory();
-        drop(evicted);
+        self.tiers.spill(evicted, &[]);
         self.tiers.publish(&self.shared.counters.prompt_cache);
     }
 

@@ -34,12 +34,25 @@ const HEADER_BYTES: usize = 8 + 32 + 4 + 8 + 4;
 const MAX_TOKENS: u32 = 1 << 24;
 /// Where a folder keeps its model's prefill speed.
 const PREFILL_SPEED: &str = "prefill-speed";
+/// The file of the disk read speed this tier measured (bytes per second).
+const READ_SPEED: &str = "read-speed";
 /// Writes waiting for the writer thread; more are dropped (the entry stays
 /// in RAM, or is lost as an uncached prompt would be).
 const WRITE_QUEUE: usize = 2;
 
-/// A state to write: its tokens and its bytes (shared with the RAM tier).
-type Pending = (Vec<i32>, Arc<StateBuffer>);
+/// A state to write: its tokens and its bytes.
+type Pending = (Vec<i32>, Held);
+
+/// How the writer holds a state. A state the RAM tier keeps is held
+/// weakly: when RAM lets it go before it is written (a newer turn of the
+/// conversation superseded it), the write is skipped and its memory goes
+/// back to the pool at once, for the save that superseded it, instead of
+/// waiting for a write nobody needs (and a new gigabyte of pinned memory
+/// being asked for meanwhile).
+enum Held {
+    Strong(Arc<StateBuffer>),
+    Weak(std::sync::Weak<StateBuffer>),
+}
 
 /// One file of this model's folder.
 struct DiskEntry {
@@ -66,9 +79,57 @@ struct Folder {
     root: PathBuf,
     dir: PathBuf,
     limit_bytes: u64,
-    /// The prefill speed to keep (`f64` bits; 0: none measured), written
-    /// by the writer thread after a state and when the tier closes.
-    prefill: AtomicU64,
+    /// The prefill speed (tokens per second) and the read speed (bytes per
+    /// second) to keep, written by the writer thread after a state and
+    /// when the tier closes.
+    prefill: Remembered,
+    read: Remembered,
+}
+
+/// A speed kept in a file of the folder (`f64` bits; 0: none measured).
+struct Remembered {
+    file: &'static str,
+    bits: AtomicU64,
+}
+
+impl Remembered {
+    fn open(dir: &Path, file: &'static str) -> Remembered {
+        let speed = read_speed(&dir.join(file)).unwrap_or(0.0);
+        Remembered {
+            file,
+            bits: AtomicU64::new(speed.to_bits()),
+        }
+    }
+
+    fn get(&self) -> Option<f64> {
+        let speed = f64::from_bits(self.bits.load(Ordering::Relaxed));
+        (speed > 0.0).then_some(speed)
+    }
+
+    fn set(&self, speed: f64) {
+        if speed.is_finite() && speed > 0.0 {
+            self.bits.store(speed.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// Writes the speed into `dir` when it changed from `written` (its
+    /// bits); the bits now on disk.
+    fn keep(&self, dir: &Path, written: u64) -> u64 {
+        let now = self.bits.load(Ordering::Relaxed);
+        if now == written {
+            return written;
+        }
+        let path = dir.join(self.file);
+        let part = dir.join(format!("{}.part", self.file));
+        let text = format!("{}\n", f64::from_bits(now));
+        match fs::write(&part, text).and_then(|()| fs::rename(&part, &path)) {
+            Ok(()) => now,
+            Err(_) => {
+                remove(&part);
+                written
+            }
+        }
+    }
 }
 
 impl DiskTier {
@@ -95,26 +156,32 @@ impl DiskTier {
             }
         }
         let index = Arc::new(Mutex::new(Index { entries }));
-        let prefill = read_prefill_speed(&dir.join(PREFILL_SPEED)).unwrap_or(0.0);
         let folder = Arc::new(Folder {
             root: root.to_path_buf(),
+            prefill: Remembered::open(&dir, PREFILL_SPEED),
+            read: Remembered::open(&dir, READ_SPEED),
             dir,
             limit_bytes,
-            prefill: AtomicU64::new(prefill.to_bits()),
         });
         let (tx, rx) = sync_channel::<Pending>(WRITE_QUEUE);
         let thread = {
             let (index, folder) = (Arc::clone(&index), Arc::clone(&folder));
-            let on_disk = prefill.to_bits();
+            let on_disk = [&folder.prefill, &folder.read].map(|r| r.bits.load(Ordering::Relaxed));
             std::thread::Builder::new()
                 .name("hypura-kv-write".into())
                 .spawn(move || {
                     let mut kept = on_disk;
-                    for (tokens, state) in rx {
-                        folder.write(&index, &key, tokens, &state);
-                        kept = folder.keep_prefill_speed(kept);
+                    for (tokens, held) in rx {
+                        let state = match held {
+                            Held::Strong(state) => Some(state),
+                            Held::Weak(state) => state.upgrade(),
+                        };
+                        if let Some(state) = state {
+                            folder.write(&index, &key, tokens, &state);
+                        }
+                        kept = folder.keep_speeds(kept);
                     }
-                    folder.keep_prefill_speed(kept);
+                    folder.keep_speeds(kept);
                 })?
         };
         Ok(DiskTier {
@@ -128,17 +195,32 @@ impl DiskTier {
 
     /// The prefill speed last measured for this model here, if any.
     pub(crate) fn remembered_prefill(&self) -> Option<f64> {
-        let speed = f64::from_bits(self.folder.prefill.load(Ordering::Relaxed));
-        (speed > 0.0).then_some(speed)
+        self.folder.prefill.get()
     }
 
     /// Keeps `tokens_per_second` as this model's prefill speed (written
     /// with the next state, or when the tier closes).
     pub(crate) fn remember_prefill(&self, tokens_per_second: f64) {
-        if tokens_per_second.is_finite() && tokens_per_second > 0.0 {
-            let bits = tokens_per_second.to_bits();
-            self.folder.prefill.store(bits, Ordering::Relaxed);
-        }
+        self.folder.prefill.set(tokens_per_second);
+    }
+
+    /// The speed this folder's state files were last read at, if any.
+    pub(crate) fn remembered_read(&self) -> Option<f64> {
+        self.folder.read.get()
+    }
+
+    /// Keeps `bytes_per_second` as the speed state files are read at.
+    pub(crate) fn remember_read(&self, bytes_per_second: f64) {
+        self.folder.read.set(bytes_per_second);
+    }
+
+    /// Whether a file holds `tokens` (or a longer conversation that
+    /// starts with them).
+    pub(crate) fn holds(&self, tokens: &[i32]) -> bool {
+        self.index()
+            .entries
+            .iter()
+            .any(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(tokens))
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -184,13 +266,23 @@ impl DiskTier {
 
     /// Queues a write; false when the writer is behind (nothing written).
     pub(crate) fn write(&self, tokens: Vec<i32>, state: Arc<StateBuffer>) -> bool {
-        if state.len() as u64 > self.folder.limit_bytes {
+        self.queue(tokens, state.len(), Held::Strong(state))
+    }
+
+    /// Queues a write of a state the RAM tier holds: skipped when RAM has
+    /// let it go before its turn comes ([`Held`]).
+    pub(crate) fn write_through(&self, tokens: Vec<i32>, state: &Arc<StateBuffer>) -> bool {
+        self.queue(tokens, state.len(), Held::Weak(Arc::downgrade(state)))
+    }
+
+    fn queue(&self, tokens: Vec<i32>, len: usize, held: Held) -> bool {
+        if len as u64 > self.folder.limit_bytes {
             return false;
         }
         let Some(writer) = &self.writer else {
             return false;
         };
-        match writer.try_send((tokens, state)) {
+        match writer.try_send((tokens, held)) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
         }
@@ -215,23 +307,13 @@ impl Drop for DiskTier {
 }
 
 impl Folder {
-    /// Writes the prefill speed when it changed from `written` (its bits);
-    /// the bits now on disk.
-    fn keep_prefill_speed(&self, written: u64) -> u64 {
-        let now = self.prefill.load(Ordering::Relaxed);
-        if now == written {
-            return written;
-        }
-        let path = self.dir.join(PREFILL_SPEED);
-        let part = self.dir.join(format!("{PREFILL_SPEED}.part"));
-        let text = format!("{}\n", f64::from_bits(now));
-        match fs::write(&part, text).and_then(|()| fs::rename(&part, &path)) {
-            Ok(()) => now,
-            Err(_) => {
-                remove(&part);
-                written
-            }
-        }
+    /// Writes the speeds that changed from `written` (their bits); the
+    /// bits now on disk.
+    fn keep_speeds(&self, written: [u64; 2]) -> [u64; 2] {
+        [
+            self.prefill.keep(&self.dir, written[0]),
+            self.read.keep(&self.dir, written[1]),
+        ]
     }
 
     /// Writes one file (temporary name, then renamed), indexes it in place
@@ -325,7 +407,7 @@ impl Folder {
 }
 
 /// A kept prefill speed; `None` when absent or not a positive number.
-fn read_prefill_speed(path: &Path) -> Option<f64> {
+fn read_speed(path: &Path) -> Option<f64> {
     let text = fs::read_to_string(path).ok()?;
     let speed: f64 = text.trim().parse().ok()?;
     (speed.is_finite() && speed > 0.0).then_some(speed)
@@ -508,6 +590,40 @@ mod tests {
         fs::write(&path, "-3").unwrap();
         let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
         assert_eq!(tier.remembered_prefill(), None);
+    }
+
+    #[test]
+    fn the_read_speed_survives_a_reopen_beside_the_prefill_speed() {
+        let root = super::super::TestDir::new();
+        {
+            let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
+            assert_eq!(tier.remembered_read(), None);
+            tier.remember_prefill(8_700.0);
+            tier.remember_read(9.4e8);
+            tier.remember_read(-1.0);
+        }
+        let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
+        assert_eq!(tier.remembered_read(), Some(9.4e8));
+        assert_eq!(tier.remembered_prefill(), Some(8_700.0));
+    }
+
+    #[test]
+    fn a_write_through_is_skipped_once_ram_has_let_the_state_go() {
+        let root = super::super::TestDir::new();
+        let tier = DiskTier::open(root.path(), key(1), 1 << 20).unwrap();
+        // Superseded in RAM before the writer came to it: nothing holds it.
+        // (Let go before it is queued: the writer cannot have taken it.)
+        let gone = Arc::new(StateBuffer::from(&[1u8; 100][..]));
+        let weak = Arc::downgrade(&gone);
+        drop(gone);
+        assert!(tier.queue(vec![1, 2], 100, Held::Weak(weak)));
+        // Still held: written. The writer takes them in order, so once the
+        // second is on disk the first was decided.
+        let kept = Arc::new(StateBuffer::from(&[2u8; 100][..]));
+        assert!(tier.write_through(vec![3, 4], &kept));
+        wait_for(&tier, 1);
+        assert!(tier.holds(&[3, 4]) && tier.holds(&[3]));
+        assert!(!tier.holds(&[1, 2]));
     }
 
     #[test]

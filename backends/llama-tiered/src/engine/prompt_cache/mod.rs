@@ -106,6 +106,9 @@ pub(crate) struct Costs {
     warmed_up: bool,
     ram_bytes_per_second: f64,
     disk_bytes_per_second: f64,
+    /// Whether `disk_bytes_per_second` was timed on this tier's own reads
+    /// (here or by an earlier run), not taken from the profile.
+    disk_measured: bool,
 }
 
 /// Weight of a new measurement in the running averages.
@@ -123,6 +126,7 @@ impl Costs {
             } else {
                 1e9
             },
+            disk_measured: false,
         }
     }
 
@@ -149,6 +153,17 @@ impl Costs {
     /// a slower one (a short prompt, a busy step) is smoothed in.
     pub(crate) fn remembered_prefill(&mut self, tokens_per_second: f64) {
         self.prefill_tokens_per_second = tokens_per_second;
+    }
+
+    /// Starts from a read speed an earlier run timed on this tier's files.
+    pub(crate) fn remembered_disk_read(&mut self, bytes_per_second: f64) {
+        self.disk_bytes_per_second = bytes_per_second;
+        self.disk_measured = true;
+    }
+
+    /// The speed state files are read at now, in bytes per second.
+    pub(crate) fn disk_read(&self) -> f64 {
+        self.disk_bytes_per_second
     }
 
     /// The prefill speed now, in tokens per second (`0`: not known).
@@ -181,6 +196,11 @@ impl Costs {
         match tier {
             Tier::Slot => {}
             Tier::Ram => smooth(&mut self.ram_bytes_per_second, speed),
+            // The first read of the tier's own files replaces the
+            // profile's figure (a raw device's, not this path's).
+            Tier::Disk if !std::mem::replace(&mut self.disk_measured, true) => {
+                self.disk_bytes_per_second = speed;
+            }
             Tier::Disk => smooth(&mut self.disk_bytes_per_second, speed),
         }
     }
@@ -335,6 +355,31 @@ mod tests {
         cpu.measured_prefill(300, 2.0);
         assert!(cpu.restore_wins(Tier::Disk, 2800 * (23 << 10), 2800));
         assert!(!cpu.restore_wins(Tier::Disk, 1 << 30, 0));
+    }
+
+    #[test]
+    fn the_first_timed_disk_read_replaces_the_profiles_figure() {
+        // The H200 of 2026-12-03: the profile said 1.82 GB/s for one
+        // stream, a state file read at 0.94 GB/s, and prefill ran at
+        // 8,700 tokens/s: 7,060 tokens (0.94 GB) recompute in 0.81 s.
+        let (bytes, tokens) = (940_000_000, 7060);
+        let mut costs = Costs::new(1_820_000_000);
+        costs.remembered_prefill(8700.0);
+        assert!(costs.restore_wins(Tier::Disk, bytes, tokens));
+        costs.measured_restore(Tier::Disk, bytes, 1.0);
+        assert_eq!(costs.disk_read(), 940_000_000.0);
+        assert!(!costs.restore_wins(Tier::Disk, bytes, tokens));
+        // Later reads are smoothed in.
+        costs.measured_restore(Tier::Disk, bytes, 0.5);
+        assert!((costs.disk_read() - (0.7 * 0.94e9 + 0.3 * 1.88e9)).abs() < 1.0);
+        // A speed kept by an earlier run counts as timed: the next read
+        // is smoothed in, not taken whole.
+        let mut restarted = Costs::new(1_820_000_000);
+        restarted.remembered_disk_read(0.94e9);
+        restarted.remembered_prefill(8700.0);
+        assert!(!restarted.restore_wins(Tier::Disk, bytes, tokens));
+        restarted.measured_restore(Tier::Disk, bytes, 0.5);
+        assert!((restarted.disk_read() - (0.7 * 0.94e9 + 0.3 * 1.88e9)).abs() < 1.0);
     }
 
     #[test]
