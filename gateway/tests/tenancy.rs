@@ -38,6 +38,15 @@ fn add_key(file: &Path, name: &str, extra: &[&str]) -> String {
     key
 }
 
+/// This file's tests run one at a time: the fair-queue test's 40 queued
+/// requests must not share the machine's cores with the other tests' servers
+/// (on two loaded cores its clients ran past their 300 s timeout).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn keys(args: &[&str], file: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_hypura"))
         .arg("keys")
@@ -91,6 +100,7 @@ fn tokens(body: &Value) -> (u64, u64) {
 
 #[test]
 fn interactive_users_never_wait_for_the_batch_queue_and_limits_and_usage_hold() {
+    let _alone = one_at_a_time();
     let dir = std::env::temp_dir().join(format!("hypura-tenancy-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("keys.toml");
@@ -347,6 +357,7 @@ const NO_END: &str = r#"{"0": -100, "2": -100}"#;
 
 #[test]
 fn hypura_ps_shows_who_holds_each_slot_and_who_waits() {
+    let _alone = one_at_a_time();
     let dir = test_dir("ps");
     let file = dir.join("keys.toml");
     let alice = add_key(&file, "alice", &[]);
@@ -451,6 +462,7 @@ fn hypura_ps_shows_who_holds_each_slot_and_who_waits() {
 
 #[test]
 fn a_keys_file_with_a_key_guards_a_lan_address_alone() {
+    let _alone = one_at_a_time();
     let dir = test_dir("lan");
     let file = dir.join("keys.toml");
     let model = common::smollm2();
@@ -504,6 +516,7 @@ fn a_keys_file_with_a_key_guards_a_lan_address_alone() {
 
 #[test]
 fn a_key_s_max_context_caps_prompt_and_reply_on_every_route() {
+    let _alone = one_at_a_time();
     let dir = test_dir("context");
     let file = dir.join("keys.toml");
     let small = add_key(&file, "small", &["--max-context", "64"]);
