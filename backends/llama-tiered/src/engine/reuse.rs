@@ -384,9 +384,12 @@ impl Worker {
         }
         let started = Instant::now();
         // Room first: what leaves RAM gives its memory to this save (a new
-        // gigabyte of pinned memory costs more than the copy into it).
-        let bytes = self.ctx.seq_state_bytes(seq as i32) as u64;
-        let gone = self.tiers.ram.make_room(kept, bytes);
+        // gigabyte of pinned memory costs more than the copy into it). The
+        // room is the memory the state will be charged (its buffer's
+        // capacity), so keeping it evicts nothing more.
+        let bytes = self.ctx.seq_state_bytes(seq as i32);
+        let room = StateBuffers::room_for(bytes) as u64;
+        let gone = self.tiers.ram.make_room(kept, room);
         self.tiers.keep_spare_memory();
         self.tiers.spill(gone, kept);
         match self.ctx.seq_state(seq as i32, &self.tiers.buffers) {

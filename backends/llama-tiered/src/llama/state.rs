@@ -129,14 +129,22 @@ impl StateBuffers {
         Some(buffer)
     }
 
+    /// The most memory a state of `size` bytes takes once saved: what a
+    /// cache must make room for before the save, so that keeping the state
+    /// never evicts a second entry.
+    pub fn room_for(size: usize) -> usize {
+        new_capacity(size) + size / 16
+    }
+
     /// A buffer with room for `size` bytes (its length 0): the smallest kept
-    /// one that fits and is not more than twice too big, else new memory
-    /// with room for the state to grow by a thirty-second (a few turns of
-    /// a long conversation; more would cost the RAM tier entries).
+    /// one that fits and is not more than [`StateBuffers::room_for`], else
+    /// new memory with room for the state to grow by a thirty-second (a few
+    /// turns of a long conversation; more would cost the RAM tier entries).
     fn take(&self, size: usize) -> Result<StateBuffer, EngineError> {
         let reused = {
             let mut free = self.0.lock();
-            let fits = |m: &Memory| m.capacity() >= size && m.capacity() <= 2 * size + HUGE_PAGE;
+            let most = StateBuffers::room_for(size);
+            let fits = |m: &Memory| m.capacity() >= size && m.capacity() <= most;
             let best = (0..free.buffers.len())
                 .filter(|&i| fits(&free.buffers[i]))
                 .min_by_key(|&i| free.buffers[i].capacity());
@@ -148,9 +156,7 @@ impl StateBuffers {
         };
         let memory = match reused {
             Some(m) => m,
-            None => self
-                .0
-                .alloc((size + size / 32).next_multiple_of(HUGE_PAGE))?,
+            None => self.0.alloc(new_capacity(size))?,
         };
         Ok(StateBuffer {
             memory: Some(memory),
@@ -254,6 +260,11 @@ impl Drop for StateBuffer {
 }
 
 const HUGE_PAGE: usize = 2 << 20;
+
+/// The capacity of new memory for a state of `size` bytes.
+fn new_capacity(size: usize) -> usize {
+    (size + size / 32).next_multiple_of(HUGE_PAGE)
+}
 
 enum Memory {
     Pinned(PinnedHostBytes),
@@ -371,6 +382,7 @@ mod tests {
         let b = filled(&pool, (10 << 20) + 4096, 2);
         assert_eq!((b.as_ptr(), pool.kept_bytes()), (first, 0));
         assert!(b.iter().all(|&x| x == 2));
+        assert!(b.memory_bytes() <= StateBuffers::room_for(b.len()));
         // A much smaller state does not take a buffer twice its size.
         drop(b);
         let small = filled(&pool, 1 << 20, 3);
