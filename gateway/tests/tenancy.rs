@@ -610,5 +610,16 @@ fn a_key_s_max_context_caps_prompt_and_reply_on_every_route() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["eval_count"].as_u64(), Some(64 - prompt), "{body}");
     assert_eq!(body["done_reason"], "length", "{body}");
+    // Capped in the request, not by reloading the model at a 64-token
+    // context (a num_ctx the request did not send).
+    let ps: Value = client()
+        .get(server.url("/api/ps"))
+        .bearer_auth(&free)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let context = ps["models"][0]["context_length"].as_u64().unwrap_or(0);
+    assert!(context > 64, "{ps}");
     let _ = std::fs::remove_dir_all(&dir);
 }

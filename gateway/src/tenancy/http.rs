@@ -266,11 +266,15 @@ fn cap(body: &mut Value, path: &str, tenant: &Tenant) -> bool {
             clamp(object, "max_tokens", max, true);
         }
     }
+    // The context a request uses is capped in core, on every route
+    // (Observer::context_cap); here only an Ollama num_ctx asked above the
+    // cap is lowered to it. One is never set where the request has none: a
+    // num_ctx reloads the model at that context (refused under a budget, a
+    // 400 past the model's training context) where the served one would do.
     if let Some(max) = limits.max_context {
         if path.starts_with("/api/") {
-            let options = object.entry("options").or_insert_with(|| json!({}));
-            if let Some(options) = options.as_object_mut() {
-                clamp(options, "num_ctx", max, true);
+            if let Some(options) = object.get_mut("options").and_then(Value::as_object_mut) {
+                clamp(options, "num_ctx", max, false);
             }
         }
     }
