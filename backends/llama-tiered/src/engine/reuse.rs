@@ -392,8 +392,18 @@ impl Worker {
         let gone = self.tiers.ram.make_room(kept, room);
         self.tiers.keep_spare_memory();
         self.tiers.spill(gone, kept);
+        let made = self.tiers.buffers.made();
         match self.ctx.seq_state(seq as i32, &self.tiers.buffers) {
             Ok(state) if !state.is_empty() => {
+                tracing::debug!(
+                    "prompt cache: saved {} tokens ({} MiB{}) in {:.1} ms; {} entries, {} MiB in RAM",
+                    kept.len(),
+                    state.len() >> 20,
+                    if self.tiers.buffers.made() > made { ", new memory" } else { "" },
+                    started.elapsed().as_secs_f64() * 1e3,
+                    self.tiers.ram.len(),
+                    self.tiers.ram.bytes() >> 20,
+                );
                 let counters = &self.shared.counters.prompt_cache;
                 Counters::add(&counters.saves, 1);
                 Counters::add(&counters.save_micros, started.elapsed().as_micros() as u64);

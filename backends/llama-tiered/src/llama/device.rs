@@ -443,6 +443,17 @@ impl PinnedHostBytes {
         if unsafe { sys::ggml_backend_buffer_get_base(buffer.0.as_ptr()) }.is_null() {
             return Err(dev.failed("pinned host buffer has no base address"));
         }
+        // ggml falls back to pageable memory when the driver refuses to pin
+        // (it says so only at debug level): copies to and from the GPU then
+        // run at a fraction of the bus's speed, which is worth knowing.
+        // SAFETY: a live buffer.
+        if unsafe { sys::ggml_backend_buffer_get_type(buffer.0.as_ptr()) } != host_buft {
+            tracing::warn!(
+                "{}: {} MiB of host memory could not be pinned (pageable instead: copies to and from the GPU run slower)",
+                dev.name,
+                len >> 20
+            );
+        }
         Ok(Some(PinnedHostBytes { buffer, len }))
     }
 

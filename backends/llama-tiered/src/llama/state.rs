@@ -80,6 +80,8 @@ struct Pool {
     /// The GPU whose pinned host memory states go into; `None`: mapped pages.
     pin: Option<Device>,
     free: Mutex<Free>,
+    /// Buffers of new memory made so far (a save that found no kept one).
+    made: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -99,6 +101,7 @@ impl StateBuffers {
         StateBuffers(Arc::new(Pool {
             pin,
             free: Mutex::default(),
+            made: Default::default(),
         }))
     }
 
@@ -113,6 +116,12 @@ impl StateBuffers {
     /// Bytes of memory held for reuse.
     pub fn kept_bytes(&self) -> u64 {
         self.0.lock().bytes
+    }
+
+    /// How many buffers of new memory this pool has made (saves that found
+    /// no kept buffer to reuse).
+    pub fn made(&self) -> u64 {
+        self.0.made.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A buffer of `len` bytes that `fill` wrote (`None` when it failed or
@@ -179,6 +188,7 @@ impl Pool {
     }
 
     fn alloc(&self, capacity: usize) -> Result<Memory, EngineError> {
+        self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(dev) = &self.pin {
             match PinnedHostBytes::alloc(dev, capacity) {
                 Ok(Some(pinned)) => return Ok(Memory::Pinned(pinned)),
@@ -381,6 +391,7 @@ mod tests {
         // A state that grew a little fits the same memory.
         let b = filled(&pool, (10 << 20) + 4096, 2);
         assert_eq!((b.as_ptr(), pool.kept_bytes()), (first, 0));
+        assert_eq!(pool.made(), 1);
         assert!(b.iter().all(|&x| x == 2));
         assert!(b.memory_bytes() <= StateBuffers::room_for(b.len()));
         // A much smaller state does not take a buffer twice its size.
