@@ -21,9 +21,9 @@ cd "$(dirname "$0")/.."
 #   ca-certificates  TLS to PyPI and to model URLs
 PACKAGES=(cmake make g++ libclang-dev python3-pip ca-certificates)
 # With --test only. Why each is needed:
-#   prometheus    tests/dashboards.rs scrapes a live gateway with a real Prometheus (and promtool)
-#   chromium      tests/status_page.rs loads /status in headless Chromium
-#   nodejs, npm   tests/npm_clients.rs drives the gateway with the npm `openai` and `ollama` packages
+#   prometheus    tests/observability/dashboards.rs scrapes a live gateway with a real Prometheus (and promtool)
+#   chromium      tests/observability/status_page.rs loads /status in headless Chromium
+#   nodejs, npm   tests/sdk/npm_clients.rs drives the gateway with the npm `openai` and `ollama` packages
 TEST_PACKAGES=(prometheus chromium nodejs npm)
 
 present() {

@@ -191,7 +191,7 @@ pub const RULES: &[Rule] = &[
                   hparams.n_expert); GGML_ASSERT(n_expert_used_max > 0) with experts, \
                   GGML_ASSERT(n_expert_used_max == 0) without; a layer routing to 0 experts \
                   (per-layer expert_used_count) crashes the MoE graph (SIGSEGV, found by \
-                  gateway/tests/mutated.rs)",
+                  gateway/tests/safety/mutated.rs)",
         check: |f| hparams(f, check_expert_used),
     },
     Rule {

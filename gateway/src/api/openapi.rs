@@ -264,7 +264,7 @@ pub const MODEL_NAME_PATTERN: &str = "^([A-Za-z0-9_+-][A-Za-z0-9._+-]*/)*\
 /// Longest model name `ModelName::parse` accepts.
 pub const MAX_MODEL_NAME_BYTES: u64 = 350;
 /// Most decoding threads `options.num_thread` may name (the Ollama dialect's
-/// `MAX_THREADS`; `tests/openapi_strict.rs` holds the two together).
+/// `MAX_THREADS`; `tests/api/openapi_strict.rs` holds the two together).
 pub const MAX_THREADS: i64 = 1024;
 /// A Go duration `keep_alive` as the document states it: seconds (a number
 /// as text) or one `<number><unit>`, at most 9,999 hours (within

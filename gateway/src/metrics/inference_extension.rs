@@ -15,7 +15,7 @@
 //!
 //! `TotalQueuedRequests` counts the requests waiting at the model's fair
 //! queue ([`crate::tenancy::fair`]) and in its engine; the readiness the
-//! protocol's Deployment probes is `GET /ready`. `gateway/tests/inference_extension.rs`
+//! protocol's Deployment probes is `GET /ready`. `gateway/tests/observability/inference_extension.rs`
 //! holds `/metrics` to this table.
 use std::sync::OnceLock;
 

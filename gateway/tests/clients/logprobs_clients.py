@@ -1,6 +1,6 @@
 """Log-probabilities through the real `openai` and `ollama` clients.
 
-Run by gateway/tests/logprobs.rs as `python3 logprobs_clients.py BASE MODEL`
+Run by gateway/tests/api/logprobs.rs as `python3 logprobs_clients.py BASE MODEL`
 against a running `hypura serve`; exits non-zero (an AssertionError) on a
 failure. Not a pytest module: the Rust test owns the server.
 """

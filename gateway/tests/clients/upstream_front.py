@@ -1,6 +1,6 @@
 """The official `ollama` and `openai` clients against a front server that has
 no model of its own and serves SmolLM2 from a peer (run by
-gateway/tests/upstream.rs, not collected by pytest).
+gateway/tests/pool/upstream.rs, not collected by pytest).
 
 Usage: python3 upstream_front.py FRONT_URL PEER_URL
 Greedy replies through the front must be the peer's own, byte for byte.

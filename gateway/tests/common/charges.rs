@@ -79,7 +79,7 @@ pub fn serve_args(models: &[&Path], ram_budget: u64, extra: &[&str]) -> Vec<Stri
         "--ram-budget",
         &ram_budget.to_string(),
         // The charges these tests compute leave the prompt cache out
-        // (tests/prompt_cache.rs charges it).
+        // (tests/api/prompt_cache.rs charges it).
         "--prompt-cache-ram",
         "0",
     ]
