@@ -129,7 +129,7 @@ pub struct PsSlots {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PsResponse {
     pub models: Vec<PsModel>,
-    /// hypura: requests waiting for room in the memory budget to load their model.
+    /// hypura: requests waiting for a model: held at its fair gate (its slots busy) or waiting for room in the memory budget, per model and in total.
     pub waiting: crate::metrics::status::BudgetWaiting,
 }
 
