@@ -66,6 +66,14 @@ struct Index {
     entries: Vec<DiskEntry>,
 }
 
+impl Index {
+    /// Whether a file holds `tokens` (or a longer conversation that starts
+    /// with them).
+    fn holds(&self, tokens: &[i32]) -> bool {
+        self.entries.iter().any(|e| e.tokens.starts_with(tokens))
+    }
+}
+
 pub(crate) struct DiskTier {
     key: CacheKey,
     index: Arc<Mutex<Index>>,
@@ -217,10 +225,7 @@ impl DiskTier {
     /// Whether a file holds `tokens` (or a longer conversation that
     /// starts with them).
     pub(crate) fn holds(&self, tokens: &[i32]) -> bool {
-        self.index()
-            .entries
-            .iter()
-            .any(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(tokens))
+        self.index().holds(tokens)
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -320,15 +325,12 @@ impl Folder {
     /// of the files it supersedes, and keeps every folder under the cap.
     /// Failures (a full disk) are logged and the entry dropped.
     fn write(&self, index: &Mutex<Index>, key: &CacheKey, tokens: Vec<i32>, state: &[u8]) {
+        if index
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .holds(&tokens)
         {
-            let index = index.lock().unwrap_or_else(PoisonError::into_inner);
-            let held = index
-                .entries
-                .iter()
-                .any(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(&tokens));
-            if held {
-                return;
-            }
+            return;
         }
         let name = token_hash(&tokens);
         let path = self.dir.join(format!("{name}.kv"));
@@ -406,7 +408,7 @@ impl Folder {
     }
 }
 
-/// A kept prefill speed; `None` when absent or not a positive number.
+/// A kept speed; `None` when absent or not a positive number.
 fn read_speed(path: &Path) -> Option<f64> {
     let text = fs::read_to_string(path).ok()?;
     let speed: f64 = text.trim().parse().ok()?;
