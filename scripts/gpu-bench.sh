@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense vsloop nsysdense batched vsserver cached
-#                                     exact bigmodel vsmixtral vsmixprompt table; pack; the full-size Mixtral shape under
+#                                     exact bigmodel vsmixtral vsmixprompt vsqwenprompt table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
 #                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
 #
@@ -762,6 +762,32 @@ vsmixprompt() {
   done
 }
 
+# The same on the Qwen3-30B-A3B shape (issue 26's second shape): `--routing qwen3`, 4 GiB GPU +
+# 8 GiB RAM, each run in a cgroup of 8 GiB plus the host overhead (QWEN_LB_MAX); llama-bench
+# at each --n-cpu-moe of QWENP_NCMOE (default 43: the expert layers 4 GiB holds beside every
+# layer's attention, the KV and its compute buffer).
+MOEQWEN=${MOEQWEN:-$W/qwen3-30b-a3b-routed-q4k.gguf}
+vsqwenprompt() {
+  if [ ! -f "$MOEQWEN" ]; then
+    late vsqwenprompt && return 0
+    log "models: $MOEQWEN (--routing qwen3)"
+    "$S" moe --preset qwen3-30b-a3b --routing qwen3 -o "$MOEQWEN.part" | tail -3 | tee -a "$OUT/log.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] && mv "$MOEQWEN.part" "$MOEQWEN" || return 1
+  fi
+  local cg=${QWEN_LB_MAX:-8902123520} n
+  drop_caches
+  CG=$cg hb qwen3-routed-pp512 "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
+    --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions 1
+  drop_caches
+  CG=$cg hb qwen3-routed-pp2048 "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
+    --prompt-tokens 2048 --tokens 1 --repetitions 1
+  for n in ${QWENP_NCMOE:-43}; do
+    drop_caches
+    lb "qwen3-routed-ncmoe$n" "$cg" "$MOEQWEN" -ngl 99 --n-cpu-moe "$n" -p 512,2048 \
+      -n "${MIX_TOKENS:-32}" -ub 512,2048 -r 1
+  done
+}
+
 # One table: hypura beside llama-bench per case, with ratios.
 table() {
   python3 - "$VS" "$OUT/results.jsonl" <<'EOF' | tee "$OUT/table.txt"
@@ -820,7 +846,9 @@ for case, h in hyp.items():
         b = lb.get(beside.get((case, kind)), {}).get(kind)
         lv = fmt(b["avg_ts"], b["stddev_ts"]) if b else " " * 18
         ratio = f"{hv / b['avg_ts']:6.3f}" if b else "      "
-        print(f"{case:22} {kind:7} {fmt(hv, hs)} {lv} {ratio}")
+        pk = {"prompt": "predicted_prompt_tokens_per_second", "decode": "predicted_tokens_per_second"}[kind]
+        planner = f"  planner {h[pk]:.2f} ({(h[pk] - hv) / hv * 100:+.0f}%)" if h.get(pk) and hv else ""
+        print(f"{case:22} {kind:7} {fmt(hv, hs)} {lv} {ratio}{planner}")
     t = h.get("tier_bytes", {})
     st = h.get("stream", {})
     print(f"{'':22} plan: {h['mode']}, GPU {t.get('gpu', 0) / 1e9:.2f} GB, RAM {t.get('ram', 0) / 1e9:.2f} GB, "

@@ -144,6 +144,14 @@ pub struct Rates {
     pub cpu_gbps: f64,
     pub disk_gbps: f64,
     pub pcie_gbps: f64,
+    /// The disk rate of whole-layer reads (a cold prompt pass): the best
+    /// large-block point with up to 4 reads in flight.
+    #[serde(default)]
+    pub disk_sequential_gbps: f64,
+    /// Host→device from pageable memory (weights in RAM or the stream cache
+    /// that llama.cpp copies to the GPU for a prompt's batch).
+    #[serde(default)]
+    pub pageable_gbps: f64,
 }
 
 impl Rates {
@@ -156,7 +164,15 @@ impl Rates {
             gpu_gbps: gpu.map_or(0.0, |g| g.q4k_matvec_gbps),
             cpu_gbps: cpu,
             disk_gbps: disk_gbps(&profile.disk, read_block_bytes),
+            disk_sequential_gbps: profile
+                .disk
+                .reads
+                .iter()
+                .filter(|p| p.block_bytes >= LARGE_READ_BYTES && p.queue_depth <= 4)
+                .map(|p| p.gbps)
+                .fold(0.0, f64::max),
             pcie_gbps: gpu.map_or(0.0, |g| g.host_to_device_pinned_gbps),
+            pageable_gbps: gpu.map_or(0.0, |g| g.host_to_device_pageable_gbps),
         }
     }
 }
@@ -256,6 +272,154 @@ pub fn predict(traffic: &TokenTraffic, rates: &Rates, overlap: Overlap) -> Predi
     }
 }
 
+/// The prompt cost model: a prompt is decoded in passes of the graph of up
+/// to `n_ubatch` tokens, and a pass costs
+/// - `read_seconds`: the streamed bytes the stream cache lacks ÷ the disk
+///   rate (a pass of [`PROMPT_BATCH_TOKENS`] tokens or more routes to nearly
+///   every expert, so it reads each one the cache lacks once); a cold cache
+///   lacks them all, read a whole layer at a time at the disk's sequential
+///   rate;
+/// - `copy_seconds`: with a GPU, the weights in host memory (the RAM tier
+///   and the streamed ones) ÷ the pageable host→device rate: from
+///   [`PROMPT_BATCH_TOKENS`] tokens on, llama.cpp copies a host weight to
+///   the GPU for each op that uses it, from pageable memory;
+/// - `compute_seconds`: tokens × 2 × the parameters a token touches (Q4_K:
+///   [`PARAMS_PER_BYTE`] a byte) ÷ the matrix rate, taken as
+///   [`PROMPT_FLOP_PER_MATVEC_BYTE`] × the GPU's Q4_K matvec rate when
+///   there is one, else [`CPU_PROMPT_FLOP_PER_MATVEC_BYTE`] × the CPU's,
+///   expert matmuls at [`MOE_PROMPT_EFFICIENCY`] of that;
+///
+/// and reads overlap the copies and compute in part (the next layers are
+/// read while one computes): `max(io, work) + `[`PROMPT_NON_OVERLAP`]` ×
+/// min(io, work)`. The constants are fitted on the H200 (session 16's
+/// measurements, `docs/benchmarks.md`): an 8B all on the GPU recomputed
+/// 7.1k tokens in 0.81 s; the Mixtral shape at 8 GiB GPU + 12 GiB RAM took
+/// 5.42 s for 512 tokens and 7.13 s for 2,048 in one pass each, and its
+/// server's cold first prompt of 2,223 tokens 10.20 s.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PromptPrediction {
+    pub tokens_per_second: f64,
+    pub seconds: f64,
+    pub passes: u32,
+    pub read_seconds: f64,
+    pub copy_seconds: f64,
+    pub compute_seconds: f64,
+}
+
+/// Tokens of a batch from which llama.cpp computes host weights on the GPU
+/// (its `op_offload` threshold) and a streamed pass routes to nearly every
+/// expert.
+pub const PROMPT_BATCH_TOKENS: u32 = 32;
+/// Parameters per byte of a Q4_K weight (4.5 bits a parameter).
+pub const PARAMS_PER_BYTE: f64 = 8.0 / 4.5;
+/// A device's prompt matrix rate (flop/s) per byte/s of its Q4_K matvec
+/// rate. Fitted on the H200: the 8B recompute above is 144 TFLOP/s against
+/// its 1,850 GB/s matvec.
+pub const PROMPT_FLOP_PER_MATVEC_BYTE: f64 = 78.0;
+/// The same for a CPU (its matrix kernels against its Q4_K matvec rate).
+/// Fitted on the 2-core dev machine: SmolLM2-135M's pp512 at 248 tok/s
+/// against a 2.75 GB/s matvec.
+pub const CPU_PROMPT_FLOP_PER_MATVEC_BYTE: f64 = 21.0;
+/// Expert matmuls (`mul_mat_id`, each expert a slice of the batch) against
+/// dense ones: 0.46 s for the 1,536 tokens the Mixtral shape's pp2048 took
+/// beyond its pp512, about 87 TFLOP/s.
+pub const MOE_PROMPT_EFFICIENCY: f64 = 0.6;
+/// Fraction of the shorter of a pass's reads and its work (copies and
+/// compute) that does not overlap the longer one. The Mixtral shape's
+/// pp512, pp2048 and cold prompt gave 0.46, 0.87 and 0.6 (with reads one
+/// layer ahead of compute; they now run up to three ahead).
+pub const PROMPT_NON_OVERLAP: f64 = 0.6;
+
+/// What the prompt model needs of a plan ([`predict_prompt`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptTraffic {
+    /// Weight bytes one token touches (all tiers).
+    pub touched_bytes_per_token: f64,
+    /// Weight bytes in host memory: the RAM tier and the streamed weights.
+    pub host_weight_bytes: u64,
+    /// Streamed weight bytes, and the stream cache that holds part of them.
+    pub stream_bytes: u64,
+    pub stream_cache_bytes: u64,
+    pub moe: bool,
+}
+
+/// Predicts a prompt of `tokens` decoded in passes of `n_ubatch`; `cold`:
+/// the stream cache starts empty (a model's first prompt).
+pub fn predict_prompt(
+    traffic: &PromptTraffic,
+    rates: &Rates,
+    tokens: u32,
+    n_ubatch: u32,
+    cold: bool,
+) -> PromptPrediction {
+    let tokens = tokens.max(1);
+    let pass = n_ubatch.max(1);
+    let passes = tokens.div_ceil(pass);
+    let gpu = rates.gpu_gbps > 0.0;
+    let flop_per_byte = if gpu {
+        PROMPT_FLOP_PER_MATVEC_BYTE * rates.gpu_gbps
+    } else {
+        CPU_PROMPT_FLOP_PER_MATVEC_BYTE * rates.cpu_gbps
+    };
+    let efficiency = if traffic.moe {
+        MOE_PROMPT_EFFICIENCY
+    } else {
+        1.0
+    };
+    let flops = flop_per_byte * 1e9 * efficiency;
+    let flop_per_token = 2.0 * PARAMS_PER_BYTE * traffic.touched_bytes_per_token;
+    let (mut read_seconds, mut copy_seconds, mut compute_seconds, mut total) = (0.0, 0.0, 0.0, 0.0);
+    for i in 0..passes {
+        let n = if i + 1 < passes {
+            pass
+        } else {
+            tokens - pass * (passes - 1)
+        };
+        // A cold pass reads every expert of every layer, each layer one
+        // sequential run; a warm one the experts the cache lacks, scattered.
+        let (lacking, gbps) = if cold && i == 0 {
+            let sequential = rates.disk_sequential_gbps;
+            let gbps = if sequential > 0.0 {
+                sequential
+            } else {
+                rates.disk_gbps
+            };
+            (traffic.stream_bytes, gbps)
+        } else {
+            let lacking = traffic
+                .stream_bytes
+                .saturating_sub(traffic.stream_cache_bytes);
+            (lacking, rates.disk_gbps)
+        };
+        // A short pass reads only the experts its tokens chose (about as a decode does).
+        let share = if n >= PROMPT_BATCH_TOKENS {
+            1.0
+        } else {
+            f64::from(n) / f64::from(PROMPT_BATCH_TOKENS)
+        };
+        let read = seconds(lacking as f64 * share, gbps);
+        let copy = if gpu && n >= PROMPT_BATCH_TOKENS {
+            seconds(traffic.host_weight_bytes as f64, rates.pageable_gbps)
+        } else {
+            0.0
+        };
+        let compute = f64::from(n) * flop_per_token / flops.max(1.0);
+        let work = copy + compute;
+        total += read.max(work) + PROMPT_NON_OVERLAP * read.min(work);
+        read_seconds += read;
+        copy_seconds += copy;
+        compute_seconds += compute;
+    }
+    PromptPrediction {
+        tokens_per_second: f64::from(tokens) / total.max(1e-12),
+        seconds: total,
+        passes,
+        read_seconds,
+        copy_seconds,
+        compute_seconds,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,7 +429,9 @@ mod tests {
             gpu_gbps: 1000.0,
             cpu_gbps: 50.0,
             disk_gbps: 1.0,
+            disk_sequential_gbps: 2.0,
             pcie_gbps: 50.0,
+            pageable_gbps: 6.0,
         }
     }
 
@@ -335,5 +501,67 @@ mod tests {
             ..rates()
         };
         assert_eq!(predict(&t, &no_gpu, Overlap::None).tokens_per_second, 0.0);
+    }
+
+    fn mixtral_prompt() -> PromptTraffic {
+        PromptTraffic {
+            touched_bytes_per_token: 7.3e9,
+            host_weight_bytes: 18_000_000_000,
+            stream_bytes: 18_000_000_000,
+            stream_cache_bytes: 12_000_000_000,
+            moe: true,
+        }
+    }
+
+    #[test]
+    fn a_streamed_prompt_pass_reads_what_the_cache_lacks_once_and_copies_host_weights_once() {
+        let r = rates();
+        let t = mixtral_prompt();
+        let one = predict_prompt(&t, &r, 512, 512, false);
+        assert_eq!(one.passes, 1);
+        // 6 GB lacking at 1 GB/s; 18 GB copied at 6 GB/s.
+        assert!((one.read_seconds - 6.0).abs() < 1e-9);
+        assert!((one.copy_seconds - 3.0).abs() < 1e-9);
+        let work = one.copy_seconds + one.compute_seconds;
+        let expected = 6.0 + PROMPT_NON_OVERLAP * work;
+        assert!((one.seconds - expected).abs() < 1e-9, "{one:?}");
+        // Four passes of 512 cost four reads and four copies; one pass of
+        // 2,048 costs one of each and four times the compute.
+        let four = predict_prompt(&t, &r, 2048, 512, false);
+        assert_eq!(four.passes, 4);
+        assert!((four.read_seconds - 24.0).abs() < 1e-9);
+        let whole = predict_prompt(&t, &r, 2048, 2048, false);
+        assert!((whole.read_seconds - 6.0).abs() < 1e-9);
+        assert!((whole.compute_seconds - 4.0 * one.compute_seconds).abs() < 1e-9);
+        assert!(whole.seconds < four.seconds / 2.0);
+        // A cold cache lacks every streamed byte in its first pass only,
+        // read at the sequential rate.
+        let cold = predict_prompt(&t, &r, 1024, 512, true);
+        assert!((cold.read_seconds - (18.0 / 2.0 + 6.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn without_a_gpu_a_prompt_copies_nothing_and_computes_on_the_cpu() {
+        let no_gpu = Rates {
+            gpu_gbps: 0.0,
+            pcie_gbps: 0.0,
+            pageable_gbps: 0.0,
+            ..rates()
+        };
+        let dense = PromptTraffic {
+            touched_bytes_per_token: 1e8,
+            host_weight_bytes: 1e8 as u64,
+            stream_bytes: 0,
+            stream_cache_bytes: 0,
+            moe: false,
+        };
+        let p = predict_prompt(&dense, &no_gpu, 100, 512, false);
+        assert_eq!((p.copy_seconds, p.read_seconds), (0.0, 0.0));
+        let flops = CPU_PROMPT_FLOP_PER_MATVEC_BYTE * 50.0e9;
+        let expected = 100.0 * 2.0 * PARAMS_PER_BYTE * 1e8 / flops;
+        assert!((p.seconds - expected).abs() < 1e-12, "{p:?}");
+        // A prompt shorter than a GPU batch copies no weights either.
+        let short = predict_prompt(&dense, &rates(), 8, 512, false);
+        assert_eq!(short.copy_seconds, 0.0);
     }
 }

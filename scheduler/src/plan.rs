@@ -385,11 +385,30 @@ pub struct Plan {
     pub nvme_bytes_per_token: f64,
     pub rates: Rates,
     pub prediction: Prediction,
+    /// Weight bytes a token touches, over every tier (the prompt model's
+    /// compute).
+    pub touched_bytes_per_token: f64,
+    /// A mixture-of-experts model.
+    pub moe: bool,
 }
 
 impl Plan {
     pub fn predicted_tokens_per_second(&self) -> f64 {
         self.prediction.tokens_per_second
+    }
+
+    /// The prompt model's prediction ([`cost::predict_prompt`]) for a prompt
+    /// of `tokens` in passes of `n_ubatch`; `cold`: the stream cache starts
+    /// empty.
+    pub fn predict_prompt(&self, tokens: u32, n_ubatch: u32, cold: bool) -> cost::PromptPrediction {
+        let traffic = cost::PromptTraffic {
+            touched_bytes_per_token: self.touched_bytes_per_token,
+            host_weight_bytes: self.tier_bytes.ram + self.tier_bytes.stream,
+            stream_bytes: self.tier_bytes.stream,
+            stream_cache_bytes: self.stream_cache_bytes,
+            moe: self.moe,
+        };
+        cost::predict_prompt(&traffic, &self.rates, tokens, n_ubatch, cold)
     }
 
     pub fn bottleneck(&self) -> Bottleneck {
@@ -787,6 +806,7 @@ struct Candidate {
     on_gpu: Vec<bool>,
     cache: u64,
     prediction: Prediction,
+    touched: f64,
     hit: f64,
     nvme: f64,
     slots: u64,
@@ -905,6 +925,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
             on_gpu,
             cache,
             prediction,
+            touched: traffic.gpu_bytes + traffic.ram_bytes,
             hit,
             nvme,
             slots,
@@ -994,6 +1015,8 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         nvme_bytes_per_token: best.nvme,
         rates,
         prediction: best.prediction,
+        touched_bytes_per_token: best.touched,
+        moe: req.facts.n_expert > 0,
     })
 }
 

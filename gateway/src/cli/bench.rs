@@ -278,12 +278,15 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let measured = f64::from(step_tokens) / decode_seconds.max(1e-12);
     let (_, decode_sd) = rate(step_tokens, &m.decode_seconds);
     let (prompt_rate, prompt_sd) = rate(m.prompt_tokens * args.parallel, &m.prompt_seconds);
+    // The warm-up leaves the stream cache as a served model's is.
+    let predicted_prompt = plan.predict_prompt(m.prompt_tokens, m.n_ubatch, args.no_warmup);
+    let prompt_error = relative_error(predicted_prompt.tokens_per_second, prompt_rate);
     let relative_error = relative_error(predicted, measured);
     let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens_total());
     let hit_rate = m.stream.hit_rate();
     let prompts = m.prompt_seconds.len().max(1) as f64;
     let per_prompt = |x: f64| x / prompts;
-    let report = json!({
+    let mut report = json!({
         "model": args.model.display().to_string(),
         "profile": loaded.path.display().to_string(),
         "mode": plan.mode,
@@ -342,6 +345,10 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "decode": decode,
         })),
     });
+    // Beside the measured prompt rate (apart: one json! this deep overflows the macro).
+    report["predicted_prompt_tokens_per_second"] = json!(predicted_prompt.tokens_per_second);
+    report["prompt_relative_error"] = json!(prompt_error);
+    report["predicted_prompt"] = json!(predicted_prompt);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
@@ -356,8 +363,11 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         format_bytes(plan.stream_cache_bytes)
     );
     println!(
-        "prompt              {} tokens, {prompt_rate:.1} ± {prompt_sd:.1} tok/s ({} repetitions)",
-        m.prompt_tokens, args.repetitions
+        "prompt              {} tokens, {prompt_rate:.1} ± {prompt_sd:.1} tok/s ({} repetitions), {:.1} tok/s predicted, error {:+.1}%",
+        m.prompt_tokens,
+        args.repetitions,
+        predicted_prompt.tokens_per_second,
+        prompt_error * 100.0
     );
     println!(
         "decode              {} tokens, {measured:.2} ± {decode_sd:.2} tok/s measured, {predicted:.2} tok/s predicted ({}), error {:+.1}%",

@@ -7,7 +7,10 @@ use anyhow::Context as _;
 use clap::Args;
 use hypura_gguf::inspect::ModelReport;
 use hypura_gguf::GgufFile;
-use hypura_scheduler::plan::{Budgets, Plan, PlanSettings};
+use hypura_scheduler::cost::PromptPrediction;
+use hypura_scheduler::plan::{
+    Budgets, Plan, PlanSettings, DEFAULT_UBATCH_TOKENS, MAX_STREAMED_UBATCH_TOKENS,
+};
 use hypura_scheduler::profile::HardwareProfile;
 use hypura_scheduler::size::format_bytes;
 use llama_tiered::tiered::{plan_file, Mode};
@@ -50,6 +53,18 @@ pub struct InspectArgs {
     /// Plan only this mode.
     #[arg(long, requires = "plan")]
     mode: Option<Mode>,
+    /// Also predict the time of a prompt of this many tokens (the planner's
+    /// prompt model), in passes of `--ubatch`.
+    #[arg(long, requires = "plan")]
+    prompt_tokens: Option<u32>,
+    /// Tokens per pass of the graph for `--prompt-tokens` (default: the
+    /// whole prompt up to 4096 when experts stream, else 512; `hypura bench`
+    /// and `serve` print the pass they took).
+    #[arg(long, requires = "prompt_tokens")]
+    ubatch: Option<u32>,
+    /// `--prompt-tokens` is a model's first prompt: its stream cache empty.
+    #[arg(long, requires = "prompt_tokens")]
+    cold: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -150,6 +165,9 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         if let Some(least) = least {
             value["least_under_budget"] = json!(least);
         }
+        if let Some(tokens) = args.prompt_tokens {
+            value["prompt"] = json!(prompt_prediction(args, &plan, tokens));
+        }
         value["model"] = json!(args.model.display().to_string());
         value["profile"] = json!({
             "path": loaded.path.display().to_string(),
@@ -158,6 +176,20 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         emit(&format!("{}\n", serde_json::to_string_pretty(&value)?))?;
     } else {
         emit(&plan_table(&plan, &args.model, &loaded))?;
+        if let Some(tokens) = args.prompt_tokens {
+            let p = prompt_prediction(args, &plan, tokens);
+            emit(&format!(
+                "{:<20}{tokens} tokens in {} pass(es): {:.2} s, {:.1} tok/s (reads {:.2} s, \
+                 host→GPU copies {:.2} s, compute {:.2} s)\n",
+                "prompt",
+                p.passes,
+                p.seconds,
+                p.tokens_per_second,
+                p.read_seconds,
+                p.copy_seconds,
+                p.compute_seconds
+            ))?;
+        }
     }
     Ok(())
 }
@@ -192,6 +224,15 @@ fn least_under_budget(
     crate::pool::registry::least_under_budget(&args.model, &settings)
         .map(Some)
         .map_err(anyhow::Error::msg)
+}
+
+/// The prompt model's prediction for `--prompt-tokens`.
+fn prompt_prediction(args: &InspectArgs, plan: &Plan, tokens: u32) -> PromptPrediction {
+    let ubatch = args.ubatch.unwrap_or(match plan.mode {
+        Mode::ExpertStreaming => tokens.min(MAX_STREAMED_UBATCH_TOKENS),
+        _ => DEFAULT_UBATCH_TOKENS,
+    });
+    plan.predict_prompt(tokens, ubatch, args.cold)
 }
 
 /// The plan as one JSON object (without the per-tensor tiers' bulk beyond a map).

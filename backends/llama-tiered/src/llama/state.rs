@@ -145,6 +145,21 @@ impl StateBuffers {
         new_capacity(size) + size / 16
     }
 
+    /// Whether memory of `capacity` bytes would be reused for a state of
+    /// `size` bytes ([`StateBuffers::take`]).
+    pub fn fits(capacity: usize, size: usize) -> bool {
+        capacity >= size && capacity <= StateBuffers::room_for(size)
+    }
+
+    /// Whether kept memory would take a state of `size` bytes without new
+    /// memory being made.
+    pub fn has_fit(&self, size: usize) -> bool {
+        let free = self.0.lock();
+        free.buffers
+            .iter()
+            .any(|m| StateBuffers::fits(m.capacity(), size))
+    }
+
     /// A buffer with room for `size` bytes (its length 0): the smallest kept
     /// one that fits and is not more than [`StateBuffers::room_for`], else
     /// new memory with room for the state to grow by a thirty-second (a few
@@ -152,10 +167,8 @@ impl StateBuffers {
     fn take(&self, size: usize) -> Result<StateBuffer, EngineError> {
         let reused = {
             let mut free = self.0.lock();
-            let most = StateBuffers::room_for(size);
-            let fits = |m: &Memory| m.capacity() >= size && m.capacity() <= most;
             let best = (0..free.buffers.len())
-                .filter(|&i| fits(&free.buffers[i]))
+                .filter(|&i| StateBuffers::fits(free.buffers[i].capacity(), size))
                 .min_by_key(|&i| free.buffers[i].capacity());
             best.map(|i| {
                 let m = free.buffers.remove(i);
