@@ -764,8 +764,9 @@ vsmixprompt() {
 
 # The same on the Qwen3-30B-A3B shape (issue 26's second shape): `--routing qwen3`, 4 GiB GPU +
 # 8 GiB RAM, each run in a cgroup of 8 GiB plus the host overhead (QWEN_LB_MAX); llama-bench
-# at each --n-cpu-moe of QWENP_NCMOE (default 43: the expert layers 4 GiB holds beside every
-# layer's attention, the KV and its compute buffer).
+# at each --n-cpu-moe of QWENP_NCMOE (default 40: 4 GiB less every layer's attention, router,
+# norms and output (0.82 GB), the KV at -c 4096 (0.40 GB) and a compute buffer (~0.3 GB)
+# leaves 2.8 GB, 8 layers of experts at 0.34 GB each; `hypura inspect --json` gives the sizes).
 MOEQWEN=${MOEQWEN:-$W/qwen3-30b-a3b-routed-q4k.gguf}
 vsqwenprompt() {
   if [ ! -f "$MOEQWEN" ]; then
@@ -781,7 +782,7 @@ vsqwenprompt() {
   drop_caches
   CG=$cg hb qwen3-routed-pp2048 "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
     --prompt-tokens 2048 --tokens 1 --repetitions 1
-  for n in ${QWENP_NCMOE:-43}; do
+  for n in ${QWENP_NCMOE:-40}; do
     drop_caches
     lb "qwen3-routed-ncmoe$n" "$cg" "$MOEQWEN" -ngl 99 --n-cpu-moe "$n" -p 512,2048 \
       -n "${MIX_TOKENS:-32}" -ub 512,2048 -r 1

@@ -42,9 +42,6 @@
 //! request (not idle, so never unloaded for it, and drained only after the
 //! announced request has run), and an announced request keeps the place
 //! its arrival gives it among waiters ([`BudgetPolicy::request_announced`]).
-//! Nor does a request for a loaded (or loading) model pass a request for
-//! another model that came before it and needs its memory, announced or
-//! waiting: the model drains for that one first, as if it had asked.
 use std::fmt;
 use std::time::Duration;
 
@@ -296,8 +293,8 @@ struct ModelState {
     failed_at: Option<Residency>,
     in_flight: usize,
     /// Requests announced for it that have not been admitted yet
-    /// ([`BudgetPolicy::arrive`]).
-    coming: Vec<Coming>,
+    /// ([`BudgetPolicy::arrive`]), and when each came.
+    coming: Vec<(Ticket, Duration)>,
     /// Requests per half-life, decayed ([`BudgetPolicy::heat`]).
     heat: f64,
     heat_at: Duration,
@@ -333,7 +330,7 @@ impl ModelState {
             && self
                 .coming
                 .iter()
-                .all(|c| came.is_some_and(|came| c.came >= came))
+                .all(|&(_, at)| came.is_some_and(|came| at >= came))
     }
 
     /// The lowest level a move may take it to now.
@@ -358,25 +355,6 @@ pub struct BudgetPolicy {
 
 /// A request announced with [`BudgetPolicy::arrive`].
 pub type Ticket = u64;
-
-/// A request announced and not admitted yet.
-#[derive(Debug, Clone, Copy)]
-struct Coming {
-    ticket: Ticket,
-    came: Duration,
-    /// The last time it asked ([`BudgetPolicy::request_announced`]) and
-    /// was told to wait: held before it asks until then.
-    asked: Option<Duration>,
-}
-
-impl Coming {
-    /// Whether it asks for itself (asked within [`WAITING_FRESH`]), rather
-    /// than being held by the server before it asks.
-    fn asking(&self, now: Duration) -> bool {
-        self.asked
-            .is_some_and(|at| now.saturating_sub(at) <= WAITING_FRESH)
-    }
-}
 
 impl BudgetPolicy {
     pub fn new(budget: Footprint, config: PolicyConfig) -> BudgetPolicy {
@@ -512,11 +490,7 @@ impl BudgetPolicy {
     pub fn arrive(&mut self, id: ModelId, now: Duration) -> Ticket {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.models[id].coming.push(Coming {
-            ticket,
-            came: now,
-            asked: None,
-        });
+        self.models[id].coming.push((ticket, now));
         ticket
     }
 
@@ -525,7 +499,7 @@ impl BudgetPolicy {
     pub fn leave(&mut self, id: ModelId, ticket: Ticket) -> bool {
         let coming = &mut self.models[id].coming;
         let before = coming.len();
-        coming.retain(|c| c.ticket != ticket);
+        coming.retain(|&(t, _)| t != ticket);
         coming.len() < before
     }
 
@@ -536,16 +510,11 @@ impl BudgetPolicy {
 
     /// [`BudgetPolicy::request`] of a request announced with `ticket`
     /// (`None`, or one admitted already: as it comes now). A request counts
-    /// as having come when it was announced, or when an earlier request
-    /// for its model that the server still holds (one not asking itself)
-    /// was: the server picks which of a model's requests asks first, so
-    /// the later one takes the earlier one's place, before the requests
-    /// for other models that came after that, whatever the order they ask
-    /// in, and a model draining for a later one still takes it. An earlier
-    /// request that asks itself keeps its place for itself: a later one
-    /// asking beside it comes when it came (else both would pass the
-    /// requests for other models that came between them). Once admitted it
-    /// is no longer announced.
+    /// as having come when the earliest request announced for its model
+    /// did (the server picks which of a model's requests asks first):
+    /// before the requests for other models that came after that, whatever
+    /// the order they ask in, and a model draining for a later one still
+    /// takes it. Once admitted it is no longer announced.
     pub fn request_announced(
         &mut self,
         id: ModelId,
@@ -554,41 +523,24 @@ impl BudgetPolicy {
     ) -> Admission {
         // Whatever this model's waiter marked draining before is planned anew.
         self.clear_drains_for(id);
-        let came = self.came(id, now, ticket);
-        let admission = self.admit_came(id, now, came);
-        let Some(t) = ticket else {
-            return admission;
-        };
-        if matches!(admission, Admission::Ready | Admission::Load { .. }) {
-            self.leave(id, t);
-        } else if let Some(c) = self.models[id].coming.iter_mut().find(|c| c.ticket == t) {
-            c.asked = Some(now);
-        }
-        admission
-    }
-
-    /// When a request for `id` asking at `now` with `ticket` counts as
-    /// having come ([`BudgetPolicy::request_announced`]).
-    fn came(&self, id: ModelId, now: Duration, ticket: Option<Ticket>) -> Duration {
+        // The model's queue is as early as its earliest request: the server
+        // may hold that one behind a later one (its own order), which must
+        // not then wait behind the requests that came between them.
         let model = &self.models[id];
-        let own = ticket.and_then(|t| model.coming.iter().find(|c| c.ticket == t));
-        if let Some(own) = own {
-            return model
-                .coming
-                .iter()
-                .filter(|c| !c.asking(now))
-                .map(|c| c.came)
-                .fold(own.came, Duration::min);
-        }
-        // Unannounced: the model's queue is as early as its earliest
-        // request, or the first ask of a request of it still waiting.
-        let earliest = model.coming.iter().map(|c| c.came).min();
+        let earliest = model.coming.iter().map(|&(_, at)| at).min();
         let fresh_mark = self.waiting_for(id, now).and(model.waiting_since);
-        [Some(now), earliest, fresh_mark]
+        let came = [Some(now), earliest, fresh_mark]
             .into_iter()
             .flatten()
-            .min()
-            .unwrap_or(now)
+            .min();
+        let came = came.unwrap_or(now);
+        let admission = self.admit_came(id, now, came);
+        if matches!(admission, Admission::Ready | Admission::Load { .. }) {
+            if let Some(t) = ticket {
+                self.leave(id, t);
+            }
+        }
+        admission
     }
 
     /// [`BudgetPolicy::request_announced`] of a request that came at `came`.
@@ -599,19 +551,8 @@ impl BudgetPolicy {
             return self.wait(id, now, came, Vec::new());
         }
         if model.level > Residency::Unloaded || model.moving_to.is_some() {
-            // A request for another model that came before this one and
-            // needs this one's memory drains it, whether or not it asked
-            // since this model was loaded (or began loading).
-            // Draining for a later one, it drains for that one first.
-            let mut drain = self.draining(id, now);
-            if drain.is_none_or(|w| came < self.drain_after(w, now)) {
-                if let Some(waiter) = self.earlier_waiter_needing(id, now, came) {
-                    self.models[id].drain_for = Some((waiter, now));
-                    drain = Some(waiter);
-                }
-            }
-            if let Some(waiter) = drain {
-                let after = self.drain_after(waiter, now);
+            if let Some(waiter) = self.draining(id, now) {
+                let after = self.models[waiter].waiting_since.unwrap_or(now);
                 if came < after {
                     // It came before the request the model drains for: that
                     // one waits for it as for the work running when it came.
@@ -632,19 +573,8 @@ impl BudgetPolicy {
             self.count_request(id, now);
             return Admission::Ready;
         }
-        let spec = &self.models[id].spec;
-        if !spec.streaming.fits_in(self.budget) {
-            return Admission::Reject(too_big(spec, self.budget));
-        }
-        // An earlier request for it that asks itself loads it: the request
-        // that loads a model is the first to run on it (a later one that
-        // loaded it went first into its slots).
-        if self.models[id]
-            .coming
-            .iter()
-            .any(|c| c.asking(now) && c.came < came)
-        {
-            return self.wait(id, now, came, Vec::new());
+        if !model.spec.streaming.fits_in(self.budget) {
+            return Admission::Reject(too_big(&model.spec, self.budget));
         }
         let before = self.waiting_before(id, now, came);
         let room = self.room().saturating_sub(before);
@@ -684,13 +614,6 @@ impl BudgetPolicy {
             .make_room(id, Residency::Streaming, now, Some(came))
             .unwrap_or_default();
         self.wait(id, now, came, moves)
-    }
-
-    /// When the request a model drains for (for `waiter`) came.
-    fn drain_after(&self, waiter: ModelId, now: Duration) -> Duration {
-        self.wants_room_since(waiter, now)
-            .or(self.models[waiter].waiting_since)
-            .unwrap_or(now)
     }
 
     /// Marks a request for `id` that came at `came` waiting (asked at `now`).
@@ -938,79 +861,21 @@ impl BudgetPolicy {
             .fold(Footprint::ZERO, Footprint::add)
     }
 
-    /// What the requests for other models that have wanted room since
+    /// What the requests for other models that have waited for room since
     /// before `came` (when the request for `id` came) need to stream: room
-    /// `id` leaves them (first come, first served). They are the waiters
-    /// still asking, and the requests announced for unloaded models (held
-    /// before they ask): [`BudgetPolicy::wants_room_since`].
+    /// `id` leaves them (first come, first served).
     fn waiting_before(&self, id: ModelId, now: Duration, came: Duration) -> Footprint {
         let before = |o: ModelId| {
-            self.wants_room_since(o, now)
+            self.models[o]
+                .waiting_since
                 .is_some_and(|theirs| (theirs, o) < (came, id))
         };
         // A model draining for `id` waits behind it whatever its mark says.
         let drains_for_me = |o: ModelId| self.draining(o, now) == Some(id);
         (0..self.models.len())
-            .filter(|&o| o != id && before(o) && !drains_for_me(o))
+            .filter(|&o| o != id && self.waits_for_room(o, now) && before(o) && !drains_for_me(o))
             .map(|o| self.models[o].spec.streaming)
             .fold(Footprint::ZERO, Footprint::add)
-    }
-
-    /// When the earliest request for `o` that needs room to load it came:
-    /// a waiter still asking ([`BudgetPolicy::waits_for_room`]), or a
-    /// request announced while `o` is unloaded (it will ask for room once
-    /// the server lets it).
-    fn wants_room_since(&self, o: ModelId, now: Duration) -> Option<Duration> {
-        let m = &self.models[o];
-        let asking = self
-            .waits_for_room(o, now)
-            .then_some(m.waiting_since)
-            .flatten();
-        let unloaded = m.level == Residency::Unloaded && m.moving_to.is_none();
-        let held = m.coming.iter().map(|c| c.came).min().filter(|_| unloaded);
-        asking.into_iter().chain(held).min()
-    }
-
-    /// The earliest request for another model, come before `came`, that
-    /// wants room ([`BudgetPolicy::wants_room_since`]) which only `id`'s
-    /// memory can give: every other model down to its pin would not make
-    /// it (with what the requests before it need), `id` unloaded besides
-    /// would. A request for `id` that came at `came` does not pass it: `id`
-    /// drains for it (else it would wait for that request's work too, more
-    /// than the work there was when it came).
-    fn earlier_waiter_needing(
-        &self,
-        id: ModelId,
-        now: Duration,
-        came: Duration,
-    ) -> Option<ModelId> {
-        let mut earlier: Vec<(Duration, ModelId)> = (0..self.models.len())
-            .filter(|&o| o != id)
-            .filter_map(|o| Some((self.wants_room_since(o, now)?, o)))
-            .filter(|&(since, o)| (since, o) < (came, id))
-            .collect();
-        earlier.sort();
-        let without_id = (0..self.models.len())
-            .filter(|&v| v != id)
-            .map(|v| self.releasable(v))
-            .fold(self.room(), Footprint::add);
-        let with_id = without_id.add(self.releasable(id));
-        earlier.into_iter().find_map(|(since, o)| {
-            let need = self.models[o]
-                .spec
-                .streaming
-                .add(self.waiting_before(o, now, since));
-            (!need.fits_in(without_id) && need.fits_in(with_id)).then_some(o)
-        })
-    }
-
-    /// The most model `v` can give back: all it is charged above its pin
-    /// (at most where it is, or goes).
-    fn releasable(&self, v: ModelId) -> Footprint {
-        let m = &self.models[v];
-        let held = m.moving_to.map_or(m.level, |to| to.max(m.level));
-        m.charged()
-            .saturating_sub(m.spec.footprint(m.spec.pin.min(held)))
     }
 
     /// Whether a request waits (and still asks) for room to load `id`:
@@ -1441,19 +1306,6 @@ mod tests {
     fn admit(p: &mut BudgetPolicy, id: ModelId, now: Duration) {
         for _ in 0..64 {
             match p.request(id, now) {
-                Admission::Ready => return,
-                Admission::Load { mv } => return apply(p, &[mv]),
-                Admission::Wait { moves } => apply(p, &moves),
-                Admission::Reject(why) => panic!("rejected: {why}"),
-            }
-        }
-        panic!("model {id} never admitted: {p:#?}");
-    }
-
-    /// [`admit`] of a request announced with `ticket`.
-    fn admit_announced(p: &mut BudgetPolicy, id: ModelId, now: Duration, ticket: Ticket) {
-        for _ in 0..64 {
-            match p.request_announced(id, now, Some(ticket)) {
                 Admission::Ready => return,
                 Admission::Load { mv } => return apply(p, &[mv]),
                 Admission::Wait { moves } => apply(p, &moves),
@@ -1993,170 +1845,6 @@ mod tests {
         apply(&mut p, &moves);
         admit(&mut p, b, secs(6));
         assert_eq!(p.residency(a), Residency::Unloaded);
-    }
-
-    #[test]
-    fn a_later_request_for_a_loading_model_does_not_pass_an_earlier_waiter_that_needs_its_memory() {
-        // Property seed 11: "a" fills the budget alone; "b" cannot stream
-        // beside it. An early request for "a" waits for "b"'s running one;
-        // a request for "b" comes, then a later one for "a" (both "a"
-        // requests ask, the server holds the "b" one at its gate). When
-        // "b"'s work ends, "a" is loaded for the early request: the later
-        // one must not run on that load before "b"'s request, which came
-        // before it and needs "a"'s memory (it waited for the later one's
-        // work too, beyond the work ahead of it when it came).
-        let (a, b) = (0, 1);
-        let mut p = policy(10, vec![spec("a", 9, 10), spec("b", 2, 2)]);
-        admit(&mut p, b, secs(0));
-        let early = p.arrive(a, secs(1));
-        assert!(matches!(
-            p.request_announced(a, secs(1), Some(early)),
-            Admission::Wait { .. }
-        ));
-        let held_b = p.arrive(b, secs(2));
-        let late = p.arrive(a, secs(3));
-        assert!(matches!(
-            p.request_announced(a, secs(3), Some(late)),
-            Admission::Wait { .. }
-        ));
-        p.finish(b, secs(4));
-        // The later request asks first, as it did on the server: whatever
-        // it is told, it does not get in ahead of "b".
-        let Admission::Wait { moves } = p.request_announced(a, secs(4), Some(late)) else {
-            panic!("the later request for a got in before b's: {p:#?}")
-        };
-        apply(&mut p, &moves);
-        // The early one loads "a" (it came before "b"'s).
-        let mut loaded = false;
-        for _ in 0..4 {
-            match p.request_announced(a, secs(4), Some(early)) {
-                Admission::Load { mv } => {
-                    // Asked while "a" loads, the later one waits.
-                    assert_eq!(
-                        p.request_announced(a, secs(4), Some(late)),
-                        Admission::Wait { moves: vec![] }
-                    );
-                    apply(&mut p, &[mv]);
-                    loaded = true;
-                    break;
-                }
-                Admission::Wait { moves } => apply(&mut p, &moves),
-                other => panic!("{other:?}"),
-            }
-        }
-        assert!(loaded, "a never loaded for the early request: {p:#?}");
-        assert_eq!(p.in_flight(a), 1);
-        assert_eq!(
-            p.request_announced(a, secs(5), Some(late)),
-            Admission::Wait { moves: vec![] }
-        );
-        assert_eq!(
-            p.request_announced(b, secs(5), Some(held_b)),
-            Admission::Wait { moves: vec![] }
-        );
-        assert_eq!(p.draining_models(secs(5)), vec![a]);
-        // The early request ends: "a" yields to "b", then "b" to the later one.
-        p.finish(a, secs(6));
-        assert_eq!(
-            p.request_announced(a, secs(6), Some(late)),
-            Admission::Wait { moves: vec![] }
-        );
-        let Admission::Wait { moves } = p.request_announced(b, secs(6), Some(held_b)) else {
-            panic!("b waits for a's unloading")
-        };
-        assert_eq!(
-            moves,
-            vec![Move {
-                model: a,
-                from: Residency::Full,
-                to: Residency::Unloaded
-            }]
-        );
-        apply(&mut p, &moves);
-        let Admission::Load { mv } = p.request_announced(b, secs(6), Some(held_b)) else {
-            panic!("b loads once a is unloaded: {p:#?}")
-        };
-        apply(&mut p, &[mv]);
-        assert!(matches!(
-            p.request_announced(a, secs(6), Some(late)),
-            Admission::Wait { .. }
-        ));
-        p.finish(b, secs(7));
-        admit_announced(&mut p, a, secs(7), late);
-        assert_eq!(p.residency(b), Residency::Unloaded);
-        assert_within_budget(&p);
-    }
-
-    #[test]
-    fn the_earliest_request_asking_for_an_unloaded_model_loads_it() {
-        // Property seed 11, after the fix above: a later request loaded the
-        // model and ran first, the earlier one waited for its prompt.
-        let (a, b) = (0, 1);
-        let mut p = policy(10, vec![spec("a", 9, 10), spec("b", 2, 2)]);
-        admit(&mut p, b, secs(0));
-        let early = p.arrive(a, secs(1));
-        let late = p.arrive(a, secs(2));
-        for (ticket, at) in [(early, 1), (late, 2)] {
-            assert_eq!(
-                p.request_announced(a, secs(at), Some(ticket)),
-                Admission::Wait { moves: vec![] }
-            );
-        }
-        p.finish(b, secs(3));
-        let Admission::Wait { moves } = p.request_announced(a, secs(3), Some(early)) else {
-            panic!("b unloads first")
-        };
-        apply(&mut p, &moves);
-        assert_eq!(
-            p.request_announced(a, secs(3), Some(late)),
-            Admission::Wait { moves: vec![] }
-        );
-        assert!(matches!(
-            p.request_announced(a, secs(3), Some(early)),
-            Admission::Load { .. }
-        ));
-        assert_eq!(
-            p.request_announced(a, secs(3), Some(late)),
-            Admission::Ready
-        );
-        // Held at the server's gate (not asking), the earlier one lets a
-        // later one load the model in its place.
-        let mut p = policy(10, vec![spec("a", 9, 10), spec("b", 2, 2)]);
-        let held = p.arrive(a, secs(1));
-        let asking = p.arrive(a, secs(2));
-        assert!(matches!(
-            p.request_announced(a, secs(2), Some(asking)),
-            Admission::Load { .. }
-        ));
-        assert_eq!(p.coming(a), 1);
-        assert!(p.leave(a, held));
-    }
-
-    #[test]
-    fn a_model_draining_for_a_later_waiter_takes_no_request_that_came_after_an_earlier_one() {
-        // Property seed 4: "a" drained for the later waiter "c" (it asked
-        // last); a request for "a" that came between "b"'s and "c"'s got in
-        // ahead of "b".
-        let (a, b, c) = (0, 1, 2);
-        let mut p = policy(10, vec![spec("a", 9, 10), spec("b", 2, 2), spec("c", 2, 2)]);
-        admit(&mut p, a, secs(0));
-        assert_eq!(p.request(b, secs(1)), Admission::Wait { moves: vec![] });
-        let held = p.arrive(a, secs(2));
-        assert_eq!(p.request(c, secs(3)), Admission::Wait { moves: vec![] });
-        // "b"'s mark is planned anew when it asks: "c" asks meanwhile.
-        p.clear_drains_for(b);
-        assert_eq!(p.request(c, secs(4)), Admission::Wait { moves: vec![] });
-        p.finish(a, secs(4));
-        assert_eq!(
-            p.request_announced(a, secs(4), Some(held)),
-            Admission::Wait { moves: vec![] }
-        );
-        assert_eq!(p.draining_models(secs(4)), vec![a]);
-        let Admission::Wait { moves } = p.request(b, secs(4)) else {
-            panic!("b waits for a's unloading")
-        };
-        apply(&mut p, &moves);
-        assert!(matches!(p.request(b, secs(4)), Admission::Load { .. }));
     }
 
     #[test]
