@@ -164,13 +164,7 @@ impl Rates {
             gpu_gbps: gpu.map_or(0.0, |g| g.q4k_matvec_gbps),
             cpu_gbps: cpu,
             disk_gbps: disk_gbps(&profile.disk, read_block_bytes),
-            disk_sequential_gbps: profile
-                .disk
-                .reads
-                .iter()
-                .filter(|p| p.block_bytes >= LARGE_READ_BYTES && p.queue_depth <= 4)
-                .map(|p| p.gbps)
-                .fold(0.0, f64::max),
+            disk_sequential_gbps: streaming_reads(&profile.disk, u64::MAX).fold(0.0, f64::max),
             pcie_gbps: gpu.map_or(0.0, |g| g.host_to_device_pinned_gbps),
             pageable_gbps: gpu.map_or(0.0, |g| g.host_to_device_pageable_gbps),
         }
@@ -184,13 +178,7 @@ impl Rates {
 /// probe, and decoding streams for minutes. Falls back to the best point.
 pub fn disk_gbps(disk: &DiskProfile, read_block_bytes: u64) -> f64 {
     let largest = read_block_bytes.max(LARGE_READ_BYTES);
-    let mut rates: Vec<f64> = disk
-        .reads
-        .iter()
-        .filter(|p| p.block_bytes >= LARGE_READ_BYTES && p.block_bytes <= largest)
-        .filter(|p| p.queue_depth <= 4)
-        .map(|p| p.gbps)
-        .collect();
+    let mut rates: Vec<f64> = streaming_reads(disk, largest).collect();
     if rates.is_empty() {
         return disk.best_gbps();
     }
@@ -201,6 +189,16 @@ pub fn disk_gbps(disk: &DiskProfile, read_block_bytes: u64) -> f64 {
     } else {
         (rates[mid - 1] + rates[mid]) / 2.0
     }
+}
+
+/// The profile's rates for the streamer's reads: blocks of at least
+/// [`LARGE_READ_BYTES`] and at most `largest`, up to 4 in flight.
+fn streaming_reads(disk: &DiskProfile, largest: u64) -> impl Iterator<Item = f64> + '_ {
+    disk.reads
+        .iter()
+        .filter(move |p| p.block_bytes >= LARGE_READ_BYTES && p.block_bytes <= largest)
+        .filter(|p| p.queue_depth <= 4)
+        .map(|p| p.gbps)
 }
 
 /// Predicted decode speed and where the time goes.

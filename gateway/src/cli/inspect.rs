@@ -8,9 +8,7 @@ use clap::Args;
 use hypura_gguf::inspect::ModelReport;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::cost::PromptPrediction;
-use hypura_scheduler::plan::{
-    Budgets, Plan, PlanSettings, DEFAULT_UBATCH_TOKENS, MAX_STREAMED_UBATCH_TOKENS,
-};
+use hypura_scheduler::plan::{prompt_ubatch_tokens, Budgets, Plan, PlanSettings};
 use hypura_scheduler::profile::HardwareProfile;
 use hypura_scheduler::size::format_bytes;
 use llama_tiered::tiered::{plan_file, Mode};
@@ -58,7 +56,7 @@ pub struct InspectArgs {
     #[arg(long, requires = "plan")]
     prompt_tokens: Option<u32>,
     /// Tokens per pass of the graph for `--prompt-tokens` (default: the
-    /// whole prompt up to 4096 when experts stream, else 512; `hypura bench`
+    /// whole prompt up to 4096 when experts stream, else up to 512; `hypura bench`
     /// and `serve` print the pass they took).
     #[arg(long, requires = "prompt_tokens")]
     ubatch: Option<u32>,
@@ -226,12 +224,12 @@ fn least_under_budget(
         .map_err(anyhow::Error::msg)
 }
 
-/// The prompt model's prediction for `--prompt-tokens`.
+/// The prompt model's prediction for `--prompt-tokens`, by default in the
+/// passes a context of that batch would take were its buffers to fit.
 fn prompt_prediction(args: &InspectArgs, plan: &Plan, tokens: u32) -> PromptPrediction {
-    let ubatch = args.ubatch.unwrap_or(match plan.mode {
-        Mode::ExpertStreaming => tokens.min(MAX_STREAMED_UBATCH_TOKENS),
-        _ => DEFAULT_UBATCH_TOKENS,
-    });
+    let ubatch = args
+        .ubatch
+        .unwrap_or_else(|| prompt_ubatch_tokens(plan.mode, tokens, |_| true));
     plan.predict_prompt(tokens, ubatch, args.cold)
 }
 
