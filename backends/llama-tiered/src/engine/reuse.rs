@@ -428,6 +428,9 @@ impl Worker {
                 Counters::add(&counters.saves, 1);
                 Counters::add(&counters.save_micros, started.elapsed().as_micros() as u64);
                 self.tiers.keep(kept.to_vec(), Arc::new(state));
+                // The next saves (this conversation's next turn, or another
+                // as long) find memory made off the request's path.
+                self.tiers.buffers.make_spares(bytes);
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("prompt cache: could not save a sequence: {e}"),
