@@ -7,6 +7,14 @@
 use clap::Parser;
 
 fn main() {
+    // Before any thread starts (the environment is process-wide): lets the
+    // stream cache register the layers it keeps with the GPU's driver, so a
+    // prompt's copies of them run at the pinned speed
+    // (`llama_tiered::tiered::pinning`). Runners inherit it.
+    // HYPURA_PIN_STREAM=0 leaves them pageable (for measuring the difference).
+    if std::env::var_os("HYPURA_PIN_STREAM").is_none_or(|v| v != "0") {
+        std::env::set_var(llama_tiered::llama::device::REGISTER_HOST_ENV, "1");
+    }
     // The log subscriber is installed by `dispatch`: `serve` chooses its format.
     let args = hypura::cli::Cli::parse();
     if let Err(e) = hypura::cli::dispatch(args) {

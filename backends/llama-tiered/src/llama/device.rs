@@ -473,6 +473,91 @@ impl PinnedHostBytes {
     }
 }
 
+/// Page-locks host memory in place for the GPU's driver, so that copies
+/// from it run at the bus's pinned speed. The stream cache registers the
+/// layers it keeps ([`crate::tiered::pinning`]); tests record the calls.
+pub trait HostPinning: Send + Sync {
+    /// Registers `len` bytes at `ptr` (page aligned, mapped); false when
+    /// the driver refuses (the memory stays pageable).
+    fn register(&self, ptr: *mut u8, len: usize) -> bool;
+    /// Undoes the [`HostPinning::register`] made at `ptr`. The memory's
+    /// pages must not be released before this returns: the driver keeps a
+    /// registered page's frame, so a page released and read again while
+    /// registered would leave the GPU copying its old bytes.
+    fn unregister(&self, ptr: *mut u8);
+}
+
+/// The variable ggml-cuda reads before registering host memory
+/// (`ggml_backend_register_host_buffer` does nothing without it).
+pub const REGISTER_HOST_ENV: &str = "GGML_CUDA_REGISTER_HOST";
+
+type RegisterFn = unsafe extern "C" fn(*mut std::ffi::c_void, usize) -> bool;
+type UnregisterFn = unsafe extern "C" fn(*mut std::ffi::c_void);
+
+/// [`HostPinning`] through the first ggml backend that exports
+/// `ggml_backend_register_host_buffer` (CUDA: `cudaHostRegister`, read-only).
+pub struct HostRegistrar {
+    register: RegisterFn,
+    unregister: UnregisterFn,
+}
+
+impl HostRegistrar {
+    /// `None` without such a backend (no GPU build) or without
+    /// [`REGISTER_HOST_ENV`] in the environment (set by `hypura` at start).
+    pub fn find() -> Option<HostRegistrar> {
+        std::env::var_os(REGISTER_HOST_ENV)?;
+        // Loads the backends (modules included) once.
+        devices();
+        // SAFETY: reading ggml's backend registry, loaded above.
+        let count = unsafe { sys::ggml_backend_reg_count() };
+        (0..count).find_map(|i| {
+            // SAFETY: `i` < the registry's count; symbols looked up by
+            // NUL-terminated names; null when absent.
+            let (register, unregister) = unsafe {
+                let reg = sys::ggml_backend_reg_get(i);
+                (
+                    sys::ggml_backend_reg_get_proc_address(
+                        reg,
+                        c"ggml_backend_register_host_buffer".as_ptr(),
+                    ),
+                    sys::ggml_backend_reg_get_proc_address(
+                        reg,
+                        c"ggml_backend_unregister_host_buffer".as_ptr(),
+                    ),
+                )
+            };
+            if register.is_null() || unregister.is_null() {
+                return None;
+            }
+            // SAFETY: ggml-cuda exports these names with these signatures
+            // (`bool (void *, size_t)` and `void (void *)`); a function
+            // pointer and a data pointer have the same size on the
+            // platforms ggml supports.
+            unsafe {
+                Some(HostRegistrar {
+                    register: std::mem::transmute::<*mut std::ffi::c_void, RegisterFn>(register),
+                    unregister: std::mem::transmute::<*mut std::ffi::c_void, UnregisterFn>(
+                        unregister,
+                    ),
+                })
+            }
+        })
+    }
+}
+
+impl HostPinning for HostRegistrar {
+    fn register(&self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: the caller passes mapped memory it keeps mapped until
+        // `unregister` (the trait's contract).
+        unsafe { (self.register)(ptr.cast(), len) }
+    }
+
+    fn unregister(&self, ptr: *mut u8) {
+        // SAFETY: `ptr` was registered by `register`.
+        unsafe { (self.unregister)(ptr.cast()) }
+    }
+}
+
 /// Drops `file`'s cached pages (`POSIX_FADV_DONTNEED`), so that buffered reads
 /// after a buffered write go to the disk. Pages must be written back first
 /// (`File::sync_all`).

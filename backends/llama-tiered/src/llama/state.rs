@@ -213,7 +213,9 @@ impl StateBuffers {
         let memory = match reused {
             Some(m) => m,
             None => {
-                self.0.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.0
+                    .made
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.0.alloc(new_capacity(size))?
             }
         };

@@ -30,14 +30,16 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::ThreadId;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::coact::Coactivation;
+use super::pinning::Registered;
 use super::placement::{Mode, Placement, Tier};
+use crate::llama::device::HostPinning;
 use crate::llama::{EvalHook, Node, StreamRegion, PAGE};
 use hypura_gguf::GgufFile;
 
@@ -92,6 +94,12 @@ pub struct StreamStats {
     /// router ran, so no expert lookup was made (nor counted above) and no
     /// sync was needed.
     pub resident_layer_skips: u64,
+    /// Stream cache bytes registered with the GPU's driver now (see
+    /// [`super::pinning`]), layers registered so far, and the seconds their
+    /// registrations took (on a thread of their own).
+    pub registered_bytes: u64,
+    pub registrations: u64,
+    pub register_seconds: f64,
     /// Weights resident per tier now (set by [`super::TieredModel::stats`]):
     /// GPU, and RAM including the stream cache.
     pub resident_gpu_bytes: u64,
@@ -188,6 +196,9 @@ impl StreamStats {
             resident_layer_skips: self
                 .resident_layer_skips
                 .saturating_sub(earlier.resident_layer_skips),
+            registered_bytes: self.registered_bytes,
+            registrations: self.registrations.saturating_sub(earlier.registrations),
+            register_seconds: (self.register_seconds - earlier.register_seconds).max(0.0),
             resident_gpu_bytes: self.resident_gpu_bytes,
             resident_ram_bytes: self.resident_ram_bytes,
             prompt_stream: self.prompt_stream.since(&earlier.prompt_stream),
@@ -252,6 +263,10 @@ struct State {
     accesses_since_ageing: u64,
     stats: StreamStats,
     error: Option<String>,
+    /// Layers registered with the GPU's driver ([`super::pinning`]).
+    registered: Registered,
+    /// The registering thread holds pins on a layer while it registers it.
+    registering: bool,
 }
 
 /// Most bytes the STREAM region holds beyond the resident units' own
@@ -298,6 +313,10 @@ pub struct Streamer {
     read_queue_depth: AtomicU32,
     /// [`boundary_page_bytes`] of this streamer's units.
     boundary_bytes: u64,
+    /// Registers kept layers with the GPU's driver ([`Streamer::set_host_pinning`]).
+    pinning: OnceLock<Arc<dyn HostPinning>>,
+    /// Layers for the registering thread.
+    register_tx: Mutex<Option<mpsc::Sender<u32>>>,
 }
 
 impl Streamer {
@@ -404,16 +423,27 @@ impl Streamer {
                 accesses_since_ageing: 0,
                 stats,
                 error: None,
+                registered: Registered::default(),
+                registering: false,
             }),
             failed: AtomicBool::new(false),
             arrived_bytes: AtomicU64::new(0),
             read_queue_depth: AtomicU32::new(DEFAULT_READ_QUEUE_DEPTH),
             boundary_bytes: boundary_page_bytes(gguf, placement),
+            pinning: OnceLock::new(),
+            register_tx: Mutex::new(None),
         })
     }
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Registers the layers a prompt pass finds resident with the GPU's
+    /// driver through `pinning` ([`super::pinning`]), from
+    /// [`Streamer::start_prefetch`] on. Set once, before that.
+    pub fn set_host_pinning(&self, pinning: Arc<dyn HostPinning>) {
+        let _ = self.pinning.set(pinning);
     }
 
     /// Sets how many reads of [`READ_CHUNK_BYTES`] one unit's read keeps in
@@ -573,6 +603,7 @@ impl Streamer {
         stats.cache_bytes = state.cache_bytes;
         stats.cache_budget_bytes = self.budget_now(&state);
         stats.read_gbps = gbps(stats.nvme_bytes_read, stats.read_seconds);
+        stats.registered_bytes = state.registered.bytes();
         let prompt = &mut stats.prompt_stream;
         prompt.read_gbps = gbps(prompt.nvme_bytes_read, prompt.read_seconds);
         stats
@@ -630,6 +661,84 @@ impl Streamer {
                 }
             })
             .ok();
+        if self.pinning.get().is_none() {
+            return;
+        }
+        let (tx, rx) = mpsc::channel::<u32>();
+        *self.register_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let weak: Weak<Streamer> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("hypura-register".into())
+            .spawn(move || {
+                while let Ok(layer) = rx.recv() {
+                    let Some(streamer) = weak.upgrade() else {
+                        return;
+                    };
+                    streamer.register_layer(layer);
+                }
+            })
+            .ok();
+    }
+
+    /// Registers `layer` with the GPU's driver when every unit of it is
+    /// resident and it is not registered yet ([`super::pinning`]). Its
+    /// units are pinned by this thread meanwhile, so none is evicted while
+    /// the driver pins its pages; a thread that needs room waits for it.
+    fn register_layer(&self, layer: u32) {
+        let Some(pinning) = self.pinning.get() else {
+            return;
+        };
+        let spans = {
+            let mut state = self.lock();
+            let keys: Vec<UnitKey> = (0..state.n_experts)
+                .map(|e| (layer, e))
+                .filter(|k| state.units.contains_key(k))
+                .collect();
+            if keys.is_empty()
+                || state.registered.holds(layer)
+                || keys
+                    .iter()
+                    .any(|k| state.units[k].residency != Residency::Resident)
+            {
+                return;
+            }
+            let spans = state.registered.free_spans(
+                keys.iter()
+                    .flat_map(|k| state.units[k].ranges.clone())
+                    .collect::<Vec<_>>(),
+            );
+            for key in keys {
+                pin(&mut state, key);
+            }
+            state.registering = true;
+            spans
+        };
+        let started = Instant::now();
+        let base = self.region.base();
+        let done: Vec<(u64, u64)> = spans
+            .into_iter()
+            // SAFETY (of the pointer arithmetic): spans lie inside the
+            // region, which mirrors the file; the units are resident and
+            // pinned, so their pages stay mapped until unregistered.
+            .filter(|&(a, b)| pinning.register(base.wrapping_add(a as usize), (b - a) as usize))
+            .collect();
+        let mut state = self.lock();
+        state.stats.registrations += 1;
+        state.stats.register_seconds += started.elapsed().as_secs_f64();
+        state.registered.insert(layer, done);
+        state.registering = false;
+        unpin_thread(&mut state);
+        drop(state);
+        self.loaded.notify_all();
+    }
+
+    /// Unregisters `layer` if registered: before any of its pages is released.
+    fn unregister_layer(&self, state: &mut State, layer: u32) {
+        if let Some(pinning) = self.pinning.get() {
+            for (a, _) in state.registered.remove(layer) {
+                pinning.unregister(self.region.base().wrapping_add(a as usize));
+            }
+        }
     }
 
     /// Makes the units `(layer, e)` for every `e` in `experts` resident and
@@ -709,9 +818,10 @@ impl Streamer {
         // Units others are reading count against the budget but cannot be
         // evicted mid-read: wait for them when nothing else can make room.
         while !self.make_room(&mut state, needed, None, prompt) {
-            let others_loading = state.units.iter().any(|(k, u)| {
-                u.residency == Residency::Loading && !misses.iter().any(|m| m.0 == *k)
-            });
+            let others_loading = state.registering
+                || state.units.iter().any(|(k, u)| {
+                    u.residency == Residency::Loading && !misses.iter().any(|m| m.0 == *k)
+                });
             if !others_loading {
                 tracing::error!("stream cache over budget: every resident unit is in use");
                 break;
@@ -832,7 +942,9 @@ impl Streamer {
     fn prefetch_pass(&self, first: u32, count: usize) {
         let mut layer = first;
         loop {
-            self.prefetch_layer(layer, count);
+            if !self.prefetch_layer(layer, count) {
+                self.ask_register(layer);
+            }
             let state = self.lock();
             let next = layer + 1;
             if state.prompt_threads.is_empty()
@@ -851,7 +963,7 @@ impl Streamer {
     /// large chunk needs nearly all of them; a smaller one, under skewed
     /// routing, mostly the popular ones). Room comes only from units needed
     /// later in the pass than `layer`; reads count as the prompt's.
-    fn prefetch_layer(&self, layer: u32, count: usize) {
+    fn prefetch_layer(&self, layer: u32, count: usize) -> bool {
         let (taken, bytes, ranges) = {
             let mut state = self.lock();
             let mut keys: Vec<UnitKey> = (0..state.n_experts)
@@ -862,7 +974,7 @@ impl Streamer {
             keys.truncate(count);
             keys.retain(|k| state.units[k].residency == Residency::Absent);
             if keys.is_empty() {
-                return;
+                return false;
             }
             keys.sort_by_key(|k| state.units[k].ranges.first().map_or(0, |r| r.0));
             let distance = pass_distance(layer, state.current_layer, state.n_layers);
@@ -891,7 +1003,7 @@ impl Streamer {
             (taken, bytes, ranges)
         };
         if taken.is_empty() {
-            return;
+            return true;
         }
         let read_started = Instant::now();
         let (arrived, result) = self.read_ranges(&ranges);
@@ -927,6 +1039,20 @@ impl Streamer {
         }
         drop(state);
         self.loaded.notify_all();
+        true
+    }
+
+    /// Hands `layer` to the registering thread, if it runs: a prompt pass
+    /// found every unit it asked for resident.
+    fn ask_register(&self, layer: u32) {
+        if let Some(tx) = self
+            .register_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(layer);
+        }
     }
 
     /// Asked before `layer`'s router choice is computed: when every unit of
@@ -1199,11 +1325,21 @@ impl Streamer {
         };
         let by_distance = dense || pass;
         let budget = self.budget_now(state);
+        // A registered layer with a unit in use may have a copy from it in
+        // flight: none of its units goes until that use ends.
+        let busy: HashSet<u32> = state
+            .registered
+            .layers()
+            .filter(|&l| {
+                (0..state.n_experts).any(|e| state.units.get(&(l, e)).is_some_and(|u| u.pins > 0))
+            })
+            .collect();
         while state.cache_bytes + needed > budget {
             let victim = state
                 .units
                 .iter()
                 .filter(|(_, u)| u.residency == Residency::Resident && u.pins == 0)
+                .filter(|(k, _)| !busy.contains(&k.0))
                 .filter(|(k, u)| {
                     limit.is_none_or(|(d, score)| {
                         if by_distance {
@@ -1229,6 +1365,7 @@ impl Streamer {
             let Some(key) = victim else {
                 return false;
             };
+            self.unregister_layer(state, key.0);
             let unit = state.units.get_mut(&key).expect("victim exists");
             unit.residency = Residency::Absent;
             let wasted = std::mem::take(&mut unit.prefetched);
@@ -1286,7 +1423,11 @@ fn ema(avg: f64, sample: f64) -> f64 {
 
 impl Drop for Streamer {
     fn drop(&mut self) {
-        let state = self.lock();
+        let mut state = self.lock();
+        let layers: Vec<u32> = state.registered.layers().collect();
+        for layer in layers {
+            self.unregister_layer(&mut state, layer);
+        }
         if let Some(path) = &state.coact_path {
             if state.coact.total() > 0 {
                 if let Err(e) = state.coact.save(path) {
@@ -1477,6 +1618,108 @@ mod tests {
             (0..every.len() as u32).all(|e| state.units[&(1, e)].residency == Residency::Absent)
         );
         drop(state);
+        std::fs::remove_file(&path).ok();
+    }
+
+    /// Records registrations like a driver would refuse misuse: a page
+    /// registered twice fails the test, and at each unregistration the span
+    /// must still hold the file's bytes (no page of it released first).
+    struct Recorder {
+        file: Vec<u8>,
+        base: usize,
+        spans: Mutex<HashMap<usize, usize>>,
+    }
+
+    impl HostPinning for Recorder {
+        fn register(&self, ptr: *mut u8, len: usize) -> bool {
+            let mut spans = self.spans.lock().unwrap();
+            let (a, b) = (ptr as usize, ptr as usize + len);
+            assert!(a.is_multiple_of(PAGE as usize) && len.is_multiple_of(PAGE as usize));
+            assert!(
+                !spans.iter().any(|(&c, &l)| a < c + l && c < b),
+                "a page registered twice"
+            );
+            spans.insert(a, len);
+            true
+        }
+
+        fn unregister(&self, ptr: *mut u8) {
+            let len = self
+                .spans
+                .lock()
+                .unwrap()
+                .remove(&(ptr as usize))
+                .expect("registered");
+            let at = ptr as usize - self.base;
+            let end = (at + len).min(self.file.len());
+            // SAFETY (test): the span lies in the region, still mapped.
+            let held = unsafe { std::slice::from_raw_parts(ptr, end - at) };
+            assert!(
+                held == &self.file[at..end],
+                "a page was released before it was unregistered"
+            );
+        }
+    }
+
+    #[test]
+    fn kept_layers_are_registered_and_unregistered_before_their_pages_go() {
+        let path = std::env::temp_dir().join(format!(
+            "hypura-streamer-register-{}.gguf",
+            std::process::id()
+        ));
+        let spec = hypura_synth::SynthSpec::tiny_mixtral().with_layers(4);
+        hypura_synth::write(&spec, &path).unwrap();
+        let gguf = GgufFile::open(&path).unwrap();
+        let placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
+        let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
+        let recorder = Arc::new(Recorder {
+            file: std::fs::read(&path).unwrap(),
+            base: region.base() as usize,
+            spans: Mutex::default(),
+        });
+        let streamer = Streamer::new(
+            &gguf,
+            &placement,
+            region,
+            File::open(&path).unwrap(),
+            u64::MAX,
+        )
+        .unwrap();
+        streamer.set_host_pinning(Arc::clone(&recorder) as Arc<dyn HostPinning>);
+        streamer.fill();
+        let layer_bytes = streamer.minimum_budget_bytes();
+        streamer.register_layer(1);
+        streamer.register_layer(1);
+        let stats = streamer.stats();
+        assert_eq!(stats.registrations, 1, "registered once");
+        assert!(stats.registered_bytes >= layer_bytes, "{stats:?}");
+        assert!(!recorder.spans.lock().unwrap().is_empty());
+        // Layer 1 in use (a unit pinned by this thread): shrinking the cache
+        // to one layer evicts the others, never the registered layer in use.
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        streamer.ensure(1, &[0], 1);
+        streamer.set_cache_budget(layer_bytes).unwrap();
+        {
+            let state = streamer.lock();
+            assert!(every
+                .iter()
+                .all(|&e| state.units[&(1, e)].residency == Residency::Resident));
+            assert!(every
+                .iter()
+                .all(|&e| state.units[&(0, e)].residency == Residency::Absent));
+        }
+        // Its use over, layer 2's request evicts it: unregistered first
+        // (the recorder checks its bytes are still there).
+        streamer.decode_done();
+        streamer.ensure(2, &every, 1);
+        assert!(recorder.spans.lock().unwrap().is_empty());
+        assert_eq!(streamer.stats().registered_bytes, 0);
+        // What is still registered when the streamer goes is unregistered.
+        streamer.decode_done();
+        streamer.register_layer(2);
+        assert!(!recorder.spans.lock().unwrap().is_empty());
+        drop(streamer);
+        assert!(recorder.spans.lock().unwrap().is_empty());
         std::fs::remove_file(&path).ok();
     }
 
