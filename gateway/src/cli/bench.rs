@@ -137,6 +137,11 @@ struct PhaseStream {
     resident_layer_skips: u64,
     /// Bytes the streamer's read-ahead of a prompt's next layer read.
     read_ahead_bytes: u64,
+    /// Layers registered with the GPU's driver, the seconds that took, and
+    /// the bytes registered at the phase's end.
+    registrations: u64,
+    register_seconds: f64,
+    registered_bytes: u64,
 }
 
 impl PhaseStream {
@@ -150,6 +155,9 @@ impl PhaseStream {
         self.evictions += s.evictions;
         self.resident_layer_skips += s.resident_layer_skips;
         self.read_ahead_bytes += s.prompt_stream.read_ahead_bytes;
+        self.registrations += s.registrations;
+        self.register_seconds += s.register_seconds;
+        self.registered_bytes = s.registered_bytes;
     }
 
     fn read_gbps(&self) -> f64 {
@@ -330,6 +338,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "hit_rate": m.prompt_stream.hit_rate(),
             "prefetch_hits": per_prompt(m.prompt_stream.prefetch_hits as f64),
             "evictions": per_prompt(m.prompt_stream.evictions as f64),
+            "registrations": per_prompt(m.prompt_stream.registrations as f64),
+            "register_seconds": per_prompt(m.prompt_stream.register_seconds),
+            "registered_bytes": m.prompt_stream.registered_bytes,
         },
         "host_memory": host,
         "routing": m.routing.as_ref().map(|[all, prompt, decode]| json!({
