@@ -9,11 +9,13 @@
 //! 512-token pass of the Mixtral shape, by the planner's prompt model. The
 //! region cannot be pinned whole (registering pins every page, beyond the
 //! RAM budget), so the streamer registers a layer's spans once every unit
-//! of it is resident and a prompt pass found it so (the layers the cache
-//! keeps from one pass to the next: a layer the pass had to read is the
-//! kind it evicts again, and registering costs time of its own), on a
-//! thread of its own, and unregisters them before any of its units is
-//! released.
+//! of it is resident in a prompt pass (read whole by the pass's read-ahead,
+//! or found so), on a thread of its own while the compute is still layers
+//! behind, and unregisters them before any of its units is released.
+//! Registering only the layers a pass found whole registered one or two of
+//! the Mixtral shape's 32 per pass on the H200 (the cache keeps most units
+//! of every layer, not every unit of a few), and registering ran at
+//! ~17 GB/s, a layer in ~50 ms against the ~130 ms its pageable copy costs.
 //!
 //! Invariants, kept by [`super::streamer::Streamer`]:
 //! - a registered layer has every unit resident: an eviction unregisters
