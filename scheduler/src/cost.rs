@@ -289,11 +289,13 @@ pub fn predict(traffic: &TokenTraffic, rates: &Rates, overlap: Overlap) -> Predi
 ///
 /// and reads overlap the copies and compute in part (the next layers are
 /// read while one computes): `max(io, work) + `[`PROMPT_NON_OVERLAP`]` ×
-/// min(io, work)`. The constants are fitted on the H200 (session 16's
-/// measurements, `docs/benchmarks.md`): an 8B all on the GPU recomputed
-/// 7.1k tokens in 0.81 s; the Mixtral shape at 8 GiB GPU + 12 GiB RAM took
-/// 5.42 s for 512 tokens and 7.13 s for 2,048 in one pass each, and its
-/// server's cold first prompt of 2,223 tokens 10.20 s.
+/// min(io, work)`. The constants are fitted on the H200
+/// (`docs/benchmarks.md`): an 8B all on the GPU recomputed 7.1k tokens in
+/// 0.81 s; the Mixtral shape at 8 GiB GPU + 12 GiB RAM took 4.27 s for 512
+/// tokens and 5.52 s for 2,048 in one pass each (session 18), and its
+/// server's cold first prompt of 2,223 tokens 10.20 s (session 16); the
+/// Qwen3-30B-A3B shape at 4 GiB + 8 GiB 3.00–3.54 s for 512 tokens and
+/// 4.91 s for 2,048 in two passes (session 18).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PromptPrediction {
     pub tokens_per_second: f64,
@@ -323,10 +325,13 @@ pub const CPU_PROMPT_FLOP_PER_MATVEC_BYTE: f64 = 21.0;
 /// beyond its pp512, about 87 TFLOP/s.
 pub const MOE_PROMPT_EFFICIENCY: f64 = 0.6;
 /// Fraction of the shorter of a pass's reads and its work (copies and
-/// compute) that does not overlap the longer one. The Mixtral shape's
-/// pp512, pp2048 and cold prompt gave 0.46, 0.87 and 0.6 (with reads one
-/// layer ahead of compute; they now run up to three ahead).
-pub const PROMPT_NON_OVERLAP: f64 = 0.6;
+/// compute) that does not overlap the longer one. With reads one layer
+/// ahead of compute the Mixtral shape's pp512, pp2048 and cold prompt gave
+/// 0.46, 0.87 and 0.6; with reads up to three layers ahead (session 18,
+/// H200) its pp512 and pp2048 gave 0.1–0.24 and 0.43, the Qwen3-30B-A3B
+/// shape's pp512 0.12–0.36 and its pp2048 (two passes) below 0: 0.2
+/// keeps each of those within 25%.
+pub const PROMPT_NON_OVERLAP: f64 = 0.2;
 
 /// What the prompt model needs of a plan ([`predict_prompt`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
