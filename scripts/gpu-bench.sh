@@ -756,11 +756,11 @@ vsmixprompt() {
   [ "${PROMPT_LONG:-1}" = 1 ] && drop_caches && CG=$hcg hb mixtral-routed-pp2048 "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
     --prompt-tokens 2048 --tokens 1 --repetitions 1
   # PROMPT_REPS: timed repetitions of each pp512 (default 1).
-  # PROMPT_UNPINNED=1: pp512 again with the stream cache's layers left
-  # pageable (HYPURA_PIN_STREAM=0), what registering them is worth.
-  if [ "${PROMPT_UNPINNED:-0}" = 1 ]; then
+  # PROMPT_PINNED=1: pp512 again with the stream cache's whole layers
+  # registered with the driver (HYPURA_PIN_STREAM=1), what that is worth.
+  if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
-    HYPURA_PIN_STREAM=0 CG=$hcg hb mixtral-routed-pp512-unpinned "$MOEMIX" --gpu-budget 8GiB \
+    HYPURA_PIN_STREAM=1 CG=$hcg hb mixtral-routed-pp512-pinned "$MOEMIX" --gpu-budget 8GiB \
       --ram-budget "$ram" --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
   fi
   # MIXP_LB_ARGS: llama-bench's tests (default pp512, pp2048 and decode at
@@ -791,9 +791,9 @@ vsqwenprompt() {
     --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
   [ "${PROMPT_LONG:-1}" = 1 ] && drop_caches && CG=$cg hb qwen3-routed-pp2048 "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
     --prompt-tokens 2048 --tokens 1 --repetitions 1
-  if [ "${PROMPT_UNPINNED:-0}" = 1 ]; then
+  if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
-    HYPURA_PIN_STREAM=0 CG=$cg hb qwen3-routed-pp512-unpinned "$MOEQWEN" --gpu-budget 4GiB \
+    HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \
       --ram-budget 8GiB --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
   fi
   local args=(${QWENP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-32} -ub 512,2048 -r 1})

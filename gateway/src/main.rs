@@ -7,12 +7,12 @@
 use clap::Parser;
 
 fn main() {
-    // Before any thread starts (the environment is process-wide): lets the
-    // stream cache register the layers it keeps with the GPU's driver, so a
-    // prompt's copies of them run at the pinned speed
-    // (`llama_tiered::tiered::pinning`). Runners inherit it.
-    // HYPURA_PIN_STREAM=0 leaves them pageable (for measuring the difference).
-    if std::env::var_os("HYPURA_PIN_STREAM").is_none_or(|v| v != "0") {
+    // Before any thread starts (the environment is process-wide):
+    // HYPURA_PIN_STREAM=1 lets the stream cache register the layers a
+    // prompt pass finds whole with the GPU's driver, so a prompt's copies of
+    // them run at the pinned speed (`llama_tiered::tiered::pinning`, off by
+    // default: on the H200 it did not pay). Runners inherit it.
+    if std::env::var_os("HYPURA_PIN_STREAM").is_some_and(|v| v == "1") {
         std::env::set_var(llama_tiered::llama::device::REGISTER_HOST_ENV, "1");
     }
     // The log subscriber is installed by `dispatch`: `serve` chooses its format.

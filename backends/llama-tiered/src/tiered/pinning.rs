@@ -8,14 +8,23 @@
 //! profile), against 54.7 GB/s from pinned memory: 3 s of a 5.9 s
 //! 512-token pass of the Mixtral shape, by the planner's prompt model. The
 //! region cannot be pinned whole (registering pins every page, beyond the
-//! RAM budget), so the streamer registers a layer's spans once every unit
-//! of it is resident in a prompt pass (read whole by the pass's read-ahead,
-//! or found so), on a thread of its own while the compute is still layers
-//! behind, and unregisters them before any of its units is released.
-//! Registering only the layers a pass found whole registered one or two of
-//! the Mixtral shape's 32 per pass on the H200 (the cache keeps most units
-//! of every layer, not every unit of a few), and registering ran at
-//! ~17 GB/s, a layer in ~50 ms against the ~130 ms its pageable copy costs.
+//! RAM budget), so the streamer registers a layer's spans when a prompt
+//! pass finds every unit of it resident (the layers the cache keeps from
+//! one pass to the next), on a thread of its own while the compute is
+//! still layers behind, and unregisters them before any of its units is
+//! released.
+//!
+//! Off by default (`HYPURA_PIN_STREAM=1` turns it on): measured on the
+//! H200 (session 18), it did not pay. Registering ran at ~17 GB/s, but the
+//! cache keeps most units of every layer rather than every unit of a few,
+//! so a pass found one or two of the Mixtral shape's 32 layers whole
+//! (pp512 119.8 tok/s against 108.4 unpinned, one repetition each, within
+//! the spread between calls), and registering every layer the read-ahead
+//! read whole as well cost more than it saved (114.4 ± 3.6 against
+//! 136.5 ± 5.2: 22 registrations a pass, each unregistered again within
+//! it, and a pass's stalls 3.1 s against 1.3 s). The copies themselves ran
+//! faster than the profile's 6.0 GB/s for pageable memory suggests: the
+//! unpinned pass took 3.75 s with 1.3 s of it stalled on reads.
 //!
 //! Invariants, kept by [`super::streamer::Streamer`]:
 //! - a registered layer has every unit resident: an eviction unregisters

@@ -942,7 +942,7 @@ impl Streamer {
     fn prefetch_pass(&self, first: u32, count: usize) {
         let mut layer = first;
         loop {
-            // Read whole by now, or found so: registered either way.
+            // Found whole: registered (see `pinning` for why only then).
             if !self.prefetch_layer(layer, count) {
                 self.ask_register(layer);
             }
@@ -1009,7 +1009,6 @@ impl Streamer {
         let read_started = Instant::now();
         let (arrived, result) = self.read_ranges(&ranges);
         let mut state = self.lock();
-        let mut whole = false;
         self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
         let read_seconds = read_started.elapsed().as_secs_f64();
         state.stats.read_seconds += read_seconds;
@@ -1023,11 +1022,6 @@ impl Streamer {
                 for key in &taken {
                     state.units.get_mut(key).expect("exists").residency = Residency::Resident;
                 }
-                whole = state
-                    .units
-                    .iter()
-                    .filter(|(k, _)| k.0 == layer)
-                    .all(|(_, u)| u.residency == Residency::Resident);
             }
             Err(e) => {
                 // Not an error yet: a request that needs these units reads
@@ -1046,12 +1040,6 @@ impl Streamer {
         }
         drop(state);
         self.loaded.notify_all();
-        // The layer is whole: registered while the compute is still layers
-        // behind (on the H200 registering ran at ~17 GB/s, a layer of the
-        // Mixtral shape in ~50 ms, against ~130 ms saved on its copy).
-        if whole {
-            self.ask_register(layer);
-        }
         true
     }
 
