@@ -52,7 +52,11 @@ fn llama70b() -> PathBuf {
 
 /// `inspect MODEL --plan --json --profile h200.json EXTRA...`, parsed.
 fn plan(model: &Path, extra: &[&str]) -> Value {
-    let profile = h200();
+    plan_with(&h200(), model, extra)
+}
+
+/// [`plan`] with another profile.
+fn plan_with(profile: &Path, model: &Path, extra: &[&str]) -> Value {
     let mut args = vec![
         "inspect",
         model.to_str().unwrap(),
@@ -469,38 +473,24 @@ fn the_prompt_model_predicts_the_measured_moe_prompts_within_a_quarter() {
     let profile =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/profiles/h200-measured.json");
     let qwen = sparse("qwen3-30b-a3b-q4k.gguf", SynthSpec::qwen3_30b_a3b());
-    let predict =
-        |model: &Path, budgets: [&str; 2], tokens: &str, ubatch: &str, cold: bool| -> Value {
-            let mut args = vec![
-                "inspect",
-                model.to_str().unwrap(),
-                "--plan",
-                "--json",
-                "--profile",
-                profile.to_str().unwrap(),
-                "--gpu-budget",
-                budgets[0],
-                "--ram-budget",
-                budgets[1],
-                "--context",
-                "4096",
-                "--prompt-tokens",
-                tokens,
-                "--ubatch",
-                ubatch,
-            ];
-            if cold {
-                args.push("--cold");
-            }
-            let out = hypura(&args);
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-            plan["prompt"].clone()
-        };
+    let predict = |model: &Path, budgets: [&str; 2], tokens: &str, ubatch: &str, cold: bool| {
+        let mut extra = vec![
+            "--gpu-budget",
+            budgets[0],
+            "--ram-budget",
+            budgets[1],
+            "--context",
+            "4096",
+            "--prompt-tokens",
+            tokens,
+            "--ubatch",
+            ubatch,
+        ];
+        if cold {
+            extra.push("--cold");
+        }
+        plan_with(&profile, model, &extra)["prompt"].clone()
+    };
     let (mixtral, qwen) = (mixtral(), qwen.as_path());
     let mixtral_budgets = ["8GiB", "12GiB"];
     let mut seconds = Vec::new();

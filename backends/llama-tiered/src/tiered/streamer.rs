@@ -642,39 +642,46 @@ impl Streamer {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Starts the prefetch thread (it ends when the streamer is dropped).
+    /// Starts the prefetch thread, and the registering thread when layers
+    /// are registered ([`Streamer::set_host_pinning`]); they end when the
+    /// streamer is dropped.
     pub fn start_prefetch(self: &Arc<Self>) {
-        let (tx, rx) = mpsc::channel::<Ahead>();
-        *self.prefetch_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-        let weak: Weak<Streamer> = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("hypura-prefetch".into())
-            .spawn(move || {
-                while let Ok(ahead) = rx.recv() {
-                    let Some(streamer) = weak.upgrade() else {
-                        return;
-                    };
-                    match ahead {
-                        Ahead::Unit(key) => streamer.prefetch(key),
-                        Ahead::Layer(layer, count) => streamer.prefetch_pass(layer, count),
-                    }
-                }
-            })
-            .ok();
-        if self.pinning.get().is_none() {
-            return;
+        self.serve(
+            "hypura-prefetch",
+            &self.prefetch_tx,
+            |streamer, ahead| match ahead {
+                Ahead::Unit(key) => streamer.prefetch(key),
+                Ahead::Layer(layer, count) => streamer.prefetch_pass(layer, count),
+            },
+        );
+        if self.pinning.get().is_some() {
+            self.serve(
+                "hypura-register",
+                &self.register_tx,
+                Streamer::register_layer,
+            );
         }
-        let (tx, rx) = mpsc::channel::<u32>();
-        *self.register_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    /// A thread `name` doing `work` for each message sent through `slot`,
+    /// holding the streamer only while it works.
+    fn serve<T: Send + 'static>(
+        self: &Arc<Self>,
+        name: &str,
+        slot: &Mutex<Option<mpsc::Sender<T>>>,
+        work: fn(&Streamer, T),
+    ) {
+        let (tx, rx) = mpsc::channel::<T>();
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let weak: Weak<Streamer> = Arc::downgrade(self);
         std::thread::Builder::new()
-            .name("hypura-register".into())
+            .name(name.into())
             .spawn(move || {
-                while let Ok(layer) = rx.recv() {
+                while let Ok(message) = rx.recv() {
                     let Some(streamer) = weak.upgrade() else {
                         return;
                     };
-                    streamer.register_layer(layer);
+                    work(&streamer, message);
                 }
             })
             .ok();
