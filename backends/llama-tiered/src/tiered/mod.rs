@@ -223,7 +223,6 @@ impl TieredModel {
         let mode = placement.mode;
         // What llama.cpp needs to put the GPU tier's tensors there.
         let gpu_offload = gpu::offload(&placement, &gguf);
-        let gpu_offload_used = gpu_offload.is_some();
         let tier_bytes = placement.tier_bytes(&gguf);
         let ram_bytes = tier_bytes.get(&Tier::Ram).copied().unwrap_or(0);
         let resident_bytes = ram_bytes + tier_bytes.get(&Tier::Gpu).copied().unwrap_or(0);
@@ -309,7 +308,7 @@ impl TieredModel {
         }
         // With a GPU computing a prompt's experts, the layers the cache
         // keeps are copied there from registered memory (see `pinning`).
-        if mode == Mode::ExpertStreaming && gpu_offload_used {
+        if mode == Mode::ExpertStreaming && gpu_offload.is_some() {
             if let Some(registrar) = crate::llama::device::HostRegistrar::find() {
                 streamer.set_host_pinning(Arc::new(registrar));
             }

@@ -88,18 +88,22 @@ impl Registered {
     /// Records `layer` as registered with `spans` (possibly none: the
     /// driver refused, and the layer is not tried again until evicted).
     pub(super) fn insert(&mut self, layer: u32, spans: Vec<(u64, u64)>) {
-        self.bytes += spans.iter().map(|(a, b)| b - a).sum::<u64>();
+        self.bytes += span_bytes(&spans);
         if let Some(old) = self.layers.insert(layer, spans) {
-            self.bytes -= old.iter().map(|(a, b)| b - a).sum::<u64>();
+            self.bytes -= span_bytes(&old);
         }
     }
 
     /// Forgets `layer`, returning the spans to unregister.
     pub(super) fn remove(&mut self, layer: u32) -> Vec<(u64, u64)> {
         let spans = self.layers.remove(&layer).unwrap_or_default();
-        self.bytes -= spans.iter().map(|(a, b)| b - a).sum::<u64>();
+        self.bytes -= span_bytes(&spans);
         spans
     }
+}
+
+fn span_bytes(spans: &[(u64, u64)]) -> u64 {
+    spans.iter().map(|(a, b)| b - a).sum()
 }
 
 #[cfg(test)]
