@@ -32,9 +32,12 @@ pub(super) struct Tiers {
     disk: Option<DiskTier>,
     costs: Costs,
     clock: u64,
-    /// Memory saves write into: what the RAM tier's limit leaves beside its
-    /// entries is kept for the next save.
+    /// Memory saves write into: an arena as large as the RAM tier's limit,
+    /// made before requests run, holding the tier's entries and what their
+    /// saves will need.
     buffers: StateBuffers,
+    /// The arena's block: the largest state of one sequence.
+    block_bytes: usize,
 }
 
 impl Tiers {
@@ -66,15 +69,26 @@ impl Tiers {
         if let Some(speed) = disk.as_ref().and_then(DiskTier::remembered_read) {
             costs.remembered_disk_read(speed);
         }
-        let tiers = Tiers {
+        let block_bytes = largest_state(model_path, n_ctx_per_seq);
+        let buffers = StateBuffers::for_this_machine();
+        if config.ram_bytes > 0 {
+            let started = Instant::now();
+            buffers.reserve(config.ram_bytes, block_bytes);
+            tracing::info!(
+                "prompt cache: {} MiB of state memory made in {:.2} s (blocks of {} MiB)",
+                buffers.reserved_bytes() >> 20,
+                started.elapsed().as_secs_f64(),
+                block_bytes >> 20,
+            );
+        }
+        Tiers {
             ram: RamTier::new(config.ram_bytes),
             disk,
             costs,
             clock: 0,
-            buffers: StateBuffers::for_this_machine(),
-        };
-        tiers.keep_spare_memory();
-        tiers
+            buffers,
+            block_bytes,
+        }
     }
 
     fn saves(&self) -> bool {
@@ -95,11 +109,9 @@ impl Tiers {
         self.hold(tokens, state);
     }
 
-    /// Keeps a state in RAM; the memory of what that evicts goes back to
-    /// the pool once the room left is known.
+    /// Keeps a state in RAM; what that evicts goes to NVMe.
     fn hold(&mut self, tokens: Vec<i32>, state: Arc<StateBuffer>) {
         let evicted = self.ram.insert(tokens, state);
-        self.keep_spare_memory();
         self.spill(evicted, &[]);
     }
 
@@ -119,30 +131,24 @@ impl Tiers {
     }
 
     /// [`Tiers::spill`] for entries that left RAM to make room for a save
-    /// of `size` bytes. When no kept memory fits that save, one of them
-    /// whose memory does gives it back now, unwritten unless written
-    /// through already, instead of waiting in the NVMe writer's queue: the
-    /// save would otherwise make new memory on the request's path (a
-    /// gigabyte of pinned memory took 0.4–0.7 s on the H200, against a
-    /// 40 ms copy), and a writer behind the saves (a gigabyte a turn, many
-    /// users) held every evicted state.
-    fn spill_for_save(&self, mut gone: Vec<Entry>, superseding: &[i32], size: usize) {
-        if !self.buffers.has_fit(size) {
-            let mine = gone.iter().position(|e| {
-                Arc::strong_count(&e.state) == 1 && StateBuffers::fits(e.state.memory_bytes(), size)
-            });
-            if let Some(i) = mine {
+    /// of `size` bytes, once the arena has a range for it. The entries'
+    /// bytes made room in the tier's limit, but a range must be whole: while
+    /// none fits, an entry that left and that nothing else holds gives its
+    /// memory back now, unwritten unless written through already, instead
+    /// of waiting in the NVMe writer's queue; then the least recently used
+    /// entries leave too. The save would otherwise take memory outside the
+    /// arena, beyond the tier's charge, on the request's path.
+    fn spill_for_save(&mut self, mut gone: Vec<Entry>, superseding: &[i32], size: usize) {
+        while self.buffers.reserved_bytes() > 0 && !self.buffers.has_fit(size) {
+            if let Some(i) = gone.iter().position(|e| Arc::strong_count(&e.state) == 1) {
                 drop(gone.swap_remove(i));
+            } else if let Some(oldest) = self.ram.evict_oldest() {
+                gone.push(oldest);
+            } else {
+                break;
             }
         }
         self.spill(gone, superseding);
-    }
-
-    /// Memory kept for saves fills what the RAM tier's entries leave of its
-    /// limit, so entries and spare memory together stay within the charge.
-    fn keep_spare_memory(&self) {
-        let spare = self.ram.limit_bytes().saturating_sub(self.ram.bytes());
-        self.buffers.set_keep(spare);
     }
 
     fn publish(&self, counters: &Counters) {
@@ -153,6 +159,21 @@ impl Tiers {
         let (files, bytes) = self.disk.as_ref().map_or((0, 0), DiskTier::usage);
         counters.disk_entries.store(files as u64, Relaxed);
         counters.disk_bytes.store(bytes, Relaxed);
+    }
+}
+
+/// The largest state of one sequence of `n_ctx_per_seq` tokens of the
+/// model at `path`: its F16 K and V rows, and for each cell llama.cpp's
+/// position and sequence records (a few bytes), with a MiB for headers. A
+/// GGUF whose attention shape cannot be read gets a gigabyte.
+fn largest_state(path: &std::path::Path, n_ctx_per_seq: u32) -> usize {
+    let per_token = hypura_gguf::GgufFile::open(path)
+        .ok()
+        .and_then(|file| crate::tiered::placement::plan_inputs(&file).ok())
+        .map(|(_, facts)| facts.kv_bytes_per_token);
+    match per_token {
+        Some(bytes) => ((bytes + 16) * u64::from(n_ctx_per_seq) + (1 << 20)) as usize,
+        None => 1 << 30,
     }
 }
 
@@ -410,7 +431,6 @@ impl Worker {
         let bytes = self.ctx.seq_state_bytes(seq as i32);
         let room = StateBuffers::room_for(bytes) as u64;
         let gone = self.tiers.ram.make_room(kept, room);
-        self.tiers.keep_spare_memory();
         self.tiers.spill_for_save(gone, kept, bytes);
         let made = self.tiers.buffers.made();
         match self.ctx.seq_state(seq as i32, &self.tiers.buffers) {
@@ -428,9 +448,6 @@ impl Worker {
                 Counters::add(&counters.saves, 1);
                 Counters::add(&counters.save_micros, started.elapsed().as_micros() as u64);
                 self.tiers.keep(kept.to_vec(), Arc::new(state));
-                // The next saves (this conversation's next turn, or another
-                // as long) find memory made off the request's path.
-                self.tiers.buffers.make_spares(bytes);
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("prompt cache: could not save a sequence: {e}"),
@@ -463,8 +480,11 @@ impl Worker {
     /// Applies a new RAM limit (the memory budget moved).
     pub(super) fn set_ram_limit(&mut self, bytes: u64) {
         let evicted = self.tiers.ram.set_limit(bytes);
-        self.tiers.keep_spare_memory();
         self.tiers.spill(evicted, &[]);
+        // The arena follows the limit: blocks made or let go now (a budget
+        // move is rare; making a block stalls this model's requests for
+        // its time, 0.4–0.7 s a gigabyte of pinned memory on the H200).
+        self.tiers.buffers.reserve(bytes, self.tiers.block_bytes);
         self.tiers.publish(&self.shared.counters.prompt_cache);
     }
 
@@ -500,17 +520,18 @@ mod tests {
     use super::*;
     use crate::engine::prompt_cache::disk::DiskTier;
 
-    fn tiers(ram_bytes: u64, dir: &std::path::Path) -> Tiers {
+    fn tiers(ram_bytes: u64, block_bytes: usize, dir: &std::path::Path) -> Tiers {
         let disk = DiskTier::open(dir, CacheKey([7; 32]), 1 << 30).unwrap();
-        let tiers = Tiers {
+        let buffers = StateBuffers::for_this_machine();
+        buffers.reserve(ram_bytes, block_bytes);
+        Tiers {
             ram: RamTier::new(ram_bytes),
             disk: Some(disk),
             costs: Costs::new(1 << 30),
             clock: 0,
-            buffers: StateBuffers::for_this_machine(),
-        };
-        tiers.keep_spare_memory();
-        tiers
+            buffers,
+            block_bytes,
+        }
     }
 
     fn state(tiers: &Tiers, fill: u8, len: usize) -> Arc<StateBuffer> {
@@ -521,29 +542,70 @@ mod tests {
         Arc::new(filled.unwrap())
     }
 
+    /// What `Worker::save` does around the copy out of the context.
+    fn save(tiers: &mut Tiers, tokens: &[i32], fill: u8, len: usize) {
+        let room = StateBuffers::room_for(len) as u64;
+        let gone = tiers.ram.make_room(tokens, room);
+        tiers.spill_for_save(gone, tokens, len);
+        let saved = state(tiers, fill, len);
+        tiers.hold(tokens.to_vec(), saved);
+    }
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("hypura-reuse-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
     /// A save that evicts an entry the NVMe writer has not written reuses
     /// that entry's memory at once: without it the writer holds it while it
-    /// writes, and the save makes new memory on the request's path.
+    /// writes, and the save takes memory outside the arena.
     #[test]
     fn a_save_reuses_the_memory_of_what_it_evicts_before_the_writer_gets_it() {
-        let dir = std::env::temp_dir().join(format!("hypura-reuse-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_dir("evicts");
         let len = 4 << 20;
-        let room = StateBuffers::room_for(len) as u64;
-        let mut tiers = tiers(room, &dir);
-        let first = state(&tiers, 1, len);
-        tiers.ram.insert(vec![1; 64], first);
-        tiers.keep_spare_memory();
-        assert_eq!(tiers.buffers.made(), 1);
-        // The second conversation's save: room first, then its state.
-        let gone = tiers.ram.make_room(&[2; 64], room);
-        assert_eq!(gone.len(), 1);
-        tiers.keep_spare_memory();
-        tiers.spill_for_save(gone, &[2; 64], len);
-        assert!(tiers.buffers.has_fit(len), "the evicted memory is back");
-        let second = state(&tiers, 2, len);
-        assert_eq!(tiers.buffers.made(), 1, "no new memory for the save");
-        tiers.ram.insert(vec![2; 64], second);
+        let room = StateBuffers::room_for(len);
+        let mut tiers = tiers(room as u64, room, &dir);
+        save(&mut tiers, &[1; 64], 1, len);
+        save(&mut tiers, &[2; 64], 2, len);
+        assert_eq!(tiers.buffers.made(), 0, "no memory outside the arena");
+        assert_eq!(tiers.ram.len(), 1);
+        let (i, _) = tiers.ram.best(&[2; 64]).unwrap();
+        assert!(tiers.ram.touch(i).state.iter().all(|&b| b == 2));
+        drop(tiers);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The bytes a save's room frees need not be one range: the save then
+    /// evicts the least recently used entries until one is, and never takes
+    /// memory beyond the arena, which stays the tier's limit.
+    #[test]
+    fn a_save_finding_no_whole_range_evicts_until_one_is_free() {
+        let dir = temp_dir("ranges");
+        let mib = 1 << 20;
+        // One block of 12 MiB: 4 MiB at 0, 2 MiB at 4, 4 MiB at 6, 2 free at 10.
+        let mut tiers = tiers(12 << 20, 12 << 20, &dir);
+        for (i, len) in [(1, 4 * mib), (2, 2 * mib), (3, 4 * mib)] {
+            save(&mut tiers, &[i; 64], i as u8, len);
+        }
+        assert_eq!(tiers.buffers.free_bytes(), 2 << 20);
+        // The 2 MiB one is the least recently used, then the first.
+        for i in [2, 1, 3] {
+            let (e, _) = tiers.ram.best(&[i; 64]).unwrap();
+            tiers.ram.touch(e);
+        }
+        // A save of 4 MiB: the limit makes it evict the 2 MiB entry, which
+        // leaves 4 MiB free in two pieces; the first entry goes too.
+        save(&mut tiers, &[4; 64], 4, 4 * mib);
+        assert_eq!(tiers.buffers.made(), 0, "no memory outside the arena");
+        assert_eq!(tiers.buffers.reserved_bytes(), 12 << 20);
+        let held = |tiers: &Tiers, i: i32| tiers.ram.best(&[i; 64]).is_some_and(|(_, n)| n == 64);
+        assert!(!held(&tiers, 1) && !held(&tiers, 2));
+        assert!(held(&tiers, 3) && held(&tiers, 4));
+        for i in [3, 4] {
+            let (e, _) = tiers.ram.best(&[i; 64]).unwrap();
+            assert!(tiers.ram.touch(e).state.iter().all(|&b| b == i as u8));
+        }
         drop(tiers);
         std::fs::remove_dir_all(&dir).unwrap();
     }

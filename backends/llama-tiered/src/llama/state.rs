@@ -3,11 +3,13 @@
 //! its slot goes to another, and how a batch engine moves its sequences onto
 //! a new placement of the same model between two decode steps.
 //!
-//! States are saved into [`StateBuffers`]: host memory kept for reuse, pinned
-//! for the GPU where there is one. A state is often a gigabyte; writing it
-//! into fresh memory costs a page fault per page, and a GPU copies into
-//! pageable memory through a bounce buffer at a fraction of the bus's speed,
-//! so a save into a new `Vec` took ten times its restore.
+//! States are saved into [`StateBuffers`]: an arena of host memory made
+//! before requests run, pinned for the GPU where there is one. A state is
+//! often a gigabyte; writing it into fresh memory costs a page fault per
+//! page, a GPU copies into pageable memory through a bounce buffer at a
+//! fraction of the bus's speed (a save into a new `Vec` took ten times its
+//! restore), and making pinned memory while the GPU works stalls that work.
+use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
@@ -69,93 +71,158 @@ impl Context {
     }
 }
 
-/// A pool of host memory for sequence states. A [`StateBuffer`] returns its
-/// memory here when dropped; the pool keeps up to [`StateBuffers::set_keep`]
-/// bytes of it for later saves and frees the rest. Cloning shares the pool.
+/// Host memory for sequence states: an arena made ahead of the saves
+/// ([`StateBuffers::reserve`]), in blocks each large enough for the largest
+/// state of one sequence, that saves take ranges of and give back when
+/// dropped. Pinned for the GPU where there is one: a gigabyte of pinned
+/// memory took 0.4–0.7 s to make on the H200 and stalled the GPU's other
+/// work meanwhile, so none is made while requests run (vLLM's pinned swap
+/// space, made at start, for the same reason). A state that finds no range
+/// gets mapped pages of its own, freed with it. Cloning shares the pool.
 #[derive(Clone, Default)]
 pub struct StateBuffers(Arc<Pool>);
 
 #[derive(Default)]
 struct Pool {
-    /// The GPU whose pinned host memory states go into; `None`: mapped pages.
+    /// The GPU whose pinned host memory the arena is made of; `None`: mapped pages.
     pin: Option<Device>,
-    free: Mutex<Free>,
-    /// Buffers of new memory made so far (a save that found no kept one).
+    arena: Mutex<Arena>,
+    /// Buffers of memory made outside the arena (a state that found no range).
     made: std::sync::atomic::AtomicU64,
-    /// A thread is making spare buffers ([`StateBuffers::make_spares`]).
-    making: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
-struct Free {
-    /// Oldest returned first.
-    buffers: Vec<Memory>,
-    bytes: u64,
-    keep_bytes: u64,
+struct Arena {
+    blocks: Vec<Block>,
+    next_id: u64,
+}
+
+/// One piece of the arena and the ranges of it no state holds.
+struct Block {
+    id: u64,
+    memory: Arc<BlockMemory>,
+    /// Free ranges, offset → length; never two adjacent.
+    free: BTreeMap<usize, usize>,
+}
+
+/// A block's memory; ranges of it are written through `base` by the one
+/// [`StateBuffer`] holding each.
+struct BlockMemory {
+    base: NonNull<u8>,
+    memory: Memory,
+}
+
+impl BlockMemory {
+    fn new(mut memory: Memory) -> BlockMemory {
+        let base = NonNull::new(memory.as_mut_ptr()).expect("host memory at address 0");
+        BlockMemory { base, memory }
+    }
+}
+
+impl Block {
+    fn len(&self) -> usize {
+        self.memory.memory.capacity()
+    }
+
+    fn free_bytes(&self) -> usize {
+        self.free.values().sum()
+    }
+
+    /// Gives `offset..offset + len` back, merged with its free neighbours.
+    fn give_back(&mut self, mut offset: usize, mut len: usize) {
+        if let Some((&before, &before_len)) = self.free.range(..offset).next_back() {
+            if before + before_len == offset {
+                self.free.remove(&before);
+                offset = before;
+                len += before_len;
+            }
+        }
+        if let Some(after_len) = self.free.remove(&(offset + len)) {
+            len += after_len;
+        }
+        self.free.insert(offset, len);
+    }
+}
+
+impl Arena {
+    fn bytes(&self) -> u64 {
+        self.blocks.iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// The smallest free range of at least `len` bytes: (block index, offset).
+    fn best_fit(&self, len: usize) -> Option<(usize, usize)> {
+        self.blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(b, block)| block.free.iter().map(move |(&off, &n)| (n, b, off)))
+            .filter(|&(n, _, _)| n >= len)
+            .min()
+            .map(|(_, b, off)| (b, off))
+    }
 }
 
 impl StateBuffers {
-    /// A pool whose memory is pinned for the first GPU when this process has
+    /// A pool whose arena is pinned for the first GPU when this process has
     /// one (copies from and to its KV run at the bus's speed), else mapped
-    /// host pages. It keeps nothing until [`StateBuffers::set_keep`].
+    /// host pages. It holds no arena until [`StateBuffers::reserve`].
     pub fn for_this_machine() -> StateBuffers {
         let pin = devices().into_iter().find(Device::is_gpu);
         StateBuffers(Arc::new(Pool {
             pin,
-            free: Mutex::default(),
+            arena: Mutex::default(),
             made: Default::default(),
-            making: Default::default(),
         }))
     }
 
-    /// Keeps at most `bytes` of returned memory for reuse (the room a
-    /// memory budget gives the saves), freeing the oldest beyond it.
-    pub fn set_keep(&self, bytes: u64) {
-        let mut free = self.0.lock();
-        free.keep_bytes = bytes;
-        free.trim();
+    /// Makes the arena `bytes` large, in blocks of `block_bytes` (the
+    /// largest state of one sequence) and one smaller block for the rest:
+    /// new blocks are made now, on the caller's thread; blocks beyond it
+    /// are let go, the emptiest first (a state still in one keeps its
+    /// memory until it is dropped).
+    pub fn reserve(&self, bytes: u64, block_bytes: usize) {
+        let block_bytes = block_bytes.next_multiple_of(RANGE_ALIGN).max(RANGE_ALIGN);
+        let mut arena = self.0.lock();
+        while arena.bytes() > bytes {
+            let emptiest = (0..arena.blocks.len())
+                .max_by_key(|&i| arena.blocks[i].free_bytes())
+                .expect("an arena with bytes has a block");
+            arena.blocks.swap_remove(emptiest);
+        }
+        loop {
+            let left = bytes - arena.bytes();
+            let len = (left.min(block_bytes as u64) as usize) / RANGE_ALIGN * RANGE_ALIGN;
+            if len < MIN_BLOCK.min(block_bytes) {
+                return;
+            }
+            let Ok(memory) = self.0.alloc(len) else {
+                tracing::warn!("prompt cache: could not make {len} bytes of state memory");
+                return;
+            };
+            let id = arena.next_id;
+            arena.next_id += 1;
+            arena.blocks.push(Block {
+                id,
+                memory: Arc::new(BlockMemory::new(memory)),
+                free: BTreeMap::from([(0, len)]),
+            });
+        }
     }
 
-    /// Bytes of memory held for reuse.
-    pub fn kept_bytes(&self) -> u64 {
-        self.0.lock().bytes
+    /// Bytes of the arena.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.0.lock().bytes()
     }
 
-    /// How many buffers of new memory this pool has made (saves that found
-    /// no kept buffer to reuse).
+    /// Bytes of the arena no state holds.
+    pub fn free_bytes(&self) -> u64 {
+        let arena = self.0.lock();
+        arena.blocks.iter().map(|b| b.free_bytes() as u64).sum()
+    }
+
+    /// How many buffers of memory outside the arena this pool has made
+    /// (states that found no free range in it).
     pub fn made(&self) -> u64 {
         self.0.made.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Makes, on a thread of its own, up to [`SPARE_BUFFERS`] buffers of
-    /// new memory for states a thirty-second larger than `size` (the next
-    /// turns of the conversation just saved, or another as long), while the
-    /// memory kept for reuse has room for them. A save that finds no kept
-    /// memory makes it on the request's path: a gigabyte of pinned memory
-    /// took 0.37 s on the H200 against an 18 ms copy into kept memory, and
-    /// while the RAM tier fills (the first turns of eight users on four
-    /// slots) every save did. Does nothing while an earlier call's thread
-    /// still works.
-    pub fn make_spares(&self, size: usize) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if self.0.making.swap(true, SeqCst) {
-            return;
-        }
-        let pool = Arc::clone(&self.0);
-        let spawned = std::thread::Builder::new()
-            .name("hypura-state-spares".into())
-            .spawn(move || {
-                pool.make_spares(size + size / 32);
-                pool.making.store(false, SeqCst);
-            });
-        if spawned.is_err() {
-            self.0.making.store(false, SeqCst);
-        }
-    }
-
-    /// Whether the thread of [`StateBuffers::make_spares`] is at work.
-    pub fn making_spares(&self) -> bool {
-        self.0.making.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// A buffer of `len` bytes that `fill` wrote (`None` when it failed or
@@ -172,55 +239,49 @@ impl StateBuffers {
         Some(buffer)
     }
 
-    /// The most memory a state of `size` bytes takes once saved: what a
-    /// cache must make room for before the save, so that keeping the state
-    /// never evicts a second entry.
+    /// The memory a state of `size` bytes takes once saved, in the arena or
+    /// out of it: what a cache must make room for before the save, so that
+    /// keeping the state never evicts a second entry.
     pub fn room_for(size: usize) -> usize {
-        new_capacity(size) + size / 16
+        capacity_for(size)
     }
 
-    /// Whether memory of `capacity` bytes would be reused for a state of
-    /// `size` bytes ([`StateBuffers::take`]).
-    pub fn fits(capacity: usize, size: usize) -> bool {
-        capacity >= size && capacity <= StateBuffers::room_for(size)
-    }
-
-    /// Whether kept memory would take a state of `size` bytes without new
-    /// memory being made.
+    /// Whether the arena has a free range for a state of `size` bytes.
     pub fn has_fit(&self, size: usize) -> bool {
-        let free = self.0.lock();
-        free.buffers
-            .iter()
-            .any(|m| StateBuffers::fits(m.capacity(), size))
+        self.0.lock().best_fit(capacity_for(size)).is_some()
     }
 
-    /// A buffer with room for `size` bytes (its length 0): the smallest kept
-    /// one that fits and is not more than [`StateBuffers::room_for`], else
-    /// new memory with room for the state to grow by a thirty-second (a few
-    /// turns of a long conversation; more would cost the RAM tier entries).
+    /// A buffer with room for `size` bytes (its length 0): the smallest free
+    /// range of the arena that holds it, else mapped pages of its own.
     fn take(&self, size: usize) -> Result<StateBuffer, EngineError> {
-        let reused = {
-            let mut free = self.0.lock();
-            let best = (0..free.buffers.len())
-                .filter(|&i| StateBuffers::fits(free.buffers[i].capacity(), size))
-                .min_by_key(|&i| free.buffers[i].capacity());
-            best.map(|i| {
-                let m = free.buffers.remove(i);
-                free.bytes -= m.capacity() as u64;
-                m
+        let len = capacity_for(size);
+        let range = {
+            let mut arena = self.0.lock();
+            arena.best_fit(len).map(|(b, offset)| {
+                let block = &mut arena.blocks[b];
+                let free = block.free.remove(&offset).expect("best_fit found it");
+                if free > len {
+                    block.free.insert(offset + len, free - len);
+                }
+                Held::Range {
+                    block: block.id,
+                    memory: Arc::clone(&block.memory),
+                    offset,
+                    len,
+                }
             })
         };
-        let memory = match reused {
-            Some(m) => m,
+        let held = match range {
+            Some(range) => range,
             None => {
                 self.0
                     .made
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.0.alloc(new_capacity(size))?
+                Held::Own(Memory::Mapped(Mapped::new(len)?))
             }
         };
         Ok(StateBuffer {
-            memory: Some(memory),
+            held,
             len: 0,
             home: Arc::downgrade(&self.0),
         })
@@ -229,45 +290,14 @@ impl StateBuffers {
 
 // SAFETY: `pin` is a handle into ggml's device registry, which lives as long
 // as the process; it is only used to allocate host buffers, which ggml allows
-// from any thread. `free` is behind its mutex.
+// from any thread. The arena is behind its mutex.
 unsafe impl Send for Pool {}
 // SAFETY: as above.
 unsafe impl Sync for Pool {}
 
 impl Pool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// [`StateBuffers::make_spares`]'s work: new memory for states of
-    /// `size` bytes, one buffer at a time, while the kept memory has room
-    /// for another and holds fewer than [`SPARE_BUFFERS`] that fit them.
-    fn make_spares(&self, size: usize) {
-        let capacity = new_capacity(size);
-        loop {
-            {
-                let free = self.lock();
-                let fitting = free
-                    .buffers
-                    .iter()
-                    .filter(|m| StateBuffers::fits(m.capacity(), size))
-                    .count();
-                if fitting >= SPARE_BUFFERS || free.bytes + capacity as u64 > free.keep_bytes {
-                    return;
-                }
-            }
-            let Ok(memory) = self.alloc(capacity) else {
-                return;
-            };
-            let mut free = self.lock();
-            // The room may have gone meanwhile (a save was kept): then the
-            // memory is freed here, never held beyond what may be kept.
-            if free.bytes + capacity as u64 > free.keep_bytes {
-                return;
-            }
-            free.bytes += capacity as u64;
-            free.buffers.push(memory);
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, Arena> {
+        self.arena.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn alloc(&self, capacity: usize) -> Result<Memory, EngineError> {
@@ -275,40 +305,62 @@ impl Pool {
             match PinnedHostBytes::alloc(dev, capacity) {
                 Ok(Some(pinned)) => return Ok(Memory::Pinned(pinned)),
                 Ok(None) => {}
-                Err(e) => tracing::debug!("state buffer: no pinned memory ({e}): mapped pages"),
+                Err(e) => tracing::debug!("state memory: no pinned memory ({e}): mapped pages"),
             }
         }
         Mapped::new(capacity).map(Memory::Mapped)
     }
 }
 
-impl Free {
-    fn trim(&mut self) {
-        while self.bytes > self.keep_bytes && !self.buffers.is_empty() {
-            let oldest = self.buffers.remove(0);
-            self.bytes -= oldest.capacity() as u64;
-        }
-    }
-}
-
-/// One saved state: `len` bytes of memory from a [`StateBuffers`] pool,
-/// which gets the memory back on drop.
+/// One saved state: `len` bytes of a range of the arena of a
+/// [`StateBuffers`] pool, which gets the range back on drop, or of memory
+/// of its own.
 pub struct StateBuffer {
-    memory: Option<Memory>,
+    held: Held,
     len: usize,
     home: Weak<Pool>,
 }
 
+enum Held {
+    /// `len` bytes at `offset` of block `block`, this buffer's alone.
+    Range {
+        block: u64,
+        memory: Arc<BlockMemory>,
+        offset: usize,
+        len: usize,
+    },
+    Own(Memory),
+}
+
+// SAFETY: a range is written only through the one buffer holding it; the
+// block's other ranges are other buffers' and never overlap it.
+unsafe impl Send for BlockMemory {}
+// SAFETY: as above.
+unsafe impl Sync for BlockMemory {}
+
 impl StateBuffer {
-    /// The memory this state holds: its bytes and the room left to grow.
+    /// The memory this state holds: its bytes and the rounding past them.
     pub fn memory_bytes(&self) -> usize {
-        self.memory.as_ref().map_or(0, Memory::capacity)
+        match &self.held {
+            Held::Range { len, .. } => *len,
+            Held::Own(m) => m.capacity(),
+        }
+    }
+
+    fn as_ptr(&self) -> *const u8 {
+        match &self.held {
+            // SAFETY: `offset + len` lies inside the block (`take`).
+            Held::Range { memory, offset, .. } => unsafe { memory.base.as_ptr().add(*offset) },
+            Held::Own(m) => m.as_ptr(),
+        }
     }
 
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.memory
-            .as_mut()
-            .map_or(NonNull::dangling().as_ptr(), Memory::as_mut_ptr)
+        match &mut self.held {
+            // SAFETY: as in `as_ptr`; the range is this buffer's alone.
+            Held::Range { memory, offset, .. } => unsafe { memory.base.as_ptr().add(*offset) },
+            Held::Own(m) => m.as_mut_ptr(),
+        }
     }
 }
 
@@ -316,12 +368,12 @@ impl Deref for StateBuffer {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        match &self.memory {
-            // SAFETY: `len` ≤ the memory's capacity, and llama.cpp wrote
-            // those bytes ([`Context::seq_state`] sets `len` after it did).
-            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr(), self.len) },
-            None => &[],
+        if self.len == 0 {
+            return &[];
         }
+        // SAFETY: `len` ≤ the memory's length, and those bytes were written
+        // ([`Context::seq_state`] and `filled` set `len` after they were).
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
     }
 }
 
@@ -329,7 +381,7 @@ impl From<&[u8]> for StateBuffer {
     /// A copy of `bytes` outside any pool (tests, and states read from disk).
     fn from(bytes: &[u8]) -> StateBuffer {
         StateBuffer {
-            memory: Some(Memory::Heap(bytes.to_vec().into_boxed_slice())),
+            held: Held::Own(Memory::Heap(bytes.to_vec().into_boxed_slice())),
             len: bytes.len(),
             home: Weak::new(),
         }
@@ -338,28 +390,34 @@ impl From<&[u8]> for StateBuffer {
 
 impl Drop for StateBuffer {
     fn drop(&mut self) {
-        let (Some(memory), Some(pool)) = (self.memory.take(), self.home.upgrade()) else {
+        let Held::Range {
+            block, offset, len, ..
+        } = self.held
+        else {
             return;
         };
-        if matches!(memory, Memory::Heap(_)) {
+        let Some(pool) = self.home.upgrade() else {
             return;
+        };
+        let mut arena = pool.lock();
+        // A block let go meanwhile frees its memory with its last range.
+        if let Some(b) = arena.blocks.iter_mut().find(|b| b.id == block) {
+            b.give_back(offset, len);
         }
-        let mut free = pool.lock();
-        free.bytes += memory.capacity() as u64;
-        free.buffers.push(memory);
-        free.trim();
     }
 }
 
 const HUGE_PAGE: usize = 2 << 20;
 
-/// Most spare buffers [`StateBuffers::make_spares`] keeps ready: a save
-/// takes one while the next is made.
-pub const SPARE_BUFFERS: usize = 2;
+/// Ranges of the arena are whole multiples of this.
+const RANGE_ALIGN: usize = HUGE_PAGE;
 
-/// The capacity of new memory for a state of `size` bytes.
-fn new_capacity(size: usize) -> usize {
-    (size + size / 32).next_multiple_of(HUGE_PAGE)
+/// No block of the arena is made smaller (unless a state's largest is).
+const MIN_BLOCK: usize = 64 << 20;
+
+/// The memory a state of `size` bytes takes (a range, or its own pages).
+fn capacity_for(size: usize) -> usize {
+    size.max(1).next_multiple_of(RANGE_ALIGN)
 }
 
 enum Memory {
@@ -457,85 +515,83 @@ fn huge_pages(start: *mut u8, len: usize) {
 mod tests {
     use super::*;
 
+    const MIB: usize = 1 << 20;
+
     fn filled(pool: &StateBuffers, size: usize, byte: u8) -> StateBuffer {
-        let mut b = pool.take(size).unwrap();
-        // SAFETY (test): `take` gave room for `size` bytes.
-        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), byte, size) };
-        b.len = size;
-        b
+        pool.filled(size, |b| {
+            b.fill(byte);
+            true
+        })
+        .unwrap()
     }
 
     #[test]
-    fn dropped_buffers_are_reused_up_to_the_kept_bytes() {
+    fn ranges_of_the_arena_are_reused_and_merge_when_given_back() {
         let pool = StateBuffers::default();
-        pool.set_keep(64 << 20);
-        let a = filled(&pool, 10 << 20, 1);
-        assert_eq!(&a[..3], &[1, 1, 1]);
-        let first = a.as_ptr();
-        drop(a);
-        assert!(pool.kept_bytes() >= 10 << 20);
-        // A state that grew a little fits the same memory.
-        let b = filled(&pool, (10 << 20) + 4096, 2);
-        assert_eq!((b.as_ptr(), pool.kept_bytes()), (first, 0));
-        assert_eq!(pool.made(), 1);
-        assert!(b.iter().all(|&x| x == 2));
-        assert!(b.memory_bytes() <= StateBuffers::room_for(b.len()));
-        // A much smaller state does not take a buffer twice its size.
-        drop(b);
-        let small = filled(&pool, 1 << 20, 3);
-        assert_ne!(small.as_ptr(), first);
-        drop(small);
-        // Keeping less frees the oldest first.
-        pool.set_keep(2 << 20);
-        assert!(pool.kept_bytes() <= 2 << 20);
-        pool.set_keep(0);
-        assert_eq!(pool.kept_bytes(), 0);
-    }
-
-    fn spares_made(pool: &StateBuffers) {
-        let started = std::time::Instant::now();
-        while pool.making_spares() {
-            assert!(started.elapsed().as_secs() < 30, "spares never finished");
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    }
-
-    #[test]
-    fn spares_are_made_ahead_of_the_saves_within_the_kept_room() {
-        let size = 8 << 20;
-        let pool = StateBuffers::default();
-        // Room for one spare only: one is made, and nothing past the room.
-        pool.set_keep(new_capacity(size + size / 32) as u64 + (1 << 20));
-        pool.make_spares(size);
-        spares_made(&pool);
-        assert_eq!(pool.kept_bytes(), new_capacity(size + size / 32) as u64);
-        // Room for more: up to SPARE_BUFFERS, each one the next save reuses.
-        pool.set_keep(1 << 30);
-        pool.make_spares(size);
-        spares_made(&pool);
+        pool.reserve(64 << 20, 64 << 20);
         assert_eq!(
-            pool.kept_bytes(),
-            SPARE_BUFFERS as u64 * new_capacity(size + size / 32) as u64
+            (pool.reserved_bytes(), pool.free_bytes()),
+            (64 << 20, 64 << 20)
         );
-        let grown = filled(&pool, size + size / 40, 4);
-        let same = filled(&pool, size, 5);
-        assert_eq!(pool.made(), 0, "both saves found memory made ahead");
-        assert_eq!(pool.kept_bytes(), 0);
-        drop((grown, same));
-        // Without room nothing is made.
-        pool.set_keep(0);
-        pool.make_spares(size);
-        spares_made(&pool);
-        assert_eq!(pool.kept_bytes(), 0);
+        let a = filled(&pool, 10 * MIB - 100, 1);
+        let b = filled(&pool, 10 * MIB, 2);
+        let c = filled(&pool, 20 * MIB, 3);
+        assert_eq!(pool.made(), 0, "all three in the arena");
+        assert_eq!(a.memory_bytes(), 10 * MIB);
+        assert_eq!(pool.free_bytes(), 24 << 20);
+        assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2));
+        assert!(c.iter().all(|&x| x == 3), "ranges never overlap");
+        let first = a.as_ptr();
+        // a and b given back merge: a state as large as both takes their place.
+        drop((a, b));
+        let ab = filled(&pool, 20 * MIB, 4);
+        assert_eq!((ab.as_ptr(), pool.made()), (first, 0));
+        assert!(c.iter().all(|&x| x == 3));
+        // No range fits: memory of its own, freed with it, the arena untouched.
+        assert!(!pool.has_fit(30 * MIB));
+        let own = filled(&pool, 30 * MIB, 5);
+        assert_eq!((pool.made(), pool.free_bytes()), (1, 24 << 20));
+        assert_eq!(StateBuffers::room_for(own.len()), own.memory_bytes());
+        drop((own, ab, c));
+        assert_eq!(pool.free_bytes(), 64 << 20, "every range back, merged");
+        assert!(pool.has_fit(64 * MIB));
+    }
+
+    #[test]
+    fn the_arena_is_made_in_blocks_and_let_go_emptiest_first() {
+        let pool = StateBuffers::default();
+        // Two blocks of 16 MiB; the 8 MiB left is under a block's size and
+        // the smallest block made: not made.
+        pool.reserve(40 << 20, 16 << 20);
+        assert_eq!(pool.reserved_bytes(), 32 << 20);
+        // A state fits one block, never two.
+        assert!(pool.has_fit(16 * MIB) && !pool.has_fit(17 * MIB));
+        let held = filled(&pool, 12 * MIB, 7);
+        // Shrinking lets the empty block go first.
+        pool.reserve(16 << 20, 16 << 20);
+        assert_eq!(
+            (pool.reserved_bytes(), pool.free_bytes()),
+            (16 << 20, 4 << 20)
+        );
+        // The held state's block goes too; the state keeps its memory.
+        pool.reserve(0, 16 << 20);
+        assert_eq!(pool.reserved_bytes(), 0);
+        assert!(held.iter().all(|&x| x == 7));
+        drop(held);
+        assert_eq!(pool.free_bytes(), 0);
+        // Growing again makes new blocks.
+        pool.reserve(32 << 20, 16 << 20);
+        assert_eq!(pool.free_bytes(), 32 << 20);
     }
 
     #[test]
     fn a_buffer_outliving_its_pool_frees_its_memory() {
         let pool = StateBuffers::default();
-        pool.set_keep(u64::MAX);
+        pool.reserve(16 << 20, 16 << 20);
         let a = filled(&pool, 4096, 9);
         drop(pool);
         assert_eq!(a.len(), 4096);
+        assert!(a.iter().all(|&x| x == 9));
         drop(a);
         let copy = StateBuffer::from(&[1u8, 2, 3][..]);
         assert_eq!(&copy[..], &[1, 2, 3]);

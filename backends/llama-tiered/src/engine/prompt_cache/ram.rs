@@ -146,6 +146,14 @@ impl RamTier {
         gone
     }
 
+    /// Evicts the least recently used entry.
+    pub(crate) fn evict_oldest(&mut self) -> Option<Entry> {
+        let oldest = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)?;
+        let gone = self.entries.swap_remove(oldest);
+        self.bytes -= memory_bytes(&gone);
+        Some(gone)
+    }
+
     /// Sets the byte limit; returns the entries evicted to meet it.
     pub(crate) fn set_limit(&mut self, limit_bytes: u64) -> Vec<Entry> {
         self.limit_bytes = limit_bytes;
@@ -155,12 +163,9 @@ impl RamTier {
     fn evict_to(&mut self, limit_bytes: u64) -> Vec<Entry> {
         let mut evicted = Vec::new();
         while self.bytes > limit_bytes {
-            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
-            else {
+            let Some(gone) = self.evict_oldest() else {
                 break;
             };
-            let gone = self.entries.swap_remove(oldest);
-            self.bytes -= memory_bytes(&gone);
             evicted.push(gone);
         }
         evicted
