@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use hypura_llama_sys as sys;
 
 use super::context::Context;
-use super::device::{devices, Device, PinnedHostBytes};
+use super::device::{devices, CudaHostRegister, Device, PinnedHostBytes};
 use crate::error::EngineError;
 
 impl Context {
@@ -300,7 +300,21 @@ impl Pool {
         self.arena.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A block of the arena: on a GPU mapped pages touched by several
+    /// threads and registered with the CUDA runtime (8 GiB in ~1 s), else
+    /// a pinned allocation through ggml (~4 s for 8 GiB on the H200), else
+    /// mapped pages.
     fn alloc(&self, capacity: usize) -> Result<Memory, EngineError> {
+        if let Some(cuda) = self.pin.as_ref().and_then(|_| CudaHostRegister::find()) {
+            let pages = Mapped::new(capacity)?;
+            touch_pages(pages.ptr.as_ptr(), capacity);
+            // SAFETY: the mapping lives in `Registered`, which unregisters
+            // it before it is unmapped.
+            if unsafe { cuda.register(pages.ptr.as_ptr(), capacity) } {
+                return Ok(Memory::Registered(Registered { pages, cuda }));
+            }
+            tracing::debug!("state memory: the driver did not register {capacity} bytes");
+        }
         if let Some(dev) = &self.pin {
             match PinnedHostBytes::alloc(dev, capacity) {
                 Ok(Some(pinned)) => return Ok(Memory::Pinned(pinned)),
@@ -422,8 +436,46 @@ fn capacity_for(size: usize) -> usize {
 
 enum Memory {
     Pinned(PinnedHostBytes),
+    Registered(Registered),
     Mapped(Mapped),
     Heap(Box<[u8]>),
+}
+
+/// Mapped pages registered with the CUDA runtime, unregistered before they
+/// are unmapped.
+struct Registered {
+    pages: Mapped,
+    cuda: &'static CudaHostRegister,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // SAFETY: registered in `Pool::alloc`; still mapped (`pages` is
+        // dropped after this).
+        unsafe { self.cuda.unregister(self.pages.ptr.as_ptr()) };
+    }
+}
+
+/// Faults in every page of `start..start + len` (a fresh mapping), on up
+/// to eight threads: the kernel zeroes each page on its first write, and
+/// one thread did ~2–3 GB/s of it.
+fn touch_pages(start: *mut u8, len: usize) {
+    const PAGE: usize = 4096;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let chunk = len.div_ceil(threads).next_multiple_of(HUGE_PAGE);
+    let base = start as usize;
+    std::thread::scope(|scope| {
+        for first in (0..len).step_by(chunk.max(PAGE)) {
+            let end = (first + chunk).min(len);
+            scope.spawn(move || {
+                for offset in (first..end).step_by(PAGE) {
+                    // SAFETY: inside the caller's fresh mapping; no one
+                    // else reads or writes it yet.
+                    unsafe { std::ptr::write_volatile((base + offset) as *mut u8, 0) };
+                }
+            });
+        }
+    });
 }
 
 // SAFETY: each variant owns its memory outright (no aliasing handle is kept
@@ -436,6 +488,7 @@ impl Memory {
     fn capacity(&self) -> usize {
         match self {
             Memory::Pinned(p) => p.as_slice().len(),
+            Memory::Registered(r) => r.pages.capacity,
             Memory::Mapped(m) => m.capacity,
             Memory::Heap(b) => b.len(),
         }
@@ -444,6 +497,7 @@ impl Memory {
     fn as_ptr(&self) -> *const u8 {
         match self {
             Memory::Pinned(p) => p.as_slice().as_ptr(),
+            Memory::Registered(r) => r.pages.ptr.as_ptr(),
             Memory::Mapped(m) => m.ptr.as_ptr(),
             Memory::Heap(b) => b.as_ptr(),
         }
@@ -452,6 +506,7 @@ impl Memory {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         match self {
             Memory::Pinned(p) => p.as_mut_slice().as_mut_ptr(),
+            Memory::Registered(r) => r.pages.ptr.as_ptr(),
             Memory::Mapped(m) => m.ptr.as_ptr(),
             Memory::Heap(b) => b.as_mut_ptr(),
         }
@@ -582,6 +637,18 @@ mod tests {
         // Growing again makes new blocks.
         pool.reserve(32 << 20, 16 << 20);
         assert_eq!(pool.free_bytes(), 32 << 20);
+    }
+
+    #[test]
+    fn pages_touched_on_several_threads_are_all_there() {
+        let len = 9 * MIB + 4096;
+        let pages = Mapped::new(len).unwrap();
+        // SAFETY (test): a fresh mapping of `len` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(pages.ptr.as_ptr(), len) };
+        bytes[len - 1] = 1;
+        touch_pages(pages.ptr.as_ptr(), len);
+        // Touching writes a zero to the first byte of each page, nothing else.
+        assert_eq!((bytes[0], bytes[len - 4096], bytes[len - 1]), (0, 0, 1));
     }
 
     #[test]
