@@ -571,19 +571,6 @@ pub fn evict_from_page_cache(file: &File) -> io::Result<()> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_cpu_device_is_enumerated() {
-        let cpu = cpu_device().expect("a CPU device");
-        assert_eq!(cpu.kind, DeviceKind::Cpu);
-        assert!(!cpu.name.is_empty());
-        assert!(!cpu.is_gpu());
-    }
-}
-
 type CudaRegisterFn = unsafe extern "C" fn(*mut std::ffi::c_void, usize, u32) -> i32;
 type CudaUnregisterFn = unsafe extern "C" fn(*mut std::ffi::c_void) -> i32;
 
@@ -628,10 +615,9 @@ impl CudaHostRegister {
                         register: std::mem::transmute::<*mut std::ffi::c_void, CudaRegisterFn>(
                             register,
                         ),
-                        unregister: std::mem::transmute::<
-                            *mut std::ffi::c_void,
-                            CudaUnregisterFn,
-                        >(unregister),
+                        unregister: std::mem::transmute::<*mut std::ffi::c_void, CudaUnregisterFn>(
+                            unregister,
+                        ),
                     })
                 }
             })
@@ -655,5 +641,18 @@ impl CudaHostRegister {
     pub unsafe fn unregister(&self, ptr: *mut u8) {
         // SAFETY: the caller's contract.
         unsafe { (self.unregister)(ptr.cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_device_is_enumerated() {
+        let cpu = cpu_device().expect("a CPU device");
+        assert_eq!(cpu.kind, DeviceKind::Cpu);
+        assert!(!cpu.name.is_empty());
+        assert!(!cpu.is_gpu());
     }
 }
