@@ -78,7 +78,11 @@ if [ "${RESTART:-0}" = 1 ]; then
     --model "$NAME" --system-tokens "$S" --turns 1 --users "$U" --no-cache \
     --state "$OUT/state-cold.json" | tee -a "$RESULTS"
 fi
+# Waited for: its runners write the slots' conversations to the disk tier at
+# shutdown (the cache folder is removed after), and llama-server then has the
+# GPU to itself.
 kill -TERM "${PIDS[-1]}" 2>/dev/null || true
+wait "${PIDS[-1]}" 2>/dev/null || true
 
 if [ -n "${LLAMA_SERVER:-}" ]; then
   "$LLAMA_SERVER" -m "$MODEL" --port 18435 -np "$SLOTS" -c "$((CTX * SLOTS))" \
