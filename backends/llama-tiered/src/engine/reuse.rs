@@ -151,6 +151,20 @@ impl Tiers {
         self.spill(gone, superseding);
     }
 
+    /// A new RAM limit: entries beyond it leave, and the arena follows it
+    /// (blocks made or let go now: a budget move is rare, and making a
+    /// block stalls this model's requests for its time, ~0.1 s a gigabyte
+    /// on the H200). An entry left in a block let go would hold that whole
+    /// block beyond the limit until it goes: it goes now.
+    fn set_ram_limit(&mut self, bytes: u64) {
+        let evicted = self.ram.set_limit(bytes);
+        self.spill(evicted, &[]);
+        self.buffers.reserve(bytes, self.block_bytes);
+        let buffers = &self.buffers;
+        let orphans = self.ram.remove_where(|e| buffers.orphaned(&e.state));
+        self.spill(orphans, &[]);
+    }
+
     fn publish(&self, counters: &Counters) {
         use std::sync::atomic::Ordering::Relaxed;
         counters.ram_bytes.store(self.ram.bytes(), Relaxed);
@@ -479,12 +493,7 @@ impl Worker {
 
     /// Applies a new RAM limit (the memory budget moved).
     pub(super) fn set_ram_limit(&mut self, bytes: u64) {
-        let evicted = self.tiers.ram.set_limit(bytes);
-        self.tiers.spill(evicted, &[]);
-        // The arena follows the limit: blocks made or let go now (a budget
-        // move is rare; making a block stalls this model's requests for
-        // its time, 0.4–0.7 s a gigabyte of pinned memory on the H200).
-        self.tiers.buffers.reserve(bytes, self.tiers.block_bytes);
+        self.tiers.set_ram_limit(bytes);
         self.tiers.publish(&self.shared.counters.prompt_cache);
     }
 
@@ -606,6 +615,31 @@ mod tests {
             let (e, _) = tiers.ram.best(&[i; 64]).unwrap();
             assert!(tiers.ram.touch(e).state.iter().all(|&b| b == i as u8));
         }
+        drop(tiers);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A smaller limit lets blocks of the arena go; an entry in one of them
+    /// leaves the tier with it, so no block is held past the limit.
+    #[test]
+    fn a_smaller_limit_lets_blocks_go_with_their_entries() {
+        let dir = temp_dir("shrink");
+        let block = 16 << 20;
+        let mut tiers = tiers(2 * block as u64, block, &dir);
+        // Two states of 12 MiB: one a block.
+        save(&mut tiers, &[1; 64], 1, 12 << 20);
+        save(&mut tiers, &[2; 64], 2, 12 << 20);
+        assert_eq!(tiers.buffers.free_bytes(), 8 << 20);
+        tiers.set_ram_limit(block as u64);
+        assert_eq!(tiers.buffers.reserved_bytes(), block as u64);
+        // The least recently used left for the limit; the block let go
+        // held it or the other, which left with it: one entry at most,
+        // and only in the block that stays.
+        assert!(tiers.ram.len() <= 1);
+        for e in tiers.ram.entries() {
+            assert!(!tiers.buffers.orphaned(&e.state));
+        }
+        assert_eq!(tiers.buffers.made(), 0);
         drop(tiers);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -208,6 +208,16 @@ impl StateBuffers {
         }
     }
 
+    /// Whether `state` holds a range of a block this arena has let go
+    /// ([`StateBuffers::reserve`] to less): its whole block stays until it
+    /// is dropped.
+    pub fn orphaned(&self, state: &StateBuffer) -> bool {
+        match &state.held {
+            Held::Range { block, .. } => !self.0.lock().blocks.iter().any(|b| b.id == *block),
+            Held::Own(_) => false,
+        }
+    }
+
     /// Bytes of the arena.
     pub fn reserved_bytes(&self) -> u64 {
         self.0.lock().bytes()
@@ -628,9 +638,11 @@ mod tests {
             (pool.reserved_bytes(), pool.free_bytes()),
             (16 << 20, 4 << 20)
         );
+        assert!(!pool.orphaned(&held));
         // The held state's block goes too; the state keeps its memory.
         pool.reserve(0, 16 << 20);
         assert_eq!(pool.reserved_bytes(), 0);
+        assert!(pool.orphaned(&held));
         assert!(held.iter().all(|&x| x == 7));
         drop(held);
         assert_eq!(pool.free_bytes(), 0);

@@ -132,18 +132,23 @@ impl RamTier {
     /// Removes the entries whose tokens are a prefix of `tokens` (earlier
     /// turns of that conversation) and returns them.
     fn remove_superseded(&mut self, tokens: &[i32]) -> Vec<Entry> {
-        let mut gone = Vec::new();
+        self.remove_where(|e| tokens.starts_with(&e.tokens))
+    }
+
+    /// Removes the entries `gone` picks and returns them.
+    pub(crate) fn remove_where(&mut self, mut gone: impl FnMut(&Entry) -> bool) -> Vec<Entry> {
+        let mut removed = Vec::new();
         let mut i = 0;
         while i < self.entries.len() {
-            if tokens.starts_with(&self.entries[i].tokens) {
+            if gone(&self.entries[i]) {
                 let entry = self.entries.swap_remove(i);
                 self.bytes -= memory_bytes(&entry);
-                gone.push(entry);
+                removed.push(entry);
             } else {
                 i += 1;
             }
         }
-        gone
+        removed
     }
 
     /// Evicts the least recently used entry.
