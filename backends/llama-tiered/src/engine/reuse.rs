@@ -560,6 +560,15 @@ mod tests {
         tiers.hold(tokens.to_vec(), saved);
     }
 
+    /// Whether the tier holds conversation `i` whole (touching it), its
+    /// state's bytes all `fill`.
+    fn holds(tiers: &mut Tiers, i: i32, fill: u8) -> bool {
+        match tiers.ram.best(&[i; 64]) {
+            Some((e, 64)) => tiers.ram.touch(e).state.iter().all(|&b| b == fill),
+            _ => false,
+        }
+    }
+
     fn temp_dir(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("hypura-reuse-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -579,8 +588,7 @@ mod tests {
         save(&mut tiers, &[2; 64], 2, len);
         assert_eq!(tiers.buffers.made(), 0, "no memory outside the arena");
         assert_eq!(tiers.ram.len(), 1);
-        let (i, _) = tiers.ram.best(&[2; 64]).unwrap();
-        assert!(tiers.ram.touch(i).state.iter().all(|&b| b == 2));
+        assert!(holds(&mut tiers, 2, 2));
         drop(tiers);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -600,21 +608,15 @@ mod tests {
         assert_eq!(tiers.buffers.free_bytes(), 2 << 20);
         // The 2 MiB one is the least recently used, then the first.
         for i in [2, 1, 3] {
-            let (e, _) = tiers.ram.best(&[i; 64]).unwrap();
-            tiers.ram.touch(e);
+            assert!(holds(&mut tiers, i, i as u8));
         }
         // A save of 4 MiB: the limit makes it evict the 2 MiB entry, which
         // leaves 4 MiB free in two pieces; the first entry goes too.
         save(&mut tiers, &[4; 64], 4, 4 * mib);
         assert_eq!(tiers.buffers.made(), 0, "no memory outside the arena");
         assert_eq!(tiers.buffers.reserved_bytes(), 12 << 20);
-        let held = |tiers: &Tiers, i: i32| tiers.ram.best(&[i; 64]).is_some_and(|(_, n)| n == 64);
-        assert!(!held(&tiers, 1) && !held(&tiers, 2));
-        assert!(held(&tiers, 3) && held(&tiers, 4));
-        for i in [3, 4] {
-            let (e, _) = tiers.ram.best(&[i; 64]).unwrap();
-            assert!(tiers.ram.touch(e).state.iter().all(|&b| b == i as u8));
-        }
+        assert!(tiers.ram.best(&[1; 64]).is_none() && tiers.ram.best(&[2; 64]).is_none());
+        assert!(holds(&mut tiers, 3, 3) && holds(&mut tiers, 4, 4));
         drop(tiers);
         std::fs::remove_dir_all(&dir).unwrap();
     }
