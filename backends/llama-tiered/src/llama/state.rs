@@ -94,12 +94,10 @@ struct Pool {
 #[derive(Default)]
 struct Arena {
     blocks: Vec<Block>,
-    next_id: u64,
 }
 
 /// One piece of the arena and the ranges of it no state holds.
 struct Block {
-    id: u64,
     memory: Arc<BlockMemory>,
     /// Free ranges, offset → length; never two adjacent.
     free: BTreeMap<usize, usize>,
@@ -147,6 +145,13 @@ impl Block {
 impl Arena {
     fn bytes(&self) -> u64 {
         self.blocks.iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// The index of the block of `memory`, while the arena holds it.
+    fn block_of(&self, memory: &Arc<BlockMemory>) -> Option<usize> {
+        self.blocks
+            .iter()
+            .position(|b| Arc::ptr_eq(&b.memory, memory))
     }
 
     /// The smallest free range of at least `len` bytes: (block index, offset).
@@ -198,10 +203,7 @@ impl StateBuffers {
                 tracing::warn!("prompt cache: could not make {len} bytes of state memory");
                 return;
             };
-            let id = arena.next_id;
-            arena.next_id += 1;
             arena.blocks.push(Block {
-                id,
                 memory: Arc::new(BlockMemory::new(memory)),
                 free: BTreeMap::from([(0, len)]),
             });
@@ -213,7 +215,7 @@ impl StateBuffers {
     /// is dropped.
     pub fn orphaned(&self, state: &StateBuffer) -> bool {
         match &state.held {
-            Held::Range { block, .. } => !self.0.lock().blocks.iter().any(|b| b.id == *block),
+            Held::Range { memory, .. } => self.0.lock().block_of(memory).is_none(),
             Held::Own(_) => false,
         }
     }
@@ -274,7 +276,6 @@ impl StateBuffers {
                     block.free.insert(offset + len, free - len);
                 }
                 Held::Range {
-                    block: block.id,
                     memory: Arc::clone(&block.memory),
                     offset,
                     len,
@@ -346,9 +347,8 @@ pub struct StateBuffer {
 }
 
 enum Held {
-    /// `len` bytes at `offset` of block `block`, this buffer's alone.
+    /// `len` bytes at `offset` of a block's memory, this buffer's alone.
     Range {
-        block: u64,
         memory: Arc<BlockMemory>,
         offset: usize,
         len: usize,
@@ -415,7 +415,9 @@ impl From<&[u8]> for StateBuffer {
 impl Drop for StateBuffer {
     fn drop(&mut self) {
         let Held::Range {
-            block, offset, len, ..
+            ref memory,
+            offset,
+            len,
         } = self.held
         else {
             return;
@@ -425,8 +427,8 @@ impl Drop for StateBuffer {
         };
         let mut arena = pool.lock();
         // A block let go meanwhile frees its memory with its last range.
-        if let Some(b) = arena.blocks.iter_mut().find(|b| b.id == block) {
-            b.give_back(offset, len);
+        if let Some(b) = arena.block_of(memory) {
+            arena.blocks[b].give_back(offset, len);
         }
     }
 }
