@@ -175,14 +175,15 @@ up() { # PORT LOG PID: waits until the server answers /v1/models
   return 1
 }
 
-# warm PORT MODEL [REPEATS]: loads the model (hypura loads on first use) with a 700-token prompt
-# outside the prompt cache (cache_prompt: false), twice: the cost model takes its prompt speed
-# from the second (a context's first step runs cold), as a server that has served anything has.
+# warm PORT MODEL [REPEATS] [COUNT]: loads the model (hypura loads on first use) with a 700-token
+# prompt outside the prompt cache (cache_prompt: false), COUNT times (default 2): the cost model
+# takes its prompt speed from the second (a context's first step runs cold), as a server that has
+# served anything has.
 warm() {
-  python3 - "$1" "$2" "${3:-100}" <<'EOF' | tee -a "$OUT/log.txt"
+  python3 - "$1" "$2" "${3:-100}" "${4:-2}" <<'EOF' | tee -a "$OUT/log.txt"
 import json, sys, time, urllib.request
-port, model, repeats = sys.argv[1:]
-for i in range(2):
+port, model, repeats, count = sys.argv[1:]
+for i in range(int(count)):
     words = ["warm up the model and its kernels", f"pass {i}"] * int(repeats)
     body = {"model": model, "prompt": " ".join(words), "max_tokens": 1, "temperature": 0,
             "cache_prompt": False}
@@ -292,7 +293,8 @@ mixtral() {
     --gpu-budget 8GiB --ram-budget 12GiB --profile "$PROFILE" >"$d/hypura.log" 2>&1 &
   pid=$!
   # Loaded before the first turn (llama-server loads before it answers), with a short prompt.
-  up $port "$d/hypura.log" $pid && warm $port "$name" 3 && agent hypura "http://127.0.0.1:$port" "$name" "$d" "$s" "$t" 1
+  # One warm-up: it loads the model and runs a prompt pass and a decode step.
+  up $port "$d/hypura.log" $pid && warm $port "$name" 3 1 && agent hypura "http://127.0.0.1:$port" "$name" "$d" "$s" "$t" 1
   kill -TERM $pid; wait $pid
   cgroup_peak
   grep -E "placement of" "$d/hypura.log" | cut -c1-300 | tee -a "$OUT/log.txt"

@@ -410,6 +410,8 @@ VS=$OUT/vs.jsonl
 
 # hb CASE MODEL [hypura bench flags...]: the bench report, with the peak RSS
 # (KiB) of the hypura process; inside a cgroup of memory.max $CG when set.
+# Several prompt sizes (`--prompt-tokens 512,2048,1`) give one report each,
+# as cases CASE-ppN.
 hb() {
   local case=$1 model=$2; shift 2
   late "hypura bench $case" && return 0
@@ -428,13 +430,16 @@ rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 if r.returncode != 0:
     sys.stderr.write(r.stderr[-2000:])
     sys.exit(1)
-print(json.dumps({"case": case, "engine": "hypura", "args": " ".join(cmd[cmd.index("bench") + 2:]), "peak_rss_kib": rss,
-                  **json.loads(r.stdout)}))
+lines = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+for rep in lines:
+    name = f"{case}-pp{rep['prompt_tokens']}" if len(lines) > 1 else case
+    print(json.dumps({"case": name, "engine": "hypura", "args": " ".join(cmd[cmd.index("bench") + 2:]),
+                      "peak_rss_kib": rss, **rep}))
 EOF
   # shellcheck disable=SC2181
   [ $? -eq 0 ] || { log "FAILED: hypura bench $case"; tail -5 "$W/err.txt" | tee -a "$OUT/log.txt"; return 1; }
   [ -n "${CG:-}" ] && log "cgroup peak (memory.peak): $(cat /sys/fs/cgroup/hypura-hb/memory.peak 2>/dev/null) bytes"
-  tail -1 "$VS" | cut -c1-900 | tee -a "$OUT/log.txt"
+  tail -3 "$VS" | cut -c1-900 | tee -a "$OUT/log.txt"
 }
 
 # lb CASE MEMORY_MAX MODEL [llama-bench flags...]: llama-bench -o json, in a
@@ -729,9 +734,11 @@ vsmixtral() {
 
 # Prompt processing on a too-big MoE (issue 26): the full Mixtral-8x7B shape
 # routed as Mixtral's published statistics (`--routing mixtral`, its own
-# file), 8 GiB GPU + 12 GiB RAM. hypura bench: pp512 with decode, then
-# pp2048 (its `prompt_stream` says how many bytes a prompt read against the
-# streamed bytes, its `n_ubatch` the pass size the planner took);
+# file), 8 GiB GPU + 12 GiB RAM. hypura bench, one load: pp512, pp2048 and a
+# 1-token prompt, each with its decode (PROMPT_SIZES, MIX_TOKENS; a report's
+# `prompt_stream` says how many bytes a prompt read against the streamed
+# bytes, its `n_ubatch` the pass size the planner took, `stream.step_nvme_bytes`
+# what each decode step read);
 # llama-bench: pp512, pp2048 and decode at each --n-cpu-moe of MIXP_NCMOE
 # (default "22 23": the best at this memory), with its default -ub 512 and
 # with -ub 2048. Both in a cgroup of MIX_LB_MAX (the RAM budget plus the host
@@ -750,11 +757,10 @@ vsmixprompt() {
   [ "${MIX_CG:-1}" = 1 ] || cg=-
   local hcg=$cg; [ "$hcg" = - ] && hcg=
   drop_caches
-  CG=$hcg hb mixtral-routed-pp512 "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
-    --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
-  # PROMPT_LONG=0 leaves out hypura's pp2048.
-  [ "${PROMPT_LONG:-1}" = 1 ] && drop_caches && CG=$hcg hb mixtral-routed-pp2048 "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
-    --prompt-tokens 2048 --tokens 1 --repetitions 1
+  # One load: pp512 and pp2048, each followed by MIX_TOKENS decoded, then a
+  # 1-token prompt and its decode (llama-bench's tg: no prompt pass before it).
+  CG=$hcg hb mixtral-routed "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
+    --prompt-tokens "${PROMPT_SIZES:-512,2048,1}" --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
   # PROMPT_REPS: timed repetitions of each pp512 (default 1).
   # PROMPT_PINNED=1: pp512 again with the stream cache's whole layers
   # registered with the driver (HYPURA_PIN_STREAM=1), what that is worth.
@@ -787,10 +793,8 @@ vsqwenprompt() {
   fi
   local cg=${QWEN_LB_MAX:-8902123520} n
   drop_caches
-  CG=$cg hb qwen3-routed-pp512 "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
-    --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
-  [ "${PROMPT_LONG:-1}" = 1 ] && drop_caches && CG=$cg hb qwen3-routed-pp2048 "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
-    --prompt-tokens 2048 --tokens 1 --repetitions 1
+  CG=$cg hb qwen3-routed "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
+    --prompt-tokens "${PROMPT_SIZES:-512,2048,1}" --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
     HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \

@@ -406,9 +406,21 @@ impl Plan {
             host_weight_bytes: self.tier_bytes.ram + self.tier_bytes.stream,
             stream_bytes: self.tier_bytes.stream,
             stream_cache_bytes: self.stream_cache_bytes,
+            stream_layers: self.stream_layers(),
             moe: self.moe,
         };
         cost::predict_prompt(&traffic, &self.rates, tokens, n_ubatch, cold)
+    }
+
+    /// Layers with a tensor left in the file (streamed).
+    pub fn stream_layers(&self) -> u32 {
+        let layers: std::collections::BTreeSet<u32> = self
+            .tiers
+            .iter()
+            .filter(|(_, &tier)| tier == Tier::Stream)
+            .filter_map(|(name, _)| crate::roles::layer_index(name))
+            .collect();
+        layers.len() as u32
     }
 
     pub fn bottleneck(&self) -> Bottleneck {

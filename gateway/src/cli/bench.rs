@@ -42,9 +42,11 @@ pub struct BenchArgs {
     /// Tokens to generate (greedy; end-of-generation tokens are not honoured).
     #[arg(long, default_value_t = 64)]
     tokens: u32,
-    /// Tokens of the fixed prompt.
-    #[arg(long, default_value_t = 64)]
-    prompt_tokens: u32,
+    /// Tokens of the fixed prompt; several, comma-separated (e.g.
+    /// `512,2048`), are measured one after the other on one load of the
+    /// model, each with its own report (one JSON line each with `--json`).
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    prompt_tokens: Vec<u32>,
     /// Context length whose KV cache the plan counts (capped at the model's
     /// training length).
     #[arg(long, default_value_t = 4096)]
@@ -86,6 +88,9 @@ pub struct BenchArgs {
     routing: bool,
 }
 
+/// Most prompt sizes one run measures.
+const MAX_PROMPT_SIZES: usize = 8;
+
 /// The metadata key where `hypura-synth` names a synthetic MoE's routing profile.
 const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
 
@@ -103,6 +108,10 @@ struct Measured {
     stream: PhaseStream,
     /// Streaming over the timed prompts only.
     prompt_stream: PhaseStream,
+    /// Bytes read from the model file during each decode step after the
+    /// prompt, the mean over the repetitions: how the stream cache moves
+    /// from the prompt's pass to the decode's working set.
+    step_nvme_bytes: Vec<f64>,
     /// Tokens per pass of the graph over the prompt (llama.cpp's `n_ubatch`).
     n_ubatch: u32,
     /// The stream cache's budget against the process, read after the warm-up.
@@ -199,8 +208,11 @@ fn mean(xs: &[f64]) -> f64 {
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    if args.tokens == 0 || args.prompt_tokens == 0 || args.repetitions == 0 {
+    if args.tokens == 0 || args.prompt_tokens.contains(&0) || args.repetitions == 0 {
         bail!("--tokens, --prompt-tokens and --repetitions must be at least 1");
+    }
+    if args.prompt_tokens.is_empty() || args.prompt_tokens.len() > MAX_PROMPT_SIZES {
+        bail!("--prompt-tokens takes 1 to {MAX_PROMPT_SIZES} sizes");
     }
     if args.parallel == 0 || args.parallel > MAX_PARALLEL {
         bail!("--parallel must be in 1..={MAX_PARALLEL}");
@@ -261,179 +273,217 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let overhead = loaded.profile.host_overhead();
     let limit = plan.ram_budget_bytes + overhead.bytes();
     let n_expert = experts.unwrap_or(0) as usize;
-    let m = measure(&tiered, &args, &context, limit, n_expert)?;
-    let host = json!({
-        "peak_rss_bytes": hwprobe::host::peak_rss_bytes(),
-        "rss_bytes": hwprobe::host::rss_bytes(),
-        "ram_budget_bytes": plan.ram_budget_bytes,
-        "ram_charged_bytes": plan.ram_charged_bytes(),
-        "ram_other_bytes": plan.ram_other_bytes,
-        "overhead_bytes": overhead.bytes(),
-        "overhead_measured": loaded.profile.host_overhead.is_some(),
-        "stream_cache_fit": m.fit.map(|f| json!({
-            "rss_bytes": f.rss_bytes,
-            "region_bytes": f.region_bytes,
-            "before_bytes": f.before_bytes,
-            "after_bytes": f.after_bytes,
-        })),
-    });
+    let run = Run {
+        args: &args,
+        plan: &plan,
+        profile: &loaded,
+        load_seconds,
+        routing_profile: routing_profile.as_deref(),
+        experts,
+        experts_used,
+    };
+    measure(&tiered, &args, &context, limit, n_expert, |m| run.report(m))
+}
 
-    let predicted = plan.prediction.tokens_per_second;
-    // Mean seconds per repetition: `measured = tokens / decode_seconds`.
-    let decode_seconds = mean(&m.decode_seconds);
-    // Every sequence's tokens: the aggregate rate with --parallel.
-    let step_tokens = m.decode_tokens * args.parallel;
-    let measured = f64::from(step_tokens) / decode_seconds.max(1e-12);
-    let (_, decode_sd) = rate(step_tokens, &m.decode_seconds);
-    let (prompt_rate, prompt_sd) = rate(m.prompt_tokens * args.parallel, &m.prompt_seconds);
-    // The warm-up leaves the stream cache as a served model's is.
-    let predicted_prompt = plan.predict_prompt(m.prompt_tokens, m.n_ubatch, args.no_warmup);
-    let prompt_error = relative_error(predicted_prompt.tokens_per_second, prompt_rate);
-    let relative_error = relative_error(predicted, measured);
-    let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens_total());
-    let hit_rate = m.stream.hit_rate();
-    let prompts = m.prompt_seconds.len().max(1) as f64;
-    let per_prompt = |x: f64| x / prompts;
-    let mut report = json!({
-        "model": args.model.display().to_string(),
-        "profile": loaded.path.display().to_string(),
-        "mode": plan.mode,
-        "tier_bytes": plan.tier_bytes,
-        "stream_cache_bytes": plan.stream_cache_bytes,
-        "load_seconds": load_seconds,
-        "repetitions": args.repetitions,
-        "parallel": args.parallel,
-        "step_ms": decode_seconds * 1e3 / f64::from(m.decode_tokens),
-        "warmup": !args.no_warmup,
-        "argmax": if m.device_argmax { "device" } else { "host" },
-        "device_sampler": m.device_sampler,
-        "threads": { "one_token": m.threads.0, "batch": m.threads.1 },
-        "prompt_tokens": m.prompt_tokens,
-        "prompt_tokens_per_second": prompt_rate,
-        "prompt_tokens_per_second_sd": prompt_sd,
-        "decode_tokens": m.decode_tokens,
-        "decode_seconds": decode_seconds,
-        "measured_tokens_per_second": measured,
-        "measured_tokens_per_second_sd": decode_sd,
-        "predicted_tokens_per_second": predicted,
-        "relative_error": relative_error,
-        "bottleneck": plan.prediction.bottleneck,
-        "expected_hit_rate": plan.expected_hit_rate,
-        "predicted_nvme_bytes_per_token": plan.nvme_bytes_per_token,
-        "n_ubatch": m.n_ubatch,
-        "stream": {
-            "nvme_bytes_per_token": per_token(m.stream.nvme_bytes),
-            "hit_rate": hit_rate,
-            "read_gbps": m.stream.read_gbps(),
-            "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
-            "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
-        },
-        "prompt_stream": {
-            "nvme_bytes": per_prompt(m.prompt_stream.nvme_bytes as f64),
-            "read_ahead_bytes": per_prompt(m.prompt_stream.read_ahead_bytes as f64),
-            "stream_bytes": plan.tier_bytes.stream,
-            "read_seconds": per_prompt(m.prompt_stream.read_seconds),
-            "read_gbps": m.prompt_stream.read_gbps(),
-            "io_stall_seconds": per_prompt(m.prompt_stream.io_stall_seconds),
-            "hit_rate": m.prompt_stream.hit_rate(),
-            "prefetch_hits": per_prompt(m.prompt_stream.prefetch_hits as f64),
-            "evictions": per_prompt(m.prompt_stream.evictions as f64),
-            "registrations": per_prompt(m.prompt_stream.registrations as f64),
-            "register_seconds": per_prompt(m.prompt_stream.register_seconds),
-            "registered_bytes": m.prompt_stream.registered_bytes,
-        },
-        "host_memory": host,
-        "routing": m.routing.as_ref().map(|[all, prompt, decode]| json!({
-            "profile": routing_profile,
-            "n_expert": experts,
-            "n_expert_used": experts_used,
-            "tokens": all.tokens,
-            "histogram": all.histogram,
-            "overlap": all.overlap,
-            "concentration": all.concentration,
-            "top_share": all.top_share,
-            "prompt": prompt,
-            "decode": decode,
-        })),
-    });
-    // Beside the measured prompt rate (apart: one json! this deep overflows the macro).
-    report["predicted_prompt_tokens_per_second"] = json!(predicted_prompt.tokens_per_second);
-    report["prompt_relative_error"] = json!(prompt_error);
-    report["predicted_prompt"] = json!(predicted_prompt);
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-        return Ok(());
-    }
-    println!("model               {}", args.model.display());
-    println!("mode                {}", plan.mode);
-    println!(
-        "tiers               GPU {}, RAM {}, STREAM {} (stream cache {})",
-        format_bytes(plan.tier_bytes.gpu),
-        format_bytes(plan.tier_bytes.ram),
-        format_bytes(plan.tier_bytes.stream),
-        format_bytes(plan.stream_cache_bytes)
-    );
-    println!(
-        "prompt              {} tokens, {prompt_rate:.1} ± {prompt_sd:.1} tok/s ({} repetitions), {:.1} tok/s predicted, error {:+.1}%",
-        m.prompt_tokens,
-        args.repetitions,
-        predicted_prompt.tokens_per_second,
-        prompt_error * 100.0
-    );
-    println!(
-        "decode              {} tokens, {measured:.2} ± {decode_sd:.2} tok/s measured, {predicted:.2} tok/s predicted ({}), error {:+.1}%",
-        m.decode_tokens,
-        plan.prediction.bottleneck.describe(),
-        relative_error * 100.0
-    );
-    println!(
-        "host memory         peak {} resident, RAM budget {} ({} charged, {} of it buffers and metadata) + overhead {}",
-        format_bytes(hwprobe::host::peak_rss_bytes().unwrap_or(0)),
-        format_bytes(plan.ram_budget_bytes),
-        format_bytes(plan.ram_charged_bytes()),
-        format_bytes(plan.ram_other_bytes),
-        format_bytes(overhead.bytes())
-    );
-    if args.parallel > 1 {
+/// What every report of one `hypura bench` run shares.
+struct Run<'a> {
+    args: &'a BenchArgs,
+    plan: &'a hypura_scheduler::plan::Plan,
+    profile: &'a crate::pool::planner::LoadedProfile,
+    load_seconds: f64,
+    routing_profile: Option<&'a str>,
+    experts: Option<u64>,
+    experts_used: Option<u64>,
+}
+
+impl Run<'_> {
+    /// Prints one prompt size's report: a JSON line or a table.
+    fn report(&self, m: &Measured) -> anyhow::Result<()> {
+        let Run {
+            args,
+            plan,
+            profile: loaded,
+            load_seconds,
+            routing_profile,
+            experts,
+            experts_used,
+        } = *self;
+        let n_expert = experts.unwrap_or(0) as usize;
+        let overhead = loaded.profile.host_overhead();
+        let host = json!({
+            "peak_rss_bytes": hwprobe::host::peak_rss_bytes(),
+            "rss_bytes": hwprobe::host::rss_bytes(),
+            "ram_budget_bytes": plan.ram_budget_bytes,
+            "ram_charged_bytes": plan.ram_charged_bytes(),
+            "ram_other_bytes": plan.ram_other_bytes,
+            "overhead_bytes": overhead.bytes(),
+            "overhead_measured": loaded.profile.host_overhead.is_some(),
+            "stream_cache_fit": m.fit.map(|f| json!({
+                "rss_bytes": f.rss_bytes,
+                "region_bytes": f.region_bytes,
+                "before_bytes": f.before_bytes,
+                "after_bytes": f.after_bytes,
+            })),
+        });
+
+        let predicted = plan.prediction.tokens_per_second;
+        // Mean seconds per repetition: `measured = tokens / decode_seconds`.
+        let decode_seconds = mean(&m.decode_seconds);
+        // Every sequence's tokens: the aggregate rate with --parallel.
+        let step_tokens = m.decode_tokens * args.parallel;
+        let measured = f64::from(step_tokens) / decode_seconds.max(1e-12);
+        let (_, decode_sd) = rate(step_tokens, &m.decode_seconds);
+        let (prompt_rate, prompt_sd) = rate(m.prompt_tokens * args.parallel, &m.prompt_seconds);
+        // The warm-up leaves the stream cache as a served model's is.
+        let predicted_prompt = plan.predict_prompt(m.prompt_tokens, m.n_ubatch, args.no_warmup);
+        let prompt_error = relative_error(predicted_prompt.tokens_per_second, prompt_rate);
+        let relative_error = relative_error(predicted, measured);
+        let per_token = |x: u64| x as f64 / f64::from(m.decode_tokens_total());
+        let hit_rate = m.stream.hit_rate();
+        let prompts = m.prompt_seconds.len().max(1) as f64;
+        let per_prompt = |x: f64| x / prompts;
+        let mut report = json!({
+            "model": args.model.display().to_string(),
+            "profile": loaded.path.display().to_string(),
+            "mode": plan.mode,
+            "tier_bytes": plan.tier_bytes,
+            "stream_cache_bytes": plan.stream_cache_bytes,
+            "load_seconds": load_seconds,
+            "repetitions": args.repetitions,
+            "parallel": args.parallel,
+            "step_ms": decode_seconds * 1e3 / f64::from(m.decode_tokens),
+            "warmup": !args.no_warmup,
+            "argmax": if m.device_argmax { "device" } else { "host" },
+            "device_sampler": m.device_sampler,
+            "threads": { "one_token": m.threads.0, "batch": m.threads.1 },
+            "prompt_tokens": m.prompt_tokens,
+            "prompt_tokens_per_second": prompt_rate,
+            "prompt_tokens_per_second_sd": prompt_sd,
+            "decode_tokens": m.decode_tokens,
+            "decode_seconds": decode_seconds,
+            "measured_tokens_per_second": measured,
+            "measured_tokens_per_second_sd": decode_sd,
+            "predicted_tokens_per_second": predicted,
+            "relative_error": relative_error,
+            "bottleneck": plan.prediction.bottleneck,
+            "expected_hit_rate": plan.expected_hit_rate,
+            "predicted_nvme_bytes_per_token": plan.nvme_bytes_per_token,
+            "n_ubatch": m.n_ubatch,
+            "stream": {
+                "nvme_bytes_per_token": per_token(m.stream.nvme_bytes),
+                "hit_rate": hit_rate,
+                "read_gbps": m.stream.read_gbps(),
+                "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
+                "step_nvme_bytes": m.step_nvme_bytes,
+                "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
+            },
+            "prompt_stream": {
+                "nvme_bytes": per_prompt(m.prompt_stream.nvme_bytes as f64),
+                "read_ahead_bytes": per_prompt(m.prompt_stream.read_ahead_bytes as f64),
+                "stream_bytes": plan.tier_bytes.stream,
+                "read_seconds": per_prompt(m.prompt_stream.read_seconds),
+                "read_gbps": m.prompt_stream.read_gbps(),
+                "io_stall_seconds": per_prompt(m.prompt_stream.io_stall_seconds),
+                "hit_rate": m.prompt_stream.hit_rate(),
+                "prefetch_hits": per_prompt(m.prompt_stream.prefetch_hits as f64),
+                "evictions": per_prompt(m.prompt_stream.evictions as f64),
+                "registrations": per_prompt(m.prompt_stream.registrations as f64),
+                "register_seconds": per_prompt(m.prompt_stream.register_seconds),
+                "registered_bytes": m.prompt_stream.registered_bytes,
+            },
+            "host_memory": host,
+            "routing": m.routing.as_ref().map(|[all, prompt, decode]| json!({
+                "profile": routing_profile,
+                "n_expert": experts,
+                "n_expert_used": experts_used,
+                "tokens": all.tokens,
+                "histogram": all.histogram,
+                "overlap": all.overlap,
+                "concentration": all.concentration,
+                "top_share": all.top_share,
+                "prompt": prompt,
+                "decode": decode,
+            })),
+        });
+        // Beside the measured prompt rate (apart: one json! this deep overflows the macro).
+        report["predicted_prompt_tokens_per_second"] = json!(predicted_prompt.tokens_per_second);
+        report["prompt_relative_error"] = json!(prompt_error);
+        report["predicted_prompt"] = json!(predicted_prompt);
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+            return Ok(());
+        }
+        println!("model               {}", args.model.display());
+        println!("mode                {}", plan.mode);
         println!(
-            "parallel            {} sequences: {:.2} ms per step of {} tokens (the rates above are their sum)",
-            args.parallel,
-            decode_seconds * 1e3 / f64::from(m.decode_tokens),
-            args.parallel
-        );
-    }
-    if plan.mode != Mode::FullResident {
-        println!(
-            "stream              {}/token read (predicted {}), hit rate {:.0}% (predicted {:.0}%), {:.2} GB/s, I/O stall {:.1} ms/token",
-            format_bytes(per_token(m.stream.nvme_bytes) as u64),
-            format_bytes(plan.nvme_bytes_per_token as u64),
-            hit_rate * 100.0,
-            plan.expected_hit_rate * 100.0,
-            m.stream.read_gbps(),
-            m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens_total())
-        );
-        println!(
-            "prompt stream       {}/prompt read of {} streamed, {:.2} GB/s, I/O stall {:.2} s/prompt, {} tokens a pass",
-            format_bytes(per_prompt(m.prompt_stream.nvme_bytes as f64) as u64),
+            "tiers               GPU {}, RAM {}, STREAM {} (stream cache {})",
+            format_bytes(plan.tier_bytes.gpu),
+            format_bytes(plan.tier_bytes.ram),
             format_bytes(plan.tier_bytes.stream),
-            m.prompt_stream.read_gbps(),
-            per_prompt(m.prompt_stream.io_stall_seconds),
-            m.n_ubatch
+            format_bytes(plan.stream_cache_bytes)
         );
-    }
-    if let Some([_, prompt, decode]) = &m.routing {
-        let uniform = experts_used.unwrap_or(0) as f64 / n_expert.max(1) as f64;
         println!(
-            "routing             profile {}: overlap of consecutive tokens' experts {:.2} decode, {:.2} prompt (independent uniform: {uniform:.2}); concentration {:.3} decode, {:.3} prompt; top expert {:.1}% of a layer's choices",
-            routing_profile.as_deref().unwrap_or("unknown"),
-            decode.overlap,
-            prompt.overlap,
-            decode.concentration,
-            prompt.concentration,
-            decode.top_share * 100.0
+            "prompt              {} tokens, {prompt_rate:.1} ± {prompt_sd:.1} tok/s ({} repetitions), {:.1} tok/s predicted, error {:+.1}%",
+            m.prompt_tokens,
+            args.repetitions,
+            predicted_prompt.tokens_per_second,
+            prompt_error * 100.0
         );
+        println!(
+            "decode              {} tokens, {measured:.2} ± {decode_sd:.2} tok/s measured, {predicted:.2} tok/s predicted ({}), error {:+.1}%",
+            m.decode_tokens,
+            plan.prediction.bottleneck.describe(),
+            relative_error * 100.0
+        );
+        println!(
+            "host memory         peak {} resident, RAM budget {} ({} charged, {} of it buffers and metadata) + overhead {}",
+            format_bytes(hwprobe::host::peak_rss_bytes().unwrap_or(0)),
+            format_bytes(plan.ram_budget_bytes),
+            format_bytes(plan.ram_charged_bytes()),
+            format_bytes(plan.ram_other_bytes),
+            format_bytes(overhead.bytes())
+        );
+        if args.parallel > 1 {
+            println!(
+                "parallel            {} sequences: {:.2} ms per step of {} tokens (the rates above are their sum)",
+                args.parallel,
+                decode_seconds * 1e3 / f64::from(m.decode_tokens),
+                args.parallel
+            );
+        }
+        if plan.mode != Mode::FullResident {
+            println!(
+                "stream              {}/token read (predicted {}), hit rate {:.0}% (predicted {:.0}%), {:.2} GB/s, I/O stall {:.1} ms/token",
+                format_bytes(per_token(m.stream.nvme_bytes) as u64),
+                format_bytes(plan.nvme_bytes_per_token as u64),
+                hit_rate * 100.0,
+                plan.expected_hit_rate * 100.0,
+                m.stream.read_gbps(),
+                m.stream.io_stall_seconds * 1e3 / f64::from(m.decode_tokens_total())
+            );
+            println!(
+                "prompt stream       {}/prompt read of {} streamed, {:.2} GB/s, I/O stall {:.2} s/prompt, {} tokens a pass",
+                format_bytes(per_prompt(m.prompt_stream.nvme_bytes as f64) as u64),
+                format_bytes(plan.tier_bytes.stream),
+                m.prompt_stream.read_gbps(),
+                per_prompt(m.prompt_stream.io_stall_seconds),
+                m.n_ubatch
+            );
+        }
+        if let Some([_, prompt, decode]) = &m.routing {
+            let uniform = experts_used.unwrap_or(0) as f64 / n_expert.max(1) as f64;
+            println!(
+                "routing             profile {}: overlap of consecutive tokens' experts {:.2} decode, {:.2} prompt (independent uniform: {uniform:.2}); concentration {:.3} decode, {:.3} prompt; top expert {:.1}% of a layer's choices",
+                routing_profile.unwrap_or("unknown"),
+                decode.overlap,
+                prompt.overlap,
+                decode.concentration,
+                prompt.concentration,
+                decode.top_share * 100.0
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// `(predicted − measured) / measured`: positive when the plan promised too much.
@@ -445,51 +495,58 @@ pub(super) fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
+fn largest_prompt(args: &BenchArgs) -> u32 {
+    args.prompt_tokens.iter().copied().max().unwrap_or(1)
+}
+
 /// The one context the benchmark decodes in, as the batch engine makes
 /// its context: a KV stream of `n_ctx` per sequence.
 fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
     let n = args.parallel;
     ContextParams {
         n_ctx: n_ctx * n,
-        n_batch: (args.prompt_tokens * n).max(n),
+        n_batch: (largest_prompt(args) * n).max(n),
         n_seq_max: n,
         n_threads: args.threads.unwrap_or(0),
         ..Default::default()
     }
 }
 
-/// Greedy decoding of a fixed prompt: an untimed warm-up, then the timed
-/// repetitions, each timing its prompt and its decode steps. From before
-/// the warm-up on, the process is held to `limit_bytes` of memory: the
-/// stream cache gives back what the process takes besides it
-/// ([`TieredModel::fit_stream_cache`]).
+/// Greedy decoding of a fixed prompt of each asked size in turn, on one
+/// context: an untimed warm-up before the first, then each size's timed
+/// repetitions, each timing its prompt and its decode steps (a later size
+/// starts from the stream cache the earlier runs left, as a served model's
+/// next prompt does). From before the warm-up on, the process is held to
+/// `limit_bytes` of memory: the stream cache gives back what the process
+/// takes besides it ([`TieredModel::fit_stream_cache`]). `report` gets
+/// each size's measurement as it is taken.
 fn measure(
     tiered: &TieredModel,
     args: &BenchArgs,
     context: &ContextParams,
     limit_bytes: u64,
     n_expert: usize,
-) -> anyhow::Result<Measured> {
+    mut report: impl FnMut(&Measured) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let n_ctx = context.n_ctx / args.parallel.max(1);
     let model = Arc::clone(&tiered.model);
-    let mut prompt: Vec<i32> = Vec::new();
-    while prompt.len() < args.prompt_tokens as usize {
-        let piece = model.tokenize(PROMPT, prompt.is_empty(), false)?;
-        if piece.is_empty() {
-            bail!("the model's tokenizer gives no tokens for the benchmark prompt");
-        }
-        prompt.extend(piece);
-    }
-    prompt.truncate(args.prompt_tokens as usize);
-    let needed = args.prompt_tokens + args.tokens + 1;
+    let needed = largest_prompt(args) + args.tokens + 1;
     if needed > n_ctx {
         bail!(
             "--prompt-tokens + --tokens ({needed}) exceed the context of {n_ctx} tokens; lower them or raise --context"
         );
     }
+    let mut text: Vec<i32> = Vec::new();
+    while text.len() < largest_prompt(args) as usize {
+        let piece = model.tokenize(PROMPT, text.is_empty(), false)?;
+        if piece.is_empty() {
+            bail!("the model's tokenizer gives no tokens for the benchmark prompt");
+        }
+        text.extend(piece);
+    }
     let n = args.parallel;
     // With --routing, a recorder around the streamer's hook: it forwards
-    // everything, and records only while turned on (the untimed run).
+    // everything, and records only while turned on (the untimed runs).
     let recorder = args.routing.then(|| RoutingRecorder::new(tiered.hook()));
     let mut ctx = match &recorder {
         Some(r) => {
@@ -516,71 +573,85 @@ fn measure(
     if let Some(streamer) = tiered.streamer.as_ref().filter(|s| s.holds_every_unit()) {
         streamer.fill();
     }
-    if !args.no_warmup {
-        // Untimed: first-use costs (kernels, allocations, the stream cache's
-        // first reads) stay out of the figures, as in llama-bench.
-        run_once(&mut ctx, &prompt, args.tokens.min(8), n, None)?;
-    }
-    let fit = tiered.fit_stream_cache(limit_bytes);
-    let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
-    let (mut prompt_stream, mut stream) = (PhaseStream::default(), PhaseStream::default());
-    for _ in 0..args.repetitions {
-        let (p, d) = run_once(
-            &mut ctx,
-            &prompt,
-            args.tokens,
-            n,
-            Some((tiered, &mut prompt_stream, &mut stream)),
-        )?;
-        prompt_seconds.push(p);
-        decode_seconds.push(d);
-    }
-    let routing = match &recorder {
-        Some(r) => {
-            r.set_recording(true);
-            let run = run_once(&mut ctx, &prompt, args.tokens, 1, None);
-            r.set_recording(false);
-            run?;
-            let trace = r.trace();
-            let (head, tail) = trace.split_last(args.tokens as usize);
-            Some([
-                trace.summary(n_expert),
-                head.summary(n_expert),
-                tail.summary(n_expert),
-            ])
+    for (i, &size) in args.prompt_tokens.iter().enumerate() {
+        let prompt = &text[..size as usize];
+        if i == 0 && !args.no_warmup {
+            // Untimed: first-use costs (kernels, allocations, the stream
+            // cache's first reads) stay out of the figures, as in llama-bench.
+            run_once(&mut ctx, prompt, args.tokens.min(8), n, None)?;
         }
-        None => None,
-    };
-    Ok(Measured {
-        routing,
-        prompt_tokens: prompt.len() as u32,
-        prompt_seconds,
-        decode_tokens: args.tokens,
-        decode_seconds,
-        stream,
-        prompt_stream,
-        n_ubatch: ctx.n_ubatch(),
-        fit,
-        device_argmax,
-        threads: ctx.threads(),
-        device_sampler: ctx.device_greedy_name(0),
-    })
+        let fit = tiered.fit_stream_cache(limit_bytes);
+        let (mut prompt_seconds, mut decode_seconds) = (Vec::new(), Vec::new());
+        let mut streams = Streams::default();
+        for _ in 0..args.repetitions {
+            let (p, d) = run_once(
+                &mut ctx,
+                prompt,
+                args.tokens,
+                n,
+                Some((tiered, &mut streams)),
+            )?;
+            prompt_seconds.push(p);
+            decode_seconds.push(d);
+        }
+        let routing = match &recorder {
+            Some(r) => {
+                r.set_recording(true);
+                let run = run_once(&mut ctx, prompt, args.tokens, 1, None);
+                r.set_recording(false);
+                run?;
+                let trace = r.trace();
+                let (head, tail) = trace.split_last(args.tokens as usize);
+                Some([
+                    trace.summary(n_expert),
+                    head.summary(n_expert),
+                    tail.summary(n_expert),
+                ])
+            }
+            None => None,
+        };
+        let reps = f64::from(args.repetitions);
+        report(&Measured {
+            routing,
+            prompt_tokens: size,
+            prompt_seconds,
+            decode_tokens: args.tokens,
+            decode_seconds,
+            stream: streams.decode,
+            prompt_stream: streams.prompt,
+            step_nvme_bytes: streams.steps.iter().map(|&b| b as f64 / reps).collect(),
+            n_ubatch: ctx.n_ubatch(),
+            fit,
+            device_argmax,
+            threads: ctx.threads(),
+            device_sampler: ctx.device_greedy_name(0),
+        })?;
+    }
+    Ok(())
+}
+
+/// The stream's counters over the timed runs of one prompt size.
+#[derive(Default)]
+struct Streams {
+    prompt: PhaseStream,
+    decode: PhaseStream,
+    /// Bytes read during each decode step, summed over the repetitions.
+    steps: Vec<u64>,
 }
 
 /// From an empty KV cache: the prompt of each of `n` sequences in one
 /// batch, then `tokens` greedy steps of one token per sequence. Returns
 /// (prompt seconds, decode seconds). With `streams`, adds the model's
-/// stream counters over the prompt and over the decode to theirs.
+/// stream counters over the prompt, over the decode and over each step to
+/// theirs.
 fn run_once(
     ctx: &mut llama_tiered::llama::Context,
     prompt: &[i32],
     tokens: u32,
     n: u32,
-    streams: Option<(&TieredModel, &mut PhaseStream, &mut PhaseStream)>,
+    mut streams: Option<(&TieredModel, &mut Streams)>,
 ) -> anyhow::Result<(f64, f64)> {
-    let snapshot = |s: &Option<(&TieredModel, &mut PhaseStream, &mut PhaseStream)>| {
-        s.as_ref().map(|(t, _, _)| t.stats())
-    };
+    let stats = |s: &Option<(&TieredModel, &mut Streams)>| s.as_ref().map(|(t, _)| t.stats());
     ctx.clear_all();
     let mut batch = Batch::new(prompt.len() * n as usize);
     for seq in 0..n as i32 {
@@ -588,16 +659,18 @@ fn run_once(
             batch.push(t, i as i32, seq, i + 1 == prompt.len())?;
         }
     }
-    let before_prompt = snapshot(&streams);
+    let before_prompt = stats(&streams);
     let started = Instant::now();
     ctx.decode(&batch)?;
     let prompt_seconds = started.elapsed().as_secs_f64();
-    let after_prompt = snapshot(&streams);
+    let after_prompt = stats(&streams);
     // Each sequence's last prompt token: its index in the batch.
     let mut next = Vec::with_capacity(n as usize);
     for seq in 0..n as usize {
         next.push(greedy_token(ctx, ((seq + 1) * prompt.len() - 1) as i32)?);
     }
+    let mut step_bytes = Vec::with_capacity(tokens as usize);
+    let mut last_read = after_prompt.as_ref().map(|s| s.nvme_bytes_read);
     let started = Instant::now();
     let mut step = Batch::new(n as usize);
     for k in 0..tokens {
@@ -609,13 +682,23 @@ fn run_once(
         for (seq, token) in next.iter_mut().enumerate() {
             *token = greedy_token(ctx, seq as i32)?;
         }
+        if let (Some((tiered, _)), Some(last)) = (&streams, last_read.as_mut()) {
+            // The counter only: cheap beside a step that reads from disk.
+            let read = tiered.stats().nvme_bytes_read;
+            step_bytes.push(read.saturating_sub(*last));
+            *last = read;
+        }
     }
     let decode_seconds = started.elapsed().as_secs_f64();
-    if let (Some((tiered, prompt_stream, stream)), Some(before), Some(after)) =
-        (streams, before_prompt, after_prompt)
+    if let (Some((tiered, s)), Some(before), Some(after)) =
+        (streams.as_mut(), before_prompt, after_prompt)
     {
-        prompt_stream.add(&after.since(&before));
-        stream.add(&tiered.stats().since(&after));
+        s.prompt.add(&after.since(&before));
+        s.decode.add(&tiered.stats().since(&after));
+        s.steps.resize(step_bytes.len().max(s.steps.len()), 0);
+        for (total, b) in s.steps.iter_mut().zip(step_bytes) {
+            *total += b;
+        }
     }
     Ok((prompt_seconds, decode_seconds))
 }

@@ -939,7 +939,8 @@ impl Streamer {
 
     /// A prompt chunk's read-ahead: `first`, then the layers after it in
     /// the pass while the chunk computes at most [`PASS_READ_AHEAD_LAYERS`]
-    /// layers behind. One layer ahead left the disk idle whenever the layer
+    /// layers behind and less than one layer's worth is read ahead
+    /// ([`read_ahead_bytes`]). One layer ahead left the disk idle whenever the layer
     /// computing needed fewer reads than its compute time (a layer the cache
     /// mostly holds, frequent under skewed routing): on the H200, 2.3 s of
     /// a 512-token prompt's 4.4 s of reads were stalls. Room for a layer
@@ -957,6 +958,7 @@ impl Streamer {
             let next = layer + 1;
             if state.prompt_threads.is_empty()
                 || !pass_reads_on(next, state.current_layer, state.n_layers)
+                || read_ahead_bytes(&state, layer) >= state.minimum_budget_bytes
             {
                 return;
             }
@@ -1107,6 +1109,8 @@ impl Streamer {
         }
         for k in keys {
             pin(&mut state, k);
+            // Used: no longer read ahead ([`read_ahead_bytes`]), nor wasted if evicted.
+            state.units.get_mut(&k).expect("filtered").prefetched = false;
         }
         state.stats.resident_layer_skips += 1;
         true
@@ -1389,6 +1393,28 @@ impl Streamer {
         }
         true
     }
+}
+
+/// Bytes the read-ahead brought in for the layers after the one computing,
+/// up to `last`, not used yet. A prompt pass reads past the next layer only
+/// while these are less than one layer's worth: each byte held ahead is a
+/// byte of the cache's other contents evicted, read again next pass (a
+/// window of `w` layers makes a pass over `n` read about `1 / (1 − w/n)`
+/// times what the cache lacks), while one layer's worth ahead already
+/// keeps the disk busy through the next layer's compute.
+fn read_ahead_bytes(state: &State, last: u32) -> u64 {
+    let current = state.current_layer;
+    if last <= current {
+        return 0;
+    }
+    state
+        .units
+        .iter()
+        .filter(|(k, u)| {
+            k.0 > current && k.0 <= last && u.prefetched && u.residency != Residency::Absent
+        })
+        .map(|(_, u)| u.bytes)
+        .sum()
 }
 
 /// How many layers after `current` a pass over `n_layers` layers next needs
