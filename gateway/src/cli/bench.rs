@@ -19,9 +19,8 @@ use serde_json::json;
 use super::gpu::GpuBudget;
 use super::inspect::{self, PlanOptions};
 
-/// The fixed prompt, repeated until it has the asked number of tokens.
-const PROMPT: &str = "The history of computing is a story of memory: how much of it there was, \
-how fast it could be read, and what had to wait on disk. ";
+/// Seed of the benchmark prompt's token ids ([`prompt_tokens`]).
+const PROMPT_SEED: u64 = 0x6879_7075_7261;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -536,14 +535,7 @@ fn measure(
             "--prompt-tokens + --tokens ({needed}) exceed the context of {n_ctx} tokens; lower them or raise --context"
         );
     }
-    let mut text: Vec<i32> = Vec::new();
-    while text.len() < largest_prompt(args) as usize {
-        let piece = model.tokenize(PROMPT, text.is_empty(), false)?;
-        if piece.is_empty() {
-            bail!("the model's tokenizer gives no tokens for the benchmark prompt");
-        }
-        text.extend(piece);
-    }
+    let text = prompt_tokens(&model, largest_prompt(args) as usize)?;
     let n = args.parallel;
     // With --routing, a recorder around the streamer's hook: it forwards
     // everything, and records only while turned on (the untimed runs).
@@ -628,6 +620,25 @@ fn measure(
         })?;
     }
     Ok(())
+}
+
+/// The benchmark prompt, as llama-bench makes its own: the model's BOS
+/// token where its tokenizer adds one, then token ids drawn uniformly from
+/// the vocabulary (seeded: the same prompt every run). Not a sentence
+/// repeated: a MoE routes a repeated sentence's few distinct tokens to a
+/// few experts, and its prompt would read fewer experts than a real one.
+fn prompt_tokens(model: &llama_tiered::llama::Model, n: usize) -> anyhow::Result<Vec<i32>> {
+    let n_vocab = model.n_vocab();
+    if n_vocab == 0 {
+        bail!("the model has no vocabulary");
+    }
+    let mut tokens = model.tokenize("", true, false)?;
+    tokens.truncate(n);
+    let mut rng = llama_tiered::rng::Rng::new(PROMPT_SEED);
+    while tokens.len() < n {
+        tokens.push(rng.below(n_vocab) as i32);
+    }
+    Ok(tokens)
 }
 
 /// The stream's counters over the timed runs of one prompt size.

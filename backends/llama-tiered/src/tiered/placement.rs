@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 
 use hypura_scheduler::plan::{self, ModelFacts, Plan, PlanRequest, PlanSettings, PlanTensor};
 use hypura_scheduler::profile::HardwareProfile;
+use hypura_scheduler::routing::RoutingPrior;
 use serde::Serialize;
 
 // The planner owns these; re-exported so engine code keeps its paths.
@@ -181,6 +182,10 @@ pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), Str
             n_head_kv,
             key_length,
             value_length,
+        ),
+        routing: RoutingPrior::of_architecture(
+            file.architecture().unwrap_or_default(),
+            key("expert_count").unwrap_or(0),
         ),
     };
     Ok((tensors, facts))

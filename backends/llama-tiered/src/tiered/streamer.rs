@@ -1509,16 +1509,22 @@ pub const READ_CHUNK_BYTES: u64 = 1 << 20;
 /// Reads in flight per unit when nothing else is configured.
 pub const DEFAULT_READ_QUEUE_DEPTH: u32 = 4;
 
-/// `ranges` cut at every file offset that is a multiple of `chunk` (a page
-/// multiple): the pieces' page-rounded reads never overlap inside a range,
-/// and together cover the same pages the whole ranges would.
+/// `ranges` cut into reads of at most `chunk` bytes (a page multiple),
+/// counted from each range's first page: the cuts are page aligned, so the
+/// pieces' page-rounded reads never overlap inside a range and together
+/// cover the same pages the whole ranges would, and a range no longer than
+/// a chunk is one read wherever it starts. (Cutting at multiples of `chunk`
+/// from the file's start split most sub-chunk ranges, such as a 0.9 MB
+/// expert slice, into two reads.)
 fn read_chunks(ranges: &[(u64, u64)], chunk: u64) -> Vec<(u64, u64)> {
     let chunk = round_up(chunk.max(1), PAGE);
     let mut out = Vec::new();
     for &(a, b) in ranges {
         let mut start = a;
+        let mut cut = a - a % PAGE;
         while start < b {
-            let end = ((start / chunk + 1) * chunk).min(b);
+            cut += chunk;
+            let end = cut.min(b);
             out.push((start, end));
             start = end;
         }
@@ -1810,7 +1816,7 @@ mod tests {
     }
 
     #[test]
-    fn ranges_are_cut_at_chunk_multiples() {
+    fn ranges_are_cut_into_chunks_from_their_first_page() {
         let mib = 1 << 20;
         // Unaligned start and end, a range inside one chunk, an empty range.
         let ranges = [(100, 2 * mib + 5), (3 * mib + 1, 3 * mib + 9), (7, 7)];
@@ -1830,5 +1836,18 @@ mod tests {
         }
         // A chunk that is no page multiple is rounded up to one.
         assert_eq!(read_chunks(&[(0, 8192)], 5000), vec![(0, 8192)]);
+        // A range shorter than a chunk across a chunk multiple of the file
+        // is one read; a longer one is cut a chunk from its first page.
+        let short = (mib - 2 * PAGE + 10, 2 * mib - 3 * PAGE);
+        assert_eq!(read_chunks(&[short], mib), vec![short]);
+        let long = (mib - 2 * PAGE + 10, 3 * mib);
+        assert_eq!(
+            read_chunks(&[long], mib),
+            vec![
+                (long.0, 2 * mib - 2 * PAGE),
+                (2 * mib - 2 * PAGE, 3 * mib - 2 * PAGE),
+                (3 * mib - 2 * PAGE, 3 * mib),
+            ]
+        );
     }
 }
