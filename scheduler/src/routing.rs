@@ -7,7 +7,9 @@
 //! layer is chosen ∝ `r^−s`), the same curves `hypura-synth --routing`
 //! writes its benchmark routers with (`synth/src/routing.rs` gives the
 //! sources). An architecture without one is taken as uniform, which errs
-//! low: any skew makes a cache of the most used experts hit more.
+//! low: any skew makes a cache of the most used experts hit more. A file
+//! `hypura-synth` wrote names the routing its routers were made with
+//! (`hypura.synth.routing`), which then stands instead.
 use serde::{Deserialize, Serialize};
 
 /// The routing prior of a model's architecture.
@@ -34,6 +36,20 @@ impl RoutingPrior {
             "qwen2moe" | "qwen3moe" => Self::QwenMoe,
             "llama" | "mixtral" => Self::Mixtral,
             _ => Self::Uniform,
+        }
+    }
+
+    /// The prior of a file: the routing a synthetic file names (`synthetic`,
+    /// its `hypura.synth.routing`), else its architecture's. A synthetic
+    /// router without a set popularity (`random`, `degenerate`) is taken as
+    /// uniform.
+    pub fn of_file(arch: &str, n_expert: u32, synthetic: Option<&str>) -> Self {
+        match synthetic {
+            _ if n_expert == 0 => Self::Uniform,
+            Some("mixtral") => Self::Mixtral,
+            Some("qwen3") => Self::QwenMoe,
+            Some(_) => Self::Uniform,
+            None => Self::of_architecture(arch, n_expert),
         }
     }
 
@@ -108,5 +124,11 @@ mod tests {
             RoutingPrior::of_architecture("deepseek2", 64),
             RoutingPrior::Uniform
         );
+        // A synthetic file's own routing stands instead.
+        let of = RoutingPrior::of_file;
+        assert_eq!(of("qwen3moe", 128, Some("uniform")), RoutingPrior::Uniform);
+        assert_eq!(of("qwen3moe", 128, Some("mixtral")), RoutingPrior::Mixtral);
+        assert_eq!(of("llama", 8, Some("qwen3")), RoutingPrior::QwenMoe);
+        assert_eq!(of("llama", 8, None), RoutingPrior::Mixtral);
     }
 }

@@ -444,8 +444,8 @@ impl SynthSpec {
 }
 
 /// The metadata key naming a synthetic MoE's routing profile (`hypura bench`
-/// reports it).
-pub const ROUTING_KEY: &str = "hypura.synth.routing";
+/// reports it; the planner takes its routing prior from it).
+pub use llama_tiered::tiered::placement::SYNTH_ROUTING_KEY as ROUTING_KEY;
 
 /// Standard deviation of random weights (typical of trained LLM matrices).
 const WEIGHT_STD: f32 = 0.02;

@@ -12,6 +12,7 @@ use llama_tiered::engine::MAX_PARALLEL;
 use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::host::{plan_charged_prompt, CacheFit};
+use llama_tiered::tiered::placement::SYNTH_ROUTING_KEY;
 use llama_tiered::tiered::routing::{RoutingRecorder, RoutingSummary};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
@@ -89,9 +90,6 @@ pub struct BenchArgs {
 
 /// Most prompt sizes one run measures.
 const MAX_PROMPT_SIZES: usize = 8;
-
-/// The metadata key where `hypura-synth` names a synthetic MoE's routing profile.
-const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
 
 fn parse_size(text: &str) -> Result<u64, String> {
     hypura_scheduler::size::parse_size(text)

@@ -148,6 +148,9 @@ pub fn plan_file(
     Ok(plan::plan(&request)?)
 }
 
+/// The metadata key where `hypura-synth` names a synthetic MoE's routing.
+pub const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
+
 /// What the planner needs from a GGUF: its tensors and model facts, from the
 /// metadata alone (no tensor data is read).
 pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), String> {
@@ -183,9 +186,10 @@ pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), Str
             key_length,
             value_length,
         ),
-        routing: RoutingPrior::of_architecture(
+        routing: RoutingPrior::of_file(
             file.architecture().unwrap_or_default(),
             key("expert_count").unwrap_or(0),
+            file.get_str(SYNTH_ROUTING_KEY),
         ),
     };
     Ok((tensors, facts))
