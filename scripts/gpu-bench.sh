@@ -771,6 +771,8 @@ vsmixprompt() {
   fi
   # MIXP_LB_ARGS: llama-bench's tests (default pp512, pp2048 and decode at
   # -ub 512 and 2048; its best for prompts at this memory is -ub 2048).
+  # PROMPT_LB=0: hypura only.
+  [ "${PROMPT_LB:-1}" = 1 ] || return 0
   local args=(${MIXP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-32} -ub 512,2048 -r 1})
   for n in ${MIXP_NCMOE:-22 23}; do
     drop_caches
@@ -800,6 +802,7 @@ vsqwenprompt() {
     HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \
       --ram-budget 8GiB --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
   fi
+  [ "${PROMPT_LB:-1}" = 1 ] || return 0
   local args=(${QWENP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-32} -ub 512,2048 -r 1})
   for n in ${QWENP_NCMOE:-40}; do
     drop_caches

@@ -222,6 +222,8 @@ struct State {
     units: HashMap<UnitKey, Unit>,
     n_layers: u32,
     n_experts: u32,
+    /// Layers with a streamed unit.
+    stream_layers: u32,
     /// Expert-streaming: co-activation counts between consecutive layers.
     coact: Coactivation,
     /// Where `coact` is loaded from and saved to (on drop).
@@ -401,6 +403,7 @@ impl Streamer {
                 units,
                 n_layers,
                 n_experts,
+                stream_layers: per_layer.len() as u32,
                 coact,
                 coact_path: None,
                 last_request: None,
@@ -779,9 +782,14 @@ impl Streamer {
         for key in &keys {
             pin(&mut state, *key);
             let unit = state.units.get_mut(key).expect("filtered");
-            unit.score += 1.0;
             unit.last_use = clock;
-            state.accesses_since_ageing += 1;
+            // A decode's choices only: a prompt chunk touches nearly every
+            // expert once whatever the tokens chose, and counting that
+            // would wash out what decoding uses most.
+            if !prompt {
+                unit.score += 1.0;
+                state.accesses_since_ageing += 1;
+            }
         }
         self.age(&mut state);
 
@@ -939,7 +947,7 @@ impl Streamer {
 
     /// A prompt chunk's read-ahead: `first`, then the layers after it in
     /// the pass while the chunk computes at most [`PASS_READ_AHEAD_LAYERS`]
-    /// layers behind and less than one layer's worth is read ahead
+    /// layers behind and less than a layer's average reads are ahead
     /// ([`read_ahead_bytes`]). One layer ahead left the disk idle whenever the layer
     /// computing needed fewer reads than its compute time (a layer the cache
     /// mostly holds, frequent under skewed routing): on the H200, 2.3 s of
@@ -958,7 +966,7 @@ impl Streamer {
             let next = layer + 1;
             if state.prompt_threads.is_empty()
                 || !pass_reads_on(next, state.current_layer, state.n_layers)
-                || read_ahead_bytes(&state, layer) >= state.minimum_budget_bytes
+                || read_ahead_bytes(&state, layer) >= self.lacking_per_layer(&state)
             {
                 return;
             }
@@ -1050,6 +1058,13 @@ impl Streamer {
         drop(state);
         self.loaded.notify_all();
         true
+    }
+
+    /// What a pass reads per streamed layer on average: the streamed bytes
+    /// the cache cannot hold, over the layers that stream.
+    fn lacking_per_layer(&self, state: &State) -> u64 {
+        let lacking = state.total_bytes.saturating_sub(self.budget_now(state));
+        lacking / u64::from(state.stream_layers.max(1))
     }
 
     /// Hands `layer` to the registering thread, if it runs: a prompt pass
@@ -1397,11 +1412,13 @@ impl Streamer {
 
 /// Bytes the read-ahead brought in for the layers after the one computing,
 /// up to `last`, not used yet. A prompt pass reads past the next layer only
-/// while these are less than one layer's worth: each byte held ahead is a
-/// byte of the cache's other contents evicted, read again next pass (a
-/// window of `w` layers makes a pass over `n` read about `1 / (1 − w/n)`
-/// times what the cache lacks), while one layer's worth ahead already
-/// keeps the disk busy through the next layer's compute.
+/// while these are less than what a pass reads for one layer on average
+/// ([`Streamer::lacking_per_layer`]): each byte held ahead is a byte of the
+/// cache's other contents evicted, read again next pass (a window of `w`
+/// layers makes a pass over `n` read about `1 / (1 − w/n)` times what the
+/// cache lacks: 1.54× on the dev machine's 8-layer Qwen3 shape when reads
+/// ran up to a whole layer's bytes ahead), while a layer's reads ahead
+/// already keep the disk busy through the next layer's compute.
 fn read_ahead_bytes(state: &State, last: u32) -> u64 {
     let current = state.current_layer;
     if last <= current {
