@@ -10,7 +10,6 @@
 //!   [`plan::plan`] is the one function every placement comes from.
 //! - [`gpu`]: the GPU tier by rule (`-ngl N`, a byte budget) and llama.cpp's `n_gpu_layers`.
 //! - [`cost`]: the decode cost model the planner prices plans with.
-//! - [`routing`]: how a MoE's routers are assumed to spread choices over its experts.
 //! - [`budget`]: one memory budget across models: admission, promotion, demotion.
 
 pub mod budget;
@@ -19,5 +18,4 @@ pub mod gpu;
 pub mod plan;
 pub mod profile;
 pub mod roles;
-pub mod routing;
 pub mod size;

@@ -444,7 +444,7 @@ impl SynthSpec {
 }
 
 /// The metadata key naming a synthetic MoE's routing profile (`hypura bench`
-/// reports it; the planner takes its routing prior from it).
+/// reports it).
 pub use llama_tiered::tiered::placement::SYNTH_ROUTING_KEY as ROUTING_KEY;
 
 /// Standard deviation of random weights (typical of trained LLM matrices).

@@ -3,7 +3,6 @@ use std::collections::BTreeMap;
 
 use hypura_scheduler::plan::{self, ModelFacts, Plan, PlanRequest, PlanSettings, PlanTensor};
 use hypura_scheduler::profile::HardwareProfile;
-use hypura_scheduler::routing::RoutingPrior;
 use serde::Serialize;
 
 // The planner owns these; re-exported so engine code keeps its paths.
@@ -148,7 +147,8 @@ pub fn plan_file(
     Ok(plan::plan(&request)?)
 }
 
-/// The metadata key where `hypura-synth` names a synthetic MoE's routing.
+/// The metadata key where `hypura-synth` names a synthetic MoE's routing
+/// profile (`hypura bench` reports it).
 pub const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
 
 /// What the planner needs from a GGUF: its tensors and model facts, from the
@@ -185,11 +185,6 @@ pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), Str
             n_head_kv,
             key_length,
             value_length,
-        ),
-        routing: RoutingPrior::of_file(
-            file.architecture().unwrap_or_default(),
-            key("expert_count").unwrap_or(0),
-            file.get_str(SYNTH_ROUTING_KEY),
         ),
     };
     Ok((tensors, facts))
