@@ -767,13 +767,13 @@ vsmixprompt() {
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
     HYPURA_PIN_STREAM=1 CG=$hcg hb mixtral-routed-pp512-pinned "$MOEMIX" --gpu-budget 8GiB \
-      --ram-budget "$ram" --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
+      --ram-budget "$ram" --prompt-tokens 512 --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
   fi
   # MIXP_LB_ARGS: llama-bench's tests (default pp512, pp2048 and decode at
   # -ub 512 and 2048; its best for prompts at this memory is -ub 2048).
   # PROMPT_LB=0: hypura only.
   [ "${PROMPT_LB:-1}" = 1 ] || return 0
-  local args=(${MIXP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-32} -ub 512,2048 -r 1})
+  local args=(${MIXP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-8} -ub 512,2048 -r 1})
   for n in ${MIXP_NCMOE:-22 23}; do
     drop_caches
     lb "mixtral-routed-ncmoe$n" "$cg" "$MOEMIX" -ngl 99 --n-cpu-moe "$n" "${args[@]}"
@@ -800,10 +800,10 @@ vsqwenprompt() {
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
     HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \
-      --ram-budget 8GiB --prompt-tokens 512 --tokens "${MIX_TOKENS:-32}" --repetitions "${PROMPT_REPS:-1}"
+      --ram-budget 8GiB --prompt-tokens 512 --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
   fi
   [ "${PROMPT_LB:-1}" = 1 ] || return 0
-  local args=(${QWENP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-32} -ub 512,2048 -r 1})
+  local args=(${QWENP_LB_ARGS:--p 512,2048 -n ${MIX_TOKENS:-8} -ub 512,2048 -r 1})
   for n in ${QWENP_NCMOE:-40}; do
     drop_caches
     lb "qwen3-routed-ncmoe$n" "$cg" "$MOEQWEN" -ngl 99 --n-cpu-moe "$n" "${args[@]}"

@@ -419,7 +419,11 @@ fn a_streamed_model_reports_the_engines_stream_counters() {
     let s = scrape(&server);
     let before = stream_counters(&s);
     let [bytes, seconds, hits, misses, ..] = before;
-    assert!(bytes > 0.0 && seconds > 0.0 && misses > 0.0, "{before:?}");
+    // Read and looked up (a read-ahead deep enough serves every lookup).
+    assert!(
+        bytes > 0.0 && seconds > 0.0 && hits + misses > 0.0,
+        "{before:?}"
+    );
     // Its hottest level: too big for the budget, it streams through the
     // largest cache the budget holds.
     assert_eq!(

@@ -1630,6 +1630,96 @@ impl EvalHook for Streamer {
 mod tests {
     use super::*;
 
+    /// A streamer over a 4-layer tiny Mixtral written to a temporary file,
+    /// with a cache of `layers` layers' bytes (`None`: unlimited).
+    fn tiny_streamer(name: &str, layers: Option<u64>) -> (Streamer, PathBuf) {
+        let path = std::env::temp_dir().join(format!(
+            "hypura-streamer-{name}-{}.gguf",
+            std::process::id()
+        ));
+        let spec = hypura_synth::SynthSpec::tiny_mixtral().with_layers(4);
+        hypura_synth::write(&spec, &path).unwrap();
+        let gguf = GgufFile::open(&path).unwrap();
+        let placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
+        let new = |budget| {
+            let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
+            Streamer::new(
+                &gguf,
+                &placement,
+                region,
+                File::open(&path).unwrap(),
+                budget,
+            )
+        };
+        let layer = new(u64::MAX).unwrap().minimum_budget_bytes();
+        let budget = layers.map_or(u64::MAX, |n| n * layer);
+        (new(budget).unwrap(), path)
+    }
+
+    #[test]
+    fn a_prompt_pass_leaves_the_decode_scores_alone() {
+        let (streamer, path) = tiny_streamer("scores", None);
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        // A decode's choice counts; a prompt chunk's (64 rows) does not.
+        streamer.ensure(0, &[1], 1);
+        streamer.decode_done();
+        streamer.ensure(0, &every, 64);
+        streamer.ensure(1, &every, 64);
+        streamer.decode_done();
+        let state = streamer.lock();
+        for e in &every {
+            let want = if *e == 1 { 1.0 } else { 0.0 };
+            assert_eq!(state.units[&(0, *e)].score, want, "layer 0 expert {e}");
+            assert_eq!(state.units[&(1, *e)].score, 0.0, "layer 1 expert {e}");
+        }
+        // Both passes still read what they lacked.
+        assert!(
+            state
+                .units
+                .values()
+                .filter(|u| u.residency == Residency::Resident)
+                .count()
+                >= 8
+        );
+        drop(state);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_pass_reads_ahead_by_what_it_reads_for_a_layer() {
+        let (streamer, path) = tiny_streamer("ahead", Some(2));
+        let mut state = streamer.lock();
+        let layer: u64 = (0..state.n_experts)
+            .map(|e| state.units[&(0, e)].bytes)
+            .sum();
+        // Four layers streamed, two cached: a pass lacks half a layer a layer.
+        assert_eq!(state.stream_layers, 4);
+        assert_eq!(streamer.lacking_per_layer(&state), layer / 2);
+        // Read ahead: one expert of layer 1, two of layer 3; one of layer 0
+        // (computing) and one of layer 2 read but not by the read-ahead.
+        state.current_layer = 0;
+        for (key, prefetched) in [
+            ((0, 0), true),
+            ((1, 0), true),
+            ((2, 1), false),
+            ((3, 0), true),
+            ((3, 1), true),
+        ] {
+            let unit = state.units.get_mut(&key).unwrap();
+            unit.residency = Residency::Resident;
+            unit.prefetched = prefetched;
+        }
+        let bytes = |k: UnitKey| state.units[&k].bytes;
+        assert_eq!(read_ahead_bytes(&state, 0), 0);
+        assert_eq!(read_ahead_bytes(&state, 2), bytes((1, 0)));
+        assert_eq!(
+            read_ahead_bytes(&state, 3),
+            bytes((1, 0)) + bytes((3, 0)) + bytes((3, 1))
+        );
+        drop(state);
+        let _ = std::fs::remove_file(path);
+    }
+
     #[test]
     fn layers_pinned_without_asking_leave_another_context_room_for_its_layer() {
         let path =
