@@ -1722,25 +1722,9 @@ mod tests {
 
     #[test]
     fn layers_pinned_without_asking_leave_another_context_room_for_its_layer() {
-        let path =
-            std::env::temp_dir().join(format!("hypura-streamer-pins-{}.gguf", std::process::id()));
-        let spec = hypura_synth::SynthSpec::tiny_mixtral().with_layers(4);
-        hypura_synth::write(&spec, &path).unwrap();
-        let gguf = GgufFile::open(&path).unwrap();
-        let placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
-        let new = |budget| {
-            let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
-            Streamer::new(
-                &gguf,
-                &placement,
-                region,
-                File::open(&path).unwrap(),
-                budget,
-            )
-        };
-        let layer = new(u64::MAX).unwrap().minimum_budget_bytes();
         // Room for two layers: one per context decoding at once.
-        let streamer = new(2 * layer).unwrap();
+        let (streamer, path) = tiny_streamer("pins", Some(2));
+        let layer = streamer.minimum_budget_bytes();
         let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
         // One decode reads layers 0 and 1; the cache is full.
         streamer.ensure(0, &every, 1);
