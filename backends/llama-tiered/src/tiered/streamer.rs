@@ -56,11 +56,6 @@ pub const PROMPT_UBATCH_TOKENS: usize = 32;
 /// ([`Streamer::prefetch_pass`]).
 const PASS_READ_AHEAD_LAYERS: u32 = 3;
 
-/// Most layers' worth of units a prompt chunk pins without asking for their
-/// router's choice ([`Streamer::pin_if_resident`]): the layer computing and
-/// the next.
-const PASS_PINNED_LAYERS: u64 = 2;
-
 /// What the prefetch thread is asked to read.
 enum Ahead {
     /// One unit (a decode's prediction).
@@ -1100,14 +1095,7 @@ impl Streamer {
     /// same time can always evict for its own layer. Past that the layer is
     /// asked for: its request drops this thread's earlier pins (their layers
     /// are computed by then) and pins only the experts chosen.
-    ///
-    /// A prompt chunk's (`rows` from [`PROMPT_UBATCH_TOKENS`]) stop at
-    /// [`PASS_PINNED_LAYERS`] layers' worth: a cache holding the first layers
-    /// of a pass whole would otherwise pin them all before any computes,
-    /// and the reads of the first layer it lacks would have to evict layers
-    /// the pass still needs (the just computed ones, the right victims,
-    /// being pinned), to read them again later in the same pass.
-    fn pin_if_resident(&self, layer: u32, rows: usize) -> bool {
+    fn pin_if_resident(&self, layer: u32) -> bool {
         let mut state = self.lock();
         let keys: Vec<UnitKey> = (0..state.n_experts)
             .map(|e| (layer, e))
@@ -1128,16 +1116,10 @@ impl Streamer {
             .filter(|k| state.units[k].pins == 0)
             .map(|k| state.units[k].bytes)
             .sum();
-        let pass = self.mode == Mode::ExpertStreaming
-            && (rows >= PROMPT_UBATCH_TOKENS
-                || state.prompt_threads.contains(&std::thread::current().id()));
-        let room = if pass {
-            PASS_PINNED_LAYERS * state.minimum_budget_bytes
-        } else {
-            self.budget_now(&state)
-                .saturating_sub(state.minimum_budget_bytes)
-        };
-        if !all_resident && state.pinned_bytes + newly_pinned > room {
+        let room_for_others = self
+            .budget_now(&state)
+            .saturating_sub(state.minimum_budget_bytes);
+        if !all_resident && state.pinned_bytes + newly_pinned > room_for_others {
             return false;
         }
         for k in keys {
@@ -1584,7 +1566,7 @@ impl EvalHook for Streamer {
             // Only the router choices of layers that may need a read: a sync
             // per layer costs more than the bookkeeping here.
             Mode::ExpertStreaming => layer_of(name, b"ffn_moe_topk-").is_some_and(|layer| {
-                let resident = self.pin_if_resident(layer, node.n_rows());
+                let resident = self.pin_if_resident(layer);
                 if resident && node.n_rows() >= PROMPT_UBATCH_TOKENS {
                     self.prompt_layer_resident(layer);
                 }
@@ -1704,28 +1686,6 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_pins_at_most_two_whole_layers_before_asking() {
-        let (streamer, path) = tiny_streamer("pass-pins", Some(4));
-        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
-        // Layers 0-2 resident, layer 3 not: the cache lacks one layer.
-        for layer in 0..3 {
-            streamer.ensure(layer, &every, 1);
-        }
-        streamer.decode_done();
-        // A decode pins three whole layers without asking (one layer's worth
-        // short of the budget)...
-        assert!((0..3).all(|layer| streamer.pin_if_resident(layer, 1)));
-        streamer.decode_done();
-        // ...a prompt chunk two: the third is asked for, so the two computed
-        // ones are unpinned before the pass reads what it lacks.
-        assert!(streamer.pin_if_resident(0, 64));
-        assert!(streamer.pin_if_resident(1, 64));
-        assert!(!streamer.pin_if_resident(2, 64));
-        streamer.decode_done();
-        let _ = std::fs::remove_file(path);
-    }
-
-    #[test]
     fn a_pass_reads_ahead_by_what_it_reads_for_a_layer() {
         let (streamer, path) = tiny_streamer("ahead", Some(2));
         let mut state = streamer.lock();
@@ -1773,8 +1733,8 @@ mod tests {
         // The next decode is asked about both layers before computing either:
         // the first is pinned without a sync, the second would hold the
         // whole cache, so it is asked for.
-        assert!(streamer.pin_if_resident(0, 1));
-        assert!(!streamer.pin_if_resident(1, 1));
+        assert!(streamer.pin_if_resident(0));
+        assert!(!streamer.pin_if_resident(1));
         // Meanwhile another context needs layer 2: it evicts layer 1, not the
         // pinned layer 0, and stays within the budget.
         std::thread::scope(|s| s.spawn(|| streamer.ensure(2, &every, 1)).join().unwrap());
