@@ -143,6 +143,10 @@ struct PhaseStream {
     resident_layer_skips: u64,
     /// Bytes the streamer's read-ahead of a prompt's next layer read.
     read_ahead_bytes: u64,
+    /// Bytes evicted for a prompt's reads, and of those, from layers the
+    /// pass had not reached yet.
+    evicted_bytes: u64,
+    evicted_ahead_bytes: u64,
     /// Layers registered with the GPU's driver, the seconds that took, and
     /// the bytes registered at the phase's end.
     registrations: u64,
@@ -161,6 +165,8 @@ impl PhaseStream {
         self.evictions += s.evictions;
         self.resident_layer_skips += s.resident_layer_skips;
         self.read_ahead_bytes += s.prompt_stream.read_ahead_bytes;
+        self.evicted_bytes += s.prompt_stream.evicted_bytes;
+        self.evicted_ahead_bytes += s.prompt_stream.evicted_ahead_bytes;
         self.registrations += s.registrations;
         self.register_seconds += s.register_seconds;
         self.registered_bytes = s.registered_bytes;
@@ -406,6 +412,10 @@ impl Run<'_> {
         report["predicted_prompt_tokens_per_second"] = json!(predicted_prompt.tokens_per_second);
         report["prompt_relative_error"] = json!(prompt_error);
         report["predicted_prompt"] = json!(predicted_prompt);
+        report["prompt_stream"]["evicted_bytes"] =
+            json!(per_prompt(m.prompt_stream.evicted_bytes as f64));
+        report["prompt_stream"]["evicted_ahead_bytes"] =
+            json!(per_prompt(m.prompt_stream.evicted_ahead_bytes as f64));
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
             return Ok(());

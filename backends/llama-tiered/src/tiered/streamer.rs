@@ -130,6 +130,12 @@ pub struct PromptStreamStats {
     /// Layer requests of prompt chunks (one per layer with an expert to
     /// read, per chunk).
     pub layer_requests: u64,
+    /// Bytes evicted to make room for prompt chunks' reads, and of those,
+    /// bytes of layers the chunk had not computed yet: what it reads again
+    /// later in the same pass (beyond the pass's window, a sign the cache
+    /// is not keeping what the next pass needs).
+    pub evicted_bytes: u64,
+    pub evicted_ahead_bytes: u64,
 }
 
 impl PromptStreamStats {
@@ -148,6 +154,10 @@ impl PromptStreamStats {
             expert_misses: self.expert_misses.saturating_sub(earlier.expert_misses),
             prefetch_hits: self.prefetch_hits.saturating_sub(earlier.prefetch_hits),
             layer_requests: self.layer_requests.saturating_sub(earlier.layer_requests),
+            evicted_bytes: self.evicted_bytes.saturating_sub(earlier.evicted_bytes),
+            evicted_ahead_bytes: self
+                .evicted_ahead_bytes
+                .saturating_sub(earlier.evicted_ahead_bytes),
         }
     }
 }
@@ -1402,6 +1412,13 @@ impl Streamer {
             }
             state.cache_bytes -= bytes;
             state.stats.evictions += 1;
+            if pass && !dense {
+                let p = &mut state.stats.prompt_stream;
+                p.evicted_bytes += bytes;
+                if key.0 > current {
+                    p.evicted_ahead_bytes += bytes;
+                }
+            }
             if wasted {
                 state.stats.prefetch_wasted_bytes += bytes;
             }
@@ -1682,6 +1699,27 @@ mod tests {
                 >= 8
         );
         drop(state);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_pass_counts_what_it_evicts_from_layers_it_has_not_reached() {
+        let (streamer, path) = tiny_streamer("evicted", Some(2));
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        // Decoding leaves layers 2 and 3 in the full cache.
+        streamer.ensure(2, &every, 1);
+        streamer.ensure(3, &every, 1);
+        streamer.decode_done();
+        let layer = streamer.minimum_budget_bytes();
+        // A pass's first layer evicts layer 3, which it has not reached.
+        streamer.ensure(0, &every, 64);
+        let p = streamer.stats().prompt_stream;
+        assert_eq!((p.evicted_bytes, p.evicted_ahead_bytes), (layer, layer));
+        // Its second evicts layer 0, just computed.
+        streamer.ensure(1, &every, 64);
+        streamer.decode_done();
+        let p = streamer.stats().prompt_stream;
+        assert_eq!((p.evicted_bytes, p.evicted_ahead_bytes), (2 * layer, layer));
         let _ = std::fs::remove_file(path);
     }
 
