@@ -445,7 +445,7 @@ impl SynthSpec {
 
 /// The metadata key naming a synthetic MoE's routing profile (`hypura bench`
 /// reports it).
-pub use llama_tiered::tiered::placement::SYNTH_ROUTING_KEY as ROUTING_KEY;
+pub use llama_tiered::tiered::routing::SYNTH_ROUTING_KEY as ROUTING_KEY;
 
 /// Standard deviation of random weights (typical of trained LLM matrices).
 const WEIGHT_STD: f32 = 0.02;

@@ -12,8 +12,7 @@ use llama_tiered::engine::MAX_PARALLEL;
 use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::host::{plan_charged_prompt, CacheFit};
-use llama_tiered::tiered::placement::SYNTH_ROUTING_KEY;
-use llama_tiered::tiered::routing::{RoutingRecorder, RoutingSummary};
+use llama_tiered::tiered::routing::{RoutingRecorder, RoutingSummary, SYNTH_ROUTING_KEY};
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 

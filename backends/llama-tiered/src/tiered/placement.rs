@@ -147,10 +147,6 @@ pub fn plan_file(
     Ok(plan::plan(&request)?)
 }
 
-/// The metadata key where `hypura-synth` names a synthetic MoE's routing
-/// profile (`hypura bench` reports it).
-pub const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
-
 /// What the planner needs from a GGUF: its tensors and model facts, from the
 /// metadata alone (no tensor data is read).
 pub fn plan_inputs(file: &GgufFile) -> Result<(Vec<PlanTensor>, ModelFacts), String> {

@@ -15,6 +15,10 @@ use serde::Serialize;
 
 use crate::llama::{EvalHook, Node};
 
+/// The metadata key where `hypura-synth` names the routing profile its
+/// routers were written with (`hypura bench` reports it).
+pub const SYNTH_ROUTING_KEY: &str = "hypura.synth.routing";
+
 const TOPK_PREFIX: &[u8] = b"ffn_moe_topk-";
 
 thread_local! {
