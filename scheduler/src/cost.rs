@@ -365,11 +365,12 @@ pub struct PromptTraffic {
 /// Layers of streamed weights a prompt pass holds beside the cache's
 /// other contents: the layer computing (its units pinned) and the one read
 /// ahead (the streamer reads past the next layer only while less than a
-/// layer's worth is ahead). Room for them comes from the layers just
-/// computed, which the next pass then lacks: a pass over `n` streamed
+/// layer's average reads are ahead). Room for them comes from the layers
+/// just computed, which the next pass then lacks: a pass over `n` streamed
 /// layers reads what the cache lacks times `1 / (1 − w/n)`. Measured on the
 /// dev machine (Qwen3 shape, 8 layers, cache 53% of the streamed bytes,
-/// passes of 512 and 1,024 tokens): 1.33× what the cache lacked, `w` = 2.
+/// passes of 512 and 1,024 tokens): 1.33× what the cache lacked (1.38× on
+/// random-token prompts), `w` = 2.
 pub const PASS_WINDOW_LAYERS: f64 = 2.0;
 
 /// What a warm pass reads: the streamed bytes the cache lacks, more by the

@@ -687,8 +687,14 @@ fn run_once(
     for seq in 0..n as usize {
         next.push(greedy_token(ctx, ((seq + 1) * prompt.len() - 1) as i32)?);
     }
+    // Each step's reads, where the model streams: nothing is sampled inside
+    // the timed loop of a model that reads no file.
+    let streamed = streams.as_ref().is_some_and(|(t, _)| t.streamer.is_some());
     let mut step_bytes = Vec::with_capacity(tokens as usize);
-    let mut last_read = after_prompt.as_ref().map(|s| s.nvme_bytes_read);
+    let mut last_read = after_prompt
+        .as_ref()
+        .filter(|_| streamed)
+        .map(|s| s.nvme_bytes_read);
     let started = Instant::now();
     let mut step = Batch::new(n as usize);
     for k in 0..tokens {

@@ -1412,7 +1412,7 @@ impl Streamer {
             }
             state.cache_bytes -= bytes;
             state.stats.evictions += 1;
-            if pass && !dense {
+            if pass {
                 let p = &mut state.stats.prompt_stream;
                 p.evicted_bytes += bytes;
                 if key.0 > current {
