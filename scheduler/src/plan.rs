@@ -172,6 +172,16 @@ impl PlanTensor {
     }
 }
 
+/// The layers of `tiers` (tensor name → tier) with a tensor left in the
+/// file (streamed), ascending.
+pub fn stream_layers(tiers: &BTreeMap<String, Tier>) -> BTreeSet<u32> {
+    tiers
+        .iter()
+        .filter(|(_, &tier)| tier == Tier::Stream)
+        .filter_map(|(name, _)| crate::roles::layer_index(name))
+        .collect()
+}
+
 /// What the planner needs to know about a model beyond its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelFacts {
@@ -406,21 +416,10 @@ impl Plan {
             host_weight_bytes: self.tier_bytes.ram + self.tier_bytes.stream,
             stream_bytes: self.tier_bytes.stream,
             stream_cache_bytes: self.stream_cache_bytes,
-            stream_layers: self.stream_layers(),
+            stream_layers: stream_layers(&self.tiers).len() as u32,
             moe: self.moe,
         };
         cost::predict_prompt(&traffic, &self.rates, tokens, n_ubatch, cold)
-    }
-
-    /// Layers with a tensor left in the file (streamed).
-    pub fn stream_layers(&self) -> u32 {
-        let layers: std::collections::BTreeSet<u32> = self
-            .tiers
-            .iter()
-            .filter(|(_, &tier)| tier == Tier::Stream)
-            .filter_map(|(name, _)| crate::roles::layer_index(name))
-            .collect();
-        layers.len() as u32
     }
 
     pub fn bottleneck(&self) -> Bottleneck {

@@ -79,13 +79,7 @@ impl Placement {
 
     /// The layers with a STREAM tensor, ascending.
     pub fn stream_layers(&self) -> Vec<u32> {
-        let layers: std::collections::BTreeSet<u32> = self
-            .tiers
-            .iter()
-            .filter(|(_, &t)| t == Tier::Stream)
-            .filter_map(|(n, _)| hypura_scheduler::roles::layer_index(n))
-            .collect();
-        layers.into_iter().collect()
+        plan::stream_layers(&self.tiers).into_iter().collect()
     }
 }
 
