@@ -412,6 +412,7 @@ VS=$OUT/vs.jsonl
 # (KiB) of the hypura process; inside a cgroup of memory.max $CG when set.
 # Several prompt sizes (`--prompt-tokens 512,2048,1`) give one report each,
 # as cases CASE-ppN.
+# HB_LOGS=DIR: hypura's stderr (its log) kept as DIR/CASE.log.
 hb() {
   local case=$1 model=$2; shift 2
   late "hypura bench $case" && return 0
@@ -423,10 +424,14 @@ hb() {
     wrap=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh)
   fi
   python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
-import json, resource, subprocess, sys
+import json, os, resource, subprocess, sys
 case, cmd = sys.argv[1], sys.argv[2:]
 r = subprocess.run(cmd, capture_output=True, text=True)
 rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+if os.environ.get("HB_LOGS"):
+    os.makedirs(os.environ["HB_LOGS"], exist_ok=True)
+    with open(os.path.join(os.environ["HB_LOGS"], case + ".log"), "w") as f:
+        f.write(r.stderr)
 if r.returncode != 0:
     sys.stderr.write(r.stderr[-2000:])
     sys.exit(1)
