@@ -21,11 +21,12 @@
 //! [`PROMPT_UBATCH_TOKENS`] tokens routes to nearly every expert of every
 //! layer, so it is served layer by layer as a pass over the file: a layer's
 //! request reads each expert it lacks once, in file order, while the
-//! prefetcher reads the whole next layer in file order (overlapping this
-//! layer's compute); room is made by evicting the layer needed last in the
-//! pass (the one just computed), so a cache smaller than the pass keeps the
-//! same layers across chunks instead of cycling all of them. Their reads
-//! and waits are counted apart ([`StreamStats::prompt_stream`]).
+//! prefetcher reads the layers after it in file order (overlapping this
+//! layer's compute) as far as room from the layers computed allows; room is
+//! made by evicting the layer needed last in the pass (the one just
+//! computed), so a cache smaller than the pass keeps the same layers across
+//! chunks instead of cycling all of them. Their reads and waits are counted
+//! apart ([`StreamStats::prompt_stream`]).
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
@@ -52,10 +53,6 @@ type UnitKey = (u32, u32);
 /// 0.87. llama.cpp's own threshold for copying host weights to a GPU.
 pub const PROMPT_UBATCH_TOKENS: usize = 32;
 
-/// How many layers a prompt chunk's reads run ahead of its compute
-/// ([`Streamer::prefetch_pass`]).
-const PASS_READ_AHEAD_LAYERS: u32 = 3;
-
 /// What the prefetch thread is asked to read.
 enum Ahead {
     /// One unit (a decode's prediction).
@@ -63,6 +60,17 @@ enum Ahead {
     /// The `.1` units of a layer most used so far (all of them for a large
     /// chunk), those that fit, in file order (a prompt chunk's next layer).
     Layer(u32, usize),
+}
+
+/// What [`Streamer::prefetch_layer`] did with a layer.
+enum LayerRead {
+    /// Nothing to read: every unit asked for is resident (or being read).
+    Whole,
+    /// Read every unit asked for.
+    Read,
+    /// Room for not all of them, or the read failed: the pass's read-ahead
+    /// stops here.
+    Stop,
 }
 
 /// Counters of one model's streaming, cumulative since load.
@@ -958,16 +966,16 @@ impl Streamer {
         self.send_ahead(vec![Ahead::Layer(layer + 1, count)]);
     }
 
-    /// A prompt chunk's read-ahead: `first`, then the layers after it in
-    /// the pass while the chunk computes at most [`PASS_READ_AHEAD_LAYERS`]
-    /// layers behind and less than a layer's average reads are ahead
-    /// ([`read_ahead_bytes`]). One layer ahead left the disk idle whenever the layer
-    /// computing needed fewer reads than its compute time (a layer the cache
-    /// mostly holds, frequent under skewed routing): on the H200, 2.3 s of
-    /// a 512-token prompt's 4.4 s of reads were stalls. Room for a layer
-    /// further ahead comes only from units needed later still, so reading
-    /// ahead never evicts what the chunk needs sooner. The pass ends at the
-    /// last layer (the next chunk's first layers are read when it comes).
+    /// A prompt chunk's read-ahead: `first`, then each layer after it to
+    /// the pass's end, while room for its reads is free or comes from the
+    /// layers the chunk has computed (needed again only by the next pass,
+    /// after every layer ahead), never from a layer ahead: that the chunk
+    /// would read twice. So the disk reads on through the layers the cache
+    /// holds whole, where the compute alone sets the pace (on the H200,
+    /// Qwen3's layers 6 to 21 of a pass: 0.9 s of 5.5 s with the disk idle
+    /// while the read-ahead stopped three layers ahead), at no cost in
+    /// bytes. The pass ends at the last layer (the next chunk's first
+    /// layers are read when it comes).
     ///
     /// A request can wait in the queue while the chunk computes on (reads
     /// slower than compute): a layer the chunk has reached by then is read
@@ -985,15 +993,12 @@ impl Streamer {
                     return;
                 }
             }
-            // Found whole: registered (see `pinning` for why only then).
-            if !self.prefetch_layer(layer, count) {
-                self.ask_register(layer);
+            match self.prefetch_layer(layer, count) {
+                // Found whole: registered (see `pinning` for why only then).
+                LayerRead::Whole => self.ask_register(layer),
+                LayerRead::Read => {}
+                LayerRead::Stop => return,
             }
-            let state = self.lock();
-            if read_ahead_bytes(&state, layer) >= self.lacking_per_layer(&state) {
-                return;
-            }
-            drop(state);
             layer += 1;
         }
     }
@@ -1003,10 +1008,11 @@ impl Streamer {
     /// for, in file order and as one read: a prompt chunk's next layer,
     /// `count` being how many experts the chunk's layer before chose (a
     /// large chunk needs nearly all of them; a smaller one, under skewed
-    /// routing, mostly the popular ones). Room comes only from units needed
-    /// later in the pass than `layer`; reads count as the prompt's.
-    fn prefetch_layer(&self, layer: u32, count: usize) -> bool {
-        let (taken, bytes, ranges) = {
+    /// routing, mostly the popular ones). Room comes only from free room
+    /// and the layers the chunk has computed ([`Streamer::prefetch_pass`]);
+    /// reads count as the prompt's.
+    fn prefetch_layer(&self, layer: u32, count: usize) -> LayerRead {
+        let (taken, wanted, bytes, ranges) = {
             let mut state = self.lock();
             let mut keys: Vec<UnitKey> = (0..state.n_experts)
                 .map(|e| (layer, e))
@@ -1016,15 +1022,17 @@ impl Streamer {
             keys.truncate(count);
             keys.retain(|k| state.units[k].residency == Residency::Absent);
             if keys.is_empty() {
-                return false;
+                return LayerRead::Whole;
             }
             keys.sort_by_key(|k| state.units[k].ranges.first().map_or(0, |r| r.0));
-            let distance = pass_distance(layer, state.current_layer, state.n_layers);
+            // Layers the chunk has computed are the ones a pass needs
+            // further than every layer after the one computing.
+            let computed = state.n_layers - 1 - state.current_layer.min(state.n_layers - 1);
             self.sample_host(&mut state);
-            let (mut taken, mut bytes) = (Vec::new(), 0);
+            let (mut taken, mut bytes, wanted) = (Vec::new(), 0, keys.len());
             for key in keys {
                 let unit_bytes = state.units[&key].bytes;
-                if !self.make_room(&mut state, unit_bytes, Some((distance, 0.0)), true) {
+                if !self.make_room(&mut state, unit_bytes, Some((computed, 0.0)), true) {
                     break;
                 }
                 let unit = state.units.get_mut(&key).expect("exists");
@@ -1042,11 +1050,16 @@ impl Streamer {
                     .flat_map(|k| state.units[k].ranges.iter().copied())
                     .collect::<Vec<_>>(),
             );
-            (taken, bytes, ranges)
+            (taken, wanted, bytes, ranges)
         };
         if taken.is_empty() {
-            return true;
+            return LayerRead::Stop;
         }
+        let mut read = if taken.len() == wanted {
+            LayerRead::Read
+        } else {
+            LayerRead::Stop
+        };
         let read_started = Instant::now();
         let (arrived, result) = self.read_ranges(&ranges);
         let mut state = self.lock();
@@ -1068,6 +1081,7 @@ impl Streamer {
                 // Not an error yet: a request that needs these units reads
                 // them again (and surfaces the error).
                 tracing::warn!("prefetch failed: {e}");
+                read = LayerRead::Stop;
                 for key in &taken {
                     let unit = state.units.get_mut(key).expect("exists");
                     unit.residency = Residency::Absent;
@@ -1081,14 +1095,7 @@ impl Streamer {
         }
         drop(state);
         self.loaded.notify_all();
-        true
-    }
-
-    /// What a pass reads per streamed layer on average: the streamed bytes
-    /// the cache cannot hold, over the layers that stream.
-    fn lacking_per_layer(&self, state: &State) -> u64 {
-        let lacking = state.total_bytes.saturating_sub(self.budget_now(state));
-        lacking / u64::from(state.stream_layers.max(1))
+        read
     }
 
     /// Hands `layer` to the registering thread, if it runs: a prompt pass
@@ -1148,7 +1155,7 @@ impl Streamer {
         }
         for k in keys {
             pin(&mut state, k);
-            // Used: no longer read ahead ([`read_ahead_bytes`]), nor wasted if evicted.
+            // Used: not wasted if evicted.
             state.units.get_mut(&k).expect("filtered").prefetched = false;
         }
         state.stats.resident_layer_skips += 1;
@@ -1445,30 +1452,6 @@ impl Streamer {
     }
 }
 
-/// Bytes the read-ahead brought in for the layers after the one computing,
-/// up to `last`, not used yet. A prompt pass reads past the next layer only
-/// while these are less than what a pass reads for one layer on average
-/// ([`Streamer::lacking_per_layer`]): each byte held ahead is a byte of the
-/// cache's other contents evicted, read again next pass (a window of `w`
-/// layers makes a pass over `n` read about `1 / (1 − w/n)` times what the
-/// cache lacks: 1.54× on the dev machine's 8-layer Qwen3 shape when reads
-/// ran up to a whole layer's bytes ahead), while a layer's reads ahead
-/// already keep the disk busy through the next layer's compute.
-fn read_ahead_bytes(state: &State, last: u32) -> u64 {
-    let current = state.current_layer;
-    if last <= current {
-        return 0;
-    }
-    state
-        .units
-        .iter()
-        .filter(|(k, u)| {
-            k.0 > current && k.0 <= last && u.prefetched && u.residency != Residency::Absent
-        })
-        .map(|(_, u)| u.bytes)
-        .sum()
-}
-
 /// How many layers after `current` a pass over `n_layers` layers next needs
 /// `layer`: 1 for the next layer, `n_layers` for `current` itself (its
 /// units in use are pinned; the others wait for the next chunk).
@@ -1477,12 +1460,11 @@ fn pass_distance(layer: u32, current: u32, n_layers: u32) -> u32 {
     (layer + n - current % n - 1) % n + 1
 }
 
-/// Whether a prompt pass computing `current` reads `next` ahead: after
-/// `current` in this pass (not a layer it has reached, nor the next chunk's
-/// first layers, read when it comes) and at most [`PASS_READ_AHEAD_LAYERS`]
-/// ahead.
+/// Whether a prompt pass computing `current` reads `next` ahead: a layer
+/// after `current` in this pass, not one it has reached, nor the next
+/// chunk's first layers (read when it comes).
 fn pass_reads_on(next: u32, current: u32, n_layers: u32) -> bool {
-    next > current && next < n_layers && next - current <= PASS_READ_AHEAD_LAYERS
+    next > current && next < n_layers
 }
 
 /// `ranges` sorted by file offset, those that touch or overlap merged: one
@@ -1743,37 +1725,60 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_reads_ahead_by_what_it_reads_for_a_layer() {
-        let (streamer, path) = tiny_streamer("ahead", Some(2));
-        let mut state = streamer.lock();
-        let layer: u64 = (0..state.n_experts)
-            .map(|e| state.units[&(0, e)].bytes)
-            .sum();
-        // Four layers streamed, two cached: a pass lacks half a layer a layer.
-        assert_eq!(state.stream_layers, 4);
-        assert_eq!(streamer.lacking_per_layer(&state), layer / 2);
-        // Read ahead: one expert of layer 1, two of layer 3; one of layer 0
-        // (computing) and one of layer 2 read but not by the read-ahead.
-        state.current_layer = 0;
-        for (key, prefetched) in [
-            ((0, 0), true),
-            ((1, 0), true),
-            ((2, 1), false),
-            ((3, 0), true),
-            ((3, 1), true),
-        ] {
-            let unit = state.units.get_mut(&key).unwrap();
-            unit.residency = Residency::Resident;
-            unit.prefetched = prefetched;
+    fn a_pass_reads_ahead_to_its_end_with_room_from_the_layers_it_computed() {
+        let (streamer, path) = tiny_streamer("ahead", Some(3));
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        let layer = streamer.minimum_budget_bytes();
+        let whole = |l: u32| {
+            let state = streamer.lock();
+            every
+                .iter()
+                .all(|&e| state.units[&(l, e)].residency == Residency::Resident)
+        };
+        // A first pass leaves layers 0, 1 and 3 (layer 2, read last, goes
+        // for layer 3).
+        for l in 0..4 {
+            streamer.ensure(l, &every, 64);
         }
-        let bytes = |k: UnitKey| state.units[&k].bytes;
-        assert_eq!(read_ahead_bytes(&state, 0), 0);
-        assert_eq!(read_ahead_bytes(&state, 2), bytes((1, 0)));
-        assert_eq!(
-            read_ahead_bytes(&state, 3),
-            bytes((1, 0)) + bytes((3, 0)) + bytes((3, 1))
-        );
+        streamer.decode_done();
+        assert!(whole(0) && whole(1) && !whole(2) && whole(3));
+        // The next one computes layer 1: its read-ahead reads layer 2 in
+        // the room of layer 0 (computed), not of layer 3 (ahead), and goes
+        // on to the pass's end.
+        streamer.ensure(0, &every, 64);
+        streamer.ensure(1, &every, 64);
+        let before = streamer.stats().prompt_stream;
+        streamer.prefetch_pass(2, every.len());
+        let p = streamer.stats().prompt_stream.since(&before);
+        // One layer's bytes (reads round out to whole pages).
+        assert!((layer..layer + 8 * PAGE as u64).contains(&p.read_ahead_bytes));
+        assert!(!whole(0) && whole(2) && whole(3));
+        streamer.decode_done();
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_pass_that_has_computed_nothing_reads_ahead_only_into_free_room() {
+        let (streamer, path) = tiny_streamer("ahead-start", Some(2));
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        // Decoding filled the cache with layers 2 and 3.
+        streamer.ensure(2, &every, 1);
+        streamer.ensure(3, &every, 1);
+        streamer.decode_done();
+        // A pass's first layer needs one expert (room from layer 3, needed
+        // last); nothing else the cache holds has been computed.
+        streamer.ensure(0, &[0], 64);
+        let before = streamer.stats();
+        streamer.prefetch_pass(1, every.len());
+        let after = streamer.stats();
+        assert_eq!(after.nvme_bytes_read, before.nvme_bytes_read);
+        assert_eq!(after.evictions, before.evictions);
+        let state = streamer.lock();
+        assert!(every
+            .iter()
+            .all(|&e| state.units[&(2, e)].residency == Residency::Resident));
         drop(state);
+        streamer.decode_done();
         let _ = std::fs::remove_file(path);
     }
 
@@ -1952,19 +1957,14 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_reads_up_to_three_layers_ahead_of_its_compute_within_the_pass() {
-        // Computing layer 2 of 8: layers 3 to 5 are read ahead, 6 waits.
-        let on: Vec<u32> = (3..8).filter(|&l| pass_reads_on(l, 2, 8)).collect();
-        assert_eq!(on, vec![3, 4, 5]);
-        // Near the end: never past the last layer into the next chunk's.
-        assert!(pass_reads_on(7, 5, 8));
-        assert!(!pass_reads_on(8, 6, 8));
-        // The compute reached or went past the layer (it read that layer
-        // itself), or wrapped into the next chunk's.
-        assert!(!pass_reads_on(3, 4, 8));
-        assert!(!pass_reads_on(4, 4, 8));
+    fn a_pass_reads_ahead_within_the_pass_only() {
+        // Computing layer 2 of 8: every later layer is read ahead.
+        let on: Vec<u32> = (0..9).filter(|&l| pass_reads_on(l, 2, 8)).collect();
+        assert_eq!(on, vec![3, 4, 5, 6, 7]);
+        // Never a layer the compute reached or went past (it read that
+        // layer itself), nor into the next chunk's.
+        assert!(!pass_reads_on(2, 2, 8));
         assert!(!pass_reads_on(0, 7, 8));
-        assert!(!pass_reads_on(1, 6, 8));
     }
 
     #[test]
