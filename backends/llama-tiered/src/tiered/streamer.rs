@@ -1751,7 +1751,7 @@ mod tests {
         streamer.prefetch_pass(2, every.len());
         let p = streamer.stats().prompt_stream.since(&before);
         // One layer's bytes (reads round out to whole pages).
-        assert!((layer..layer + 8 * PAGE as u64).contains(&p.read_ahead_bytes));
+        assert!((layer..layer + 8 * PAGE).contains(&p.read_ahead_bytes));
         assert!(!whole(0) && whole(2) && whole(3));
         streamer.decode_done();
         let _ = std::fs::remove_file(path);
