@@ -1651,6 +1651,16 @@ mod tests {
     /// A streamer over a 4-layer tiny Mixtral written to a temporary file,
     /// with a cache of `layers` layers' bytes (`None`: unlimited).
     fn tiny_streamer(name: &str, layers: Option<u64>) -> (Streamer, PathBuf) {
+        tiny_streamer_placed(name, layers, |_| {})
+    }
+
+    /// [`tiny_streamer`] with its expert-streaming placement changed by
+    /// `place` first.
+    fn tiny_streamer_placed(
+        name: &str,
+        layers: Option<u64>,
+        place: impl FnOnce(&mut Placement),
+    ) -> (Streamer, PathBuf) {
         let path = std::env::temp_dir().join(format!(
             "hypura-streamer-{name}-{}.gguf",
             std::process::id()
@@ -1658,7 +1668,8 @@ mod tests {
         let spec = hypura_synth::SynthSpec::tiny_mixtral().with_layers(4);
         hypura_synth::write(&spec, &path).unwrap();
         let gguf = GgufFile::open(&path).unwrap();
-        let placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
+        let mut placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
+        place(&mut placement);
         let new = |budget| {
             let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
             Streamer::new(
@@ -1672,6 +1683,17 @@ mod tests {
         let layer = new(u64::MAX).unwrap().minimum_budget_bytes();
         let budget = layers.map_or(u64::MAX, |n| n * layer);
         (new(budget).unwrap(), path)
+    }
+
+    /// A tiny streamer with room for two layers, filled by decoding layers
+    /// 2 and 3; with every expert's index.
+    fn decoded_layers_2_and_3(name: &str) -> (Streamer, PathBuf, Vec<u32>) {
+        let (streamer, path) = tiny_streamer(name, Some(2));
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        streamer.ensure(2, &every, 1);
+        streamer.ensure(3, &every, 1);
+        streamer.decode_done();
+        (streamer, path, every)
     }
 
     #[test]
@@ -1705,12 +1727,8 @@ mod tests {
 
     #[test]
     fn a_pass_counts_what_it_evicts_from_layers_it_has_not_reached() {
-        let (streamer, path) = tiny_streamer("evicted", Some(2));
-        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
         // Decoding leaves layers 2 and 3 in the full cache.
-        streamer.ensure(2, &every, 1);
-        streamer.ensure(3, &every, 1);
-        streamer.decode_done();
+        let (streamer, path, every) = decoded_layers_2_and_3("evicted");
         let layer = streamer.minimum_budget_bytes();
         // A pass's first layer evicts layer 3, which it has not reached.
         streamer.ensure(0, &every, 64);
@@ -1759,12 +1777,8 @@ mod tests {
 
     #[test]
     fn a_pass_that_has_computed_nothing_reads_ahead_only_into_free_room() {
-        let (streamer, path) = tiny_streamer("ahead-start", Some(2));
-        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
         // Decoding filled the cache with layers 2 and 3.
-        streamer.ensure(2, &every, 1);
-        streamer.ensure(3, &every, 1);
-        streamer.decode_done();
+        let (streamer, path, every) = decoded_layers_2_and_3("ahead-start");
         // A pass's first layer needs one expert (room from layer 3, needed
         // last); nothing else the cache holds has been computed.
         streamer.ensure(0, &[0], 64);
@@ -1989,34 +2003,15 @@ mod tests {
 
     #[test]
     fn a_pass_at_a_layer_held_on_another_tier_evicts_what_the_next_pass_needs_last() {
-        let path =
-            std::env::temp_dir().join(format!("hypura-streamer-tier-{}.gguf", std::process::id()));
-        hypura_synth::write(
-            &hypura_synth::SynthSpec::tiny_mixtral().with_layers(4),
-            &path,
-        )
-        .unwrap();
-        let gguf = GgufFile::open(&path).unwrap();
         // Layers 0 to 2 stream; layer 3's experts are held in RAM.
-        let mut placement = Placement::for_mode(&gguf, Mode::ExpertStreaming).unwrap();
-        for (name, tier) in placement.tiers.iter_mut() {
-            if name.starts_with("blk.3.") {
-                *tier = Tier::Ram;
+        let (streamer, path) = tiny_streamer_placed("tier", Some(2), |placement| {
+            for (name, tier) in placement.tiers.iter_mut() {
+                if name.starts_with("blk.3.") {
+                    *tier = Tier::Ram;
+                }
             }
-        }
-        let new = |budget| {
-            let region = Arc::new(StreamRegion::reserve(gguf.file_bytes()).unwrap());
-            Streamer::new(
-                &gguf,
-                &placement,
-                region,
-                File::open(&path).unwrap(),
-                budget,
-            )
-            .unwrap()
-        };
-        let layer = new(u64::MAX).minimum_budget_bytes();
-        let streamer = new(2 * layer);
+        });
+        let layer = streamer.minimum_budget_bytes();
         assert_eq!(streamer.lock().n_layers, 4);
         let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
         // A pass: layer 2 evicts layer 1 (the next pass needs layer 0 first).
