@@ -423,7 +423,9 @@ hb() {
     cgroup_at "$cg" "$CG" || { log "$case skipped"; return 1; }
     wrap=(sh -c "echo \$\$ > $cg/cgroup.procs && exec \"\$@\"" sh)
   fi
-  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} "$@" >>"$VS" 2>"$W/err.txt" <<'EOF'
+  # HB_ARGS: more `hypura bench` options for every case (e.g. --read-queue-depth 8).
+  # shellcheck disable=SC2086
+  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} "$@" ${HB_ARGS:-} >>"$VS" 2>"$W/err.txt" <<'EOF'
 import json, os, resource, subprocess, sys
 case, cmd = sys.argv[1], sys.argv[2:]
 r = subprocess.run(cmd, capture_output=True, text=True)
@@ -764,7 +766,7 @@ vsmixprompt() {
   drop_caches
   # One load: pp512 and pp2048, each followed by MIX_TOKENS decoded, then a
   # 1-token prompt and its decode (llama-bench's tg: no prompt pass before it).
-  CG=$hcg hb mixtral-routed "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
+  CG=$hcg hb "mixtral-routed${CASE_TAG:-}" "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
     --prompt-tokens "${PROMPT_SIZES:-512,2048,1}" --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
   # PROMPT_REPS: timed repetitions of each pp512 (default 1).
   # PROMPT_PINNED=1: pp512 again with the stream cache's whole layers
@@ -800,7 +802,8 @@ vsqwenprompt() {
   fi
   local cg=${QWEN_LB_MAX:-8902123520} n
   drop_caches
-  CG=$cg hb qwen3-routed "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
+  # CASE_TAG: a suffix for the case names (runs of one call that differ in HB_ARGS).
+  CG=$cg hb "qwen3-routed${CASE_TAG:-}" "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
     --prompt-tokens "${PROMPT_SIZES:-512,2048,1}" --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches

@@ -13,6 +13,7 @@ use llama_tiered::hwprobe;
 use llama_tiered::llama::{Batch, ContextParams};
 use llama_tiered::tiered::host::{plan_charged_prompt, CacheFit};
 use llama_tiered::tiered::routing::{RoutingRecorder, RoutingSummary, SYNTH_ROUTING_KEY};
+use llama_tiered::tiered::streamer::READ_CHUNK_BYTES;
 use llama_tiered::tiered::{Mode, PlannedLoad, StreamStats, TieredModel, TieredParams};
 use serde_json::json;
 
@@ -75,6 +76,10 @@ pub struct BenchArgs {
     /// Predict with this saved profile (default: this machine's cached one).
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Reads in flight when streaming weights (default: what the profile's
+    /// disk measurements suggest, else 4), as `hypura run` takes it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    read_queue_depth: Option<u32>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -265,6 +270,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         no_repack: true,
         prefetch: true,
         plan: Some(PlannedLoad::from_plan(&file, &plan)?),
+        read_queue_depth: args.read_queue_depth.or_else(|| {
+            hwprobe::suggested_read_queue_depth(&loaded.profile.disk, READ_CHUNK_BYTES)
+        }),
         ..Default::default()
     };
     let load_started = Instant::now();
@@ -283,6 +291,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         routing_profile: routing_profile.as_deref(),
         experts,
         experts_used,
+        read_queue_depth: tiered.streamer.as_ref().map(|s| s.read_queue_depth()),
     };
     measure(&tiered, &args, &context, limit, n_expert, |m| run.report(m))
 }
@@ -296,6 +305,8 @@ struct Run<'a> {
     routing_profile: Option<&'a str>,
     experts: Option<u64>,
     experts_used: Option<u64>,
+    /// Reads in flight per streamed read (when weights stream).
+    read_queue_depth: Option<u32>,
 }
 
 impl Run<'_> {
@@ -309,6 +320,7 @@ impl Run<'_> {
             routing_profile,
             experts,
             experts_used,
+            read_queue_depth,
         } = *self;
         let n_expert = experts.unwrap_or(0) as usize;
         let overhead = loaded.profile.host_overhead();
@@ -407,6 +419,7 @@ impl Run<'_> {
                 "decode": decode,
             })),
         });
+        report["read_queue_depth"] = json!(read_queue_depth);
         // Beside the measured prompt rate (apart: one json! this deep overflows the macro).
         report["predicted_prompt_tokens_per_second"] = json!(predicted_prompt.tokens_per_second);
         report["prompt_relative_error"] = json!(prompt_error);

@@ -53,6 +53,12 @@ type UnitKey = (u32, u32);
 /// 0.87. llama.cpp's own threshold for copying host weights to a GPU.
 pub const PROMPT_UBATCH_TOKENS: usize = 32;
 
+/// Target of the debug events that trace each prompt pass layer by layer
+/// (`RUST_LOG=hypura::pass=debug`): each layer's request (hits, misses,
+/// bytes read on demand, stall), each read ahead (layer, bytes, time) and
+/// the pass's end; their timestamps show where the disk idles.
+pub const PASS_TRACE: &str = "hypura::pass";
+
 /// What the prefetch thread is asked to read.
 enum Ahead {
     /// One unit (a decode's prediction).
@@ -62,15 +68,27 @@ enum Ahead {
     Layer(u32, usize),
 }
 
-/// What [`Streamer::prefetch_layer`] did with a layer.
-enum LayerRead {
+/// What [`Streamer::claim_layer`] found in a layer.
+enum LayerClaim {
     /// Nothing to read: every unit asked for is resident (or being read).
     Whole,
-    /// Read every unit asked for.
-    Read,
-    /// Room for not all of them, or the read failed: the pass's read-ahead
-    /// stops here.
-    Stop,
+    /// Units claimed for a read.
+    Units(Claim),
+    /// No room for any: the pass's read-ahead stops here.
+    NoRoom,
+}
+
+/// Units of one layer claimed for a read ahead: loading, their room made.
+struct Claim {
+    layer: u32,
+    /// Every unit asked for (else room ran out: the read-ahead stops after).
+    all: bool,
+    taken: Vec<UnitKey>,
+    bytes: u64,
+    /// Their ranges in file order.
+    ranges: Vec<(u64, u64)>,
+    /// Time taken choosing them and making their room.
+    claim_seconds: f64,
 }
 
 /// Counters of one model's streaming, cumulative since load.
@@ -867,7 +885,7 @@ impl Streamer {
         state.cache_bytes += needed;
         state.loading_bytes += needed;
         state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
-        let ahead: Vec<Ahead> = if prompt {
+        let mut ahead: Vec<Ahead> = if prompt {
             // Co-activation counts are per token: a chunk's union of every
             // token's choice says nothing about pairs.
             state.last_request = None;
@@ -879,6 +897,16 @@ impl Streamer {
                 .collect()
         };
         drop(state);
+        // A chunk's read-ahead starts now, beside this layer's own read: the
+        // disk sets a pass's pace where layers lack units, and a read ahead
+        // claimed (and queued) while this one runs keeps it busy through
+        // this layer's compute. (Sent after the read, it left the disk idle
+        // for that compute and the claim: at the H200's pass start, each
+        // layer's.) A decode's predictions wait for its own read, which its
+        // token waits for.
+        if prompt {
+            self.send_ahead(std::mem::take(&mut ahead));
+        }
 
         if !misses.is_empty() {
             let slices = misses.iter().flat_map(|m| m.2.iter().copied());
@@ -933,6 +961,16 @@ impl Streamer {
         state.stats.io_stall_seconds += stall;
         if prompt {
             state.stats.prompt_stream.io_stall_seconds += stall;
+            tracing::debug!(
+                target: PASS_TRACE,
+                layer,
+                hits,
+                misses = misses.len(),
+                read_mb = needed as f64 / 1e6,
+                stall_ms = stall * 1e3,
+                cache_mb = state.cache_bytes as f64 / 1e6,
+                "pass layer asked"
+            );
         }
         state.last_request_end = Some(Instant::now());
         drop(state);
@@ -953,19 +991,6 @@ impl Streamer {
         }
     }
 
-    /// A prompt chunk's `layer` needs no read (every unit resident, pinned
-    /// by [`Streamer::pin_if_resident`]): the chunk is still a pass over
-    /// the file, so the next layer is read ahead from here, while this one
-    /// computes.
-    fn prompt_layer_resident(&self, layer: u32) {
-        let mut state = self.lock();
-        state.prompt_threads.insert(std::thread::current().id());
-        state.current_layer = layer;
-        let count = state.n_experts as usize;
-        drop(state);
-        self.send_ahead(vec![Ahead::Layer(layer + 1, count)]);
-    }
-
     /// A prompt chunk's read-ahead: `first`, then each layer after it to
     /// the pass's end, while room for its reads is free or comes from the
     /// layers the chunk has computed (needed again only by the next pass,
@@ -977,89 +1002,129 @@ impl Streamer {
     /// bytes. The pass ends at the last layer (the next chunk's first
     /// layers are read when it comes).
     ///
+    /// One layer's read is in flight while the next layer is claimed
+    /// (chosen, room made, marked loading): claiming a layer evicts a
+    /// layer's worth of units, which took ~20 ms per layer on the H200
+    /// with the disk idle (a tenth of a layer's read) when done between
+    /// the reads.
+    ///
     /// A request can wait in the queue while the chunk computes on (reads
     /// slower than compute): a layer the chunk has reached by then is read
     /// by the chunk's own request, or was and is evicted again; read here, it
     /// would be the next pass's, read a pass early at the expense of this
     /// pass's (on the H200, 2.4 of a 9.9 GB Mixtral pass).
     fn prefetch_pass(&self, first: u32, count: usize) {
-        let mut layer = first;
-        loop {
-            {
-                let state = self.lock();
-                if state.prompt_threads.is_empty()
-                    || !pass_reads_on(layer, state.current_layer, state.n_layers)
+        std::thread::scope(|scope| {
+            let mut reading: Option<std::thread::ScopedJoinHandle<bool>> = None;
+            let mut layer = first;
+            loop {
                 {
-                    return;
+                    let state = self.lock();
+                    if state.prompt_threads.is_empty()
+                        || !pass_reads_on(layer, state.current_layer, state.n_layers)
+                    {
+                        break;
+                    }
                 }
+                match self.claim_layer(layer, count) {
+                    // Found whole: registered (see `pinning` for why only then).
+                    LayerClaim::Whole => self.ask_register(layer),
+                    LayerClaim::NoRoom => break,
+                    LayerClaim::Units(claim) => {
+                        // The layer read before is read (and settled) before
+                        // this one starts; after a failed read, this is the last.
+                        let read_before = reading
+                            .take()
+                            .is_none_or(|read| read.join().unwrap_or(false));
+                        let last = !claim.all || !read_before;
+                        reading = Some(scope.spawn(move || self.read_claim(claim)));
+                        if last {
+                            break;
+                        }
+                    }
+                }
+                layer += 1;
             }
-            match self.prefetch_layer(layer, count) {
-                // Found whole: registered (see `pinning` for why only then).
-                LayerRead::Whole => self.ask_register(layer),
-                LayerRead::Read => {}
-                LayerRead::Stop => return,
+            if let Some(read) = reading {
+                let _ = read.join();
             }
-            layer += 1;
-        }
+        });
     }
 
-    /// Reads the `count` units of `layer` most used so far (frequency with
-    /// ageing, ties in file order) that are absent and that room can be made
-    /// for, in file order and as one read: a prompt chunk's next layer,
-    /// `count` being how many experts the chunk's layer before chose (a
-    /// large chunk needs nearly all of them; a smaller one, under skewed
-    /// routing, mostly the popular ones). Room comes only from free room
-    /// and the layers the chunk has computed ([`Streamer::prefetch_pass`]);
-    /// reads count as the prompt's.
-    fn prefetch_layer(&self, layer: u32, count: usize) -> LayerRead {
-        let (taken, wanted, bytes, ranges) = {
-            let mut state = self.lock();
-            let mut keys: Vec<UnitKey> = (0..state.n_experts)
-                .map(|e| (layer, e))
-                .filter(|k| state.units.contains_key(k))
-                .collect();
-            keys.sort_by(|a, b| state.units[b].score.total_cmp(&state.units[a].score));
-            keys.truncate(count);
-            keys.retain(|k| state.units[k].residency == Residency::Absent);
-            if keys.is_empty() {
-                return LayerRead::Whole;
-            }
-            keys.sort_by_key(|k| state.units[k].ranges.first().map_or(0, |r| r.0));
-            // Layers the chunk has computed are the ones a pass needs
-            // further than every layer after the one computing.
-            let computed = state.n_layers - 1 - state.current_layer.min(state.n_layers - 1);
-            self.sample_host(&mut state);
-            let (mut taken, mut bytes, wanted) = (Vec::new(), 0, keys.len());
-            for key in keys {
-                let unit_bytes = state.units[&key].bytes;
-                if !self.make_room(&mut state, unit_bytes, Some((computed, 0.0)), true) {
-                    break;
-                }
-                let unit = state.units.get_mut(&key).expect("exists");
-                unit.residency = Residency::Loading;
-                unit.prefetched = true;
-                state.cache_bytes += unit_bytes;
-                state.loading_bytes += unit_bytes;
-                bytes += unit_bytes;
-                taken.push(key);
-            }
-            state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
-            let ranges = file_order(
-                taken
-                    .iter()
-                    .flat_map(|k| state.units[k].ranges.iter().copied())
-                    .collect::<Vec<_>>(),
-            );
-            (taken, wanted, bytes, ranges)
-        };
-        if taken.is_empty() {
-            return LayerRead::Stop;
+    /// Claims for a read the `count` units of `layer` most used so far
+    /// (frequency with ageing, ties in file order) that are absent and that
+    /// room can be made for: a prompt chunk's next layer, `count` being how
+    /// many experts the chunk's layer before chose (a large chunk needs
+    /// nearly all of them; a smaller one, under skewed routing, mostly the
+    /// popular ones). Room comes only from free room and the layers the
+    /// chunk has computed ([`Streamer::prefetch_pass`]). Claimed units are
+    /// loading (a request for them waits) until [`Streamer::read_claim`].
+    fn claim_layer(&self, layer: u32, count: usize) -> LayerClaim {
+        let started = Instant::now();
+        let mut state = self.lock();
+        let mut keys: Vec<UnitKey> = (0..state.n_experts)
+            .map(|e| (layer, e))
+            .filter(|k| state.units.contains_key(k))
+            .collect();
+        keys.sort_by(|a, b| state.units[b].score.total_cmp(&state.units[a].score));
+        keys.truncate(count);
+        keys.retain(|k| state.units[k].residency == Residency::Absent);
+        if keys.is_empty() {
+            return LayerClaim::Whole;
         }
-        let mut read = if taken.len() == wanted {
-            LayerRead::Read
-        } else {
-            LayerRead::Stop
-        };
+        keys.sort_by_key(|k| state.units[k].ranges.first().map_or(0, |r| r.0));
+        // Layers the chunk has computed are the ones a pass needs
+        // further than every layer after the one computing.
+        let computed = state.n_layers - 1 - state.current_layer.min(state.n_layers - 1);
+        self.sample_host(&mut state);
+        let (mut taken, mut bytes, wanted) = (Vec::new(), 0, keys.len());
+        for key in keys {
+            let unit_bytes = state.units[&key].bytes;
+            if !self.make_room(&mut state, unit_bytes, Some((computed, 0.0)), true) {
+                break;
+            }
+            let unit = state.units.get_mut(&key).expect("exists");
+            unit.residency = Residency::Loading;
+            unit.prefetched = true;
+            state.cache_bytes += unit_bytes;
+            state.loading_bytes += unit_bytes;
+            bytes += unit_bytes;
+            taken.push(key);
+        }
+        state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
+        if taken.is_empty() {
+            tracing::debug!(target: PASS_TRACE, layer, wanted, "pass read ahead: no room");
+            return LayerClaim::NoRoom;
+        }
+        let ranges = file_order(
+            taken
+                .iter()
+                .flat_map(|k| state.units[k].ranges.iter().copied())
+                .collect::<Vec<_>>(),
+        );
+        LayerClaim::Units(Claim {
+            layer,
+            all: taken.len() == wanted,
+            taken,
+            bytes,
+            ranges,
+            claim_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Reads a claimed layer's units, in file order and as one read, and
+    /// settles them: resident, or absent again if the read failed (not an
+    /// error yet: a request that needs them reads them again and surfaces
+    /// it). Reads count as the prompt's. Whether the read succeeded.
+    fn read_claim(&self, claim: Claim) -> bool {
+        let Claim {
+            layer,
+            taken,
+            bytes,
+            ranges,
+            claim_seconds,
+            ..
+        } = claim;
         let read_started = Instant::now();
         let (arrived, result) = self.read_ranges(&ranges);
         let mut state = self.lock();
@@ -1068,7 +1133,17 @@ impl Streamer {
         state.stats.read_seconds += read_seconds;
         state.stats.prompt_stream.read_seconds += read_seconds;
         state.loading_bytes -= bytes;
-        match result {
+        tracing::debug!(
+            target: PASS_TRACE,
+            layer,
+            current = state.current_layer,
+            units = taken.len(),
+            read_mb = bytes as f64 / 1e6,
+            claim_ms = claim_seconds * 1e3,
+            read_ms = read_seconds * 1e3,
+            "pass read ahead"
+        );
+        let ok = match result {
             Ok(n) => {
                 state.stats.nvme_bytes_read += n;
                 state.stats.prompt_stream.nvme_bytes_read += n;
@@ -1076,12 +1151,10 @@ impl Streamer {
                 for key in &taken {
                     state.units.get_mut(key).expect("exists").residency = Residency::Resident;
                 }
+                true
             }
             Err(e) => {
-                // Not an error yet: a request that needs these units reads
-                // them again (and surfaces the error).
                 tracing::warn!("prefetch failed: {e}");
-                read = LayerRead::Stop;
                 for key in &taken {
                     let unit = state.units.get_mut(key).expect("exists");
                     unit.residency = Residency::Absent;
@@ -1091,11 +1164,30 @@ impl Streamer {
                     }
                 }
                 state.cache_bytes -= bytes;
+                false
             }
-        }
+        };
         drop(state);
         self.loaded.notify_all();
-        read
+        ok
+    }
+
+    /// Whether the hook asks for `layer`'s router choice over `rows`
+    /// tokens. A decode asks only where a read may be needed: a sync per
+    /// layer costs more than the bookkeeping here, so a layer found
+    /// resident is pinned and computed unasked ([`Streamer::pin_if_resident`]).
+    /// A prompt chunk asks at every layer while the cache cannot hold
+    /// every unit (a sync per layer is nothing beside a chunk's compute):
+    /// each request unpins the layers computed before it, whose room the
+    /// read-ahead takes. (Pinned from its ask to the next request, a run
+    /// of resident layers held its units through its compute: on the H200
+    /// Qwen3's layers 9 to 25, which stopped the read-ahead for lack of
+    /// room three layers into them.)
+    fn asks_at(&self, layer: u32, rows: usize) -> bool {
+        if rows >= PROMPT_UBATCH_TOKENS && !self.holds_every_unit() {
+            return true;
+        }
+        !self.pin_if_resident(layer)
     }
 
     /// Hands `layer` to the registering thread, if it runs: a prompt pass
@@ -1581,15 +1673,8 @@ fn layer_of(name: &[u8], prefix: &[u8]) -> Option<u32> {
 impl EvalHook for Streamer {
     fn wants(&self, name: &[u8], node: &Node) -> bool {
         match self.mode {
-            // Only the router choices of layers that may need a read: a sync
-            // per layer costs more than the bookkeeping here.
-            Mode::ExpertStreaming => layer_of(name, b"ffn_moe_topk-").is_some_and(|layer| {
-                let resident = self.pin_if_resident(layer);
-                if resident && node.n_rows() >= PROMPT_UBATCH_TOKENS {
-                    self.prompt_layer_resident(layer);
-                }
-                !resident
-            }),
+            Mode::ExpertStreaming => layer_of(name, b"ffn_moe_topk-")
+                .is_some_and(|layer| self.asks_at(layer, node.n_rows())),
             Mode::DenseFfnStreaming => name.starts_with(b"ffn_norm-"),
             Mode::FullResident => false,
         }
@@ -1628,7 +1713,9 @@ impl EvalHook for Streamer {
     fn decode_done(&self) {
         let mut state = self.lock();
         unpin_thread(&mut state);
-        state.prompt_threads.remove(&std::thread::current().id());
+        if state.prompt_threads.remove(&std::thread::current().id()) {
+            tracing::debug!(target: PASS_TRACE, "pass done");
+        }
         if state.host_limit_bytes.is_some() {
             self.sample_host(&mut state);
             self.make_room(&mut state, 0, None, false);
@@ -2002,6 +2089,29 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_chunk_asks_at_every_layer_and_pins_none_unasked() {
+        let (streamer, path, _) = decoded_layers_2_and_3("asks");
+        // A decode computes resident layer 2 unasked, its units pinned
+        // until the thread's next request.
+        assert!(!streamer.asks_at(2, 1));
+        assert!(streamer.lock().pinned_bytes > 0);
+        streamer.decode_done();
+        // A chunk asks there, so its request unpins the layers it computed.
+        assert!(streamer.asks_at(2, PROMPT_UBATCH_TOKENS));
+        assert!(streamer.asks_at(3, PROMPT_UBATCH_TOKENS));
+        assert_eq!(streamer.lock().pinned_bytes, 0);
+        let _ = std::fs::remove_file(path);
+        // With every unit held no layer is ever read: a chunk need not ask.
+        let (streamer, path) = tiny_streamer("asks-all", None);
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        streamer.ensure(0, &every, 1);
+        streamer.decode_done();
+        assert!(!streamer.asks_at(0, PROMPT_UBATCH_TOKENS));
+        streamer.decode_done();
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
     fn a_pass_at_a_layer_held_on_another_tier_evicts_what_the_next_pass_needs_last() {
         // Layers 0 to 2 stream; layer 3's experts are held in RAM.
         let (streamer, path) = tiny_streamer_placed("tier", Some(2), |placement| {
@@ -2019,8 +2129,7 @@ mod tests {
         streamer.ensure(1, &every, 64);
         streamer.ensure(2, &every, 64);
         // Layer 3 holds nothing to read: the chunk is there now.
-        assert!(streamer.pin_if_resident(3));
-        streamer.prompt_layer_resident(3);
+        streamer.ensure(3, &every, 64);
         streamer.decode_done();
         // Room for one layer: the next pass needs layer 2 last.
         let mut state = streamer.lock();
