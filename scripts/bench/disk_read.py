@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """How fast this disk delivers a model file, read the ways the streamer could.
 
-    python3 scripts/bench/disk_read.py FILE [GIB_PER_CASE]
+    python3 scripts/bench/disk_read.py FILE [GIB_PER_CASE] [ROUNDS]
 
 Each case reads GIB_PER_CASE (default 2) GiB of FILE from its own offset
 (so no case reads what another has, and O_DIRECT cases never hit the page
-cache): O_DIRECT in chunks of a block size with a number of reads in flight
+cache), the cases interleaved over ROUNDS (default 1) rounds, since a
+shared disk's speed drifts: O_DIRECT in chunks of a block size with a number of reads in flight
 (threads), into one reused buffer per thread or into freshly mapped memory
 (as the streamer's released pages are: every page faulted in by the read);
 and buffered reads after dropping the page cache where that is allowed.
@@ -20,11 +21,12 @@ import time
 
 path = sys.argv[1]
 per_case = int(float(sys.argv[2] if len(sys.argv) > 2 else 2) * (1 << 30))
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 size = os.path.getsize(path)
 cases = [
     (1 << 20, 4, "reused"), (1 << 20, 4, "fresh"), (1 << 20, 8, "fresh"),
-    (1 << 20, 16, "fresh"), (4 << 20, 4, "fresh"), (4 << 20, 8, "fresh"),
-    (256 << 10, 16, "fresh"), (1 << 20, 1, "buffered"), (1 << 20, 4, "buffered"),
+    (512 << 10, 8, "fresh"), (256 << 10, 16, "fresh"), (4 << 20, 4, "fresh"),
+    (1 << 20, 4, "buffered"),
 ]
 
 
@@ -71,11 +73,12 @@ def drop_caches():
         return False
 
 
-for k, (block, depth, dest) in enumerate(cases):
-    offset = (k * per_case) % max(size - per_case, 1)
-    offset -= offset % (1 << 20)
-    if dest == "buffered" and not drop_caches():
-        print(json.dumps({"block": block, "depth": depth, "dest": dest, "skipped": "cannot drop caches"}))
-        continue
-    gbps = run(offset, block, depth, dest)
-    print(json.dumps({"block": block, "depth": depth, "dest": dest, "gbps": round(gbps, 3)}), flush=True)
+for r in range(rounds):
+    for k, (block, depth, dest) in enumerate(cases):
+        offset = ((r * len(cases) + k) * per_case) % max(size - per_case, 1)
+        offset -= offset % (1 << 20)
+        case = {"round": r, "block": block, "depth": depth, "dest": dest}
+        if dest == "buffered" and not drop_caches():
+            print(json.dumps({**case, "skipped": "cannot drop caches"}))
+            continue
+        print(json.dumps({**case, "gbps": round(run(offset, block, depth, dest), 3)}), flush=True)

@@ -89,6 +89,8 @@ struct Claim {
     ranges: Vec<(u64, u64)>,
     /// Time taken choosing them and making their room.
     claim_seconds: f64,
+    /// Bytes of their pages populated ahead of the read (counted arrived).
+    populated: Option<u64>,
 }
 
 /// Counters of one model's streaming, cumulative since load.
@@ -1030,7 +1032,9 @@ impl Streamer {
                     // Found whole: registered (see `pinning` for why only then).
                     LayerClaim::Whole => self.ask_register(layer),
                     LayerClaim::NoRoom => break,
-                    LayerClaim::Units(claim) => {
+                    LayerClaim::Units(mut claim) => {
+                        // Its pages are faulted in while the layer before reads.
+                        claim.populated = self.populate(&claim.ranges);
                         // The layer read before is read (and settled) before
                         // this one starts; after a failed read, this is the last.
                         let read_before = reading
@@ -1109,6 +1113,7 @@ impl Streamer {
             bytes,
             ranges,
             claim_seconds: started.elapsed().as_secs_f64(),
+            populated: None,
         })
     }
 
@@ -1123,10 +1128,12 @@ impl Streamer {
             bytes,
             ranges,
             claim_seconds,
+            populated,
             ..
         } = claim;
         let read_started = Instant::now();
-        let (arrived, result) = self.read_ranges(&ranges);
+        let (read_arrived, result) = self.read_ranges_into(&ranges, populated.is_some());
+        let arrived = read_arrived + populated.unwrap_or(0);
         let mut state = self.lock();
         self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
         let read_seconds = read_started.elapsed().as_secs_f64();
@@ -1399,14 +1406,26 @@ impl Streamer {
     /// bytes so added (the caller takes them off again once the units'
     /// residency is settled) and the read's result.
     fn read_ranges(&self, ranges: &[(u64, u64)]) -> (u64, Result<u64, String>) {
+        self.read_ranges_into(ranges, false)
+    }
+
+    /// [`Streamer::read_ranges`]; `populated`: the ranges' pages were
+    /// populated and counted as arrived ([`Streamer::populate`]) already.
+    fn read_ranges_into(
+        &self,
+        ranges: &[(u64, u64)],
+        populated: bool,
+    ) -> (u64, Result<u64, String>) {
         let added = AtomicU64::new(0);
         let read = |&(a, b): &(u64, u64)| {
             let n = self
                 .region
                 .read_from(&self.file, a, b)
                 .map_err(|e| format!("reading the model file at {a}..{b}: {e}"))?;
-            self.arrived_bytes.fetch_add(n, Ordering::Relaxed);
-            added.fetch_add(n, Ordering::Relaxed);
+            if !populated {
+                self.arrived_bytes.fetch_add(n, Ordering::Relaxed);
+                added.fetch_add(n, Ordering::Relaxed);
+            }
             Ok::<u64, String>(n)
         };
         let chunks = read_chunks(ranges, READ_CHUNK_BYTES);
@@ -1438,6 +1457,28 @@ impl Streamer {
             })
         };
         (added.into_inner(), result)
+    }
+
+    /// Backs `ranges`' pages with memory ahead of their read, off the
+    /// disk's critical path (see [`StreamRegion::populate`]), and counts
+    /// them as arrived: the host sample charges them to the cache, not to
+    /// the rest of the process. `None` (nothing populated or counted) where
+    /// the kernel cannot.
+    fn populate(&self, ranges: &[(u64, u64)]) -> Option<u64> {
+        let mut bytes = 0;
+        for &(a, b) in ranges {
+            match self.region.populate(a, b) {
+                Ok(n) => {
+                    bytes += n;
+                    self.arrived_bytes.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    self.arrived_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        }
+        Some(bytes)
     }
 
     /// Frequency with ageing: every few passes over the table, halve all scores.
