@@ -103,10 +103,9 @@ impl StreamRegion {
         self.len == 0
     }
 
-    /// Reads file bytes `[start, end)` into the region (rounded out to whole
-    /// pages, as O_DIRECT needs). Returns the bytes the kernel delivered.
-    /// A short read that leaves part of `[start, end)` unfilled is an error.
-    pub fn read_from(&self, file: &File, start: u64, end: u64) -> io::Result<u64> {
+    /// The whole pages `[a, b)` of the region holding file bytes
+    /// `[start, end)`; an error for a range outside the file.
+    fn pages_of(&self, start: u64, end: u64) -> io::Result<(u64, u64)> {
         if start > end || end > self.file_len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -116,8 +115,14 @@ impl StreamRegion {
                 ),
             ));
         }
-        let a = page_floor(start);
-        let b = page_ceil(end).min(self.len as u64);
+        Ok((page_floor(start), page_ceil(end).min(self.len as u64)))
+    }
+
+    /// Reads file bytes `[start, end)` into the region (rounded out to whole
+    /// pages, as O_DIRECT needs). Returns the bytes the kernel delivered.
+    /// A short read that leaves part of `[start, end)` unfilled is an error.
+    pub fn read_from(&self, file: &File, start: u64, end: u64) -> io::Result<u64> {
+        let (a, b) = self.pages_of(start, end)?;
         let mut done = a;
         while done < end {
             let want = (b - done) as usize;
@@ -159,14 +164,7 @@ impl StreamRegion {
     /// reads four at a time delivered 1.27–1.55 GB/s into fresh pages
     /// against 2.26–2.58 into pages present (`scripts/bench/disk_read.py`).
     pub fn populate(&self, start: u64, end: u64) -> io::Result<u64> {
-        if start > end || end > self.file_len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "range outside the file",
-            ));
-        }
-        let a = page_floor(start);
-        let b = page_ceil(end).min(self.len as u64);
+        let (a, b) = self.pages_of(start, end)?;
         if b <= a {
             return Ok(0);
         }
