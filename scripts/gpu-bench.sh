@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense vsloop nsysdense batched vsserver cached
-#                                     exact bigmodel vsmixtral vsmixprompt vsqwenprompt table; pack; the full-size Mixtral shape under
+#                                     exact bigmodel vsmixtral vsmixprompt qwenmodel vsqwenprompt table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
 #                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
 #
@@ -752,6 +752,29 @@ vsmixtral() {
 # overhead) unless MIX_CG=0; page cache dropped before each.
 # MOEMIX: another file of the same shape and routing may stand in (gpu-agent.sh's
 # bigmodel, written by a hypura-synth whose Mixtral presets default to --routing mixtral).
+# The context of a hypura bench run of the prompt sizes $1 (comma-separated):
+# its longest prompt and decode, as llama-bench sizes each test's context
+# (prompt + generated tokens), not hb's default 4096: equal memory means the
+# same KV cache (Qwen3's at 4096 is 0.40 GB of its 4 GiB GPU budget;
+# llama-bench's pp512 holds 0.05 GB).
+pp_context() {
+  local s m=0 sizes=$1
+  for s in ${sizes//,/ }; do [ "$s" -gt "$m" ] && m=$s; done
+  echo $((m + ${MIX_TOKENS:-8} + 1))
+}
+
+# hb_prompts CASE GROUPS MODEL HB_ARGS...: hypura bench once per group of
+# prompt sizes (GROUPS: space-separated, each comma-separated, e.g. "512,1
+# 2048"), each load at its group's context (pp_context); a group of one size
+# names its case CASE-ppSIZE, as hb names each size of a larger group.
+hb_prompts() {
+  local case=$1 groups=$2 model=$3 g name; shift 3
+  for g in $groups; do
+    name=$case; [ "${g//,/}" = "$g" ] && name=$case-pp$g
+    hb "$name" "$model" "$@" --context "$(pp_context "$g")" --prompt-tokens "$g" \
+      --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
+  done
+}
 MOEMIX=${MOEMIX:-$W/mixtral-8x7b-routed-q4k.gguf}
 vsmixprompt() {
   if [ ! -f "$MOEMIX" ]; then
@@ -766,8 +789,9 @@ vsmixprompt() {
   drop_caches
   # One load: pp512 and pp2048, each followed by MIX_TOKENS decoded, then a
   # 1-token prompt and its decode (llama-bench's tg: no prompt pass before it).
-  CG=$hcg hb "mixtral-routed${CASE_TAG:-}" "$MOEMIX" --gpu-budget 8GiB --ram-budget "$ram" \
-    --prompt-tokens "${PROMPT_SIZES:-512,2048,1}" --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
+  # One load: its KV at 2,057 tokens leaves the same experts on the GPU as at 521.
+  CG=$hcg hb_prompts "mixtral-routed${CASE_TAG:-}" "${PROMPT_SIZES:-512,2048,1}" "$MOEMIX" \
+    --gpu-budget 8GiB --ram-budget "$ram"
   # PROMPT_REPS: timed repetitions of each pp512 (default 1).
   # PROMPT_PINNED=1: pp512 again with the stream cache's whole layers
   # registered with the driver (HYPURA_PIN_STREAM=1), what that is worth.
@@ -793,18 +817,28 @@ vsmixprompt() {
 # norms and output (0.82 GB), the KV at -c 4096 (0.40 GB) and a compute buffer (~0.3 GB)
 # leaves 2.8 GB, 8 layers of experts at 0.34 GB each; `hypura inspect --json` gives the sizes).
 MOEQWEN=${MOEQWEN:-$W/qwen3-30b-a3b-routed-q4k.gguf}
+# qwenmodel: writes MOEQWEN if missing. As a step of its own it can run before
+# other work: a virtual disk reads slowly for a minute or more after a large
+# write (on the H200 machine, 0.9-1.4 GB/s right after this 17 GB write, 1.6-1.7
+# a minute later), which a run right after the write would measure.
+qwenmodel() {
+  [ -f "$MOEQWEN" ] && return 0
+  late qwenmodel && return 0
+  log "models: $MOEQWEN (--routing qwen3)"
+  "$S" moe --preset qwen3-30b-a3b --routing qwen3 -o "$MOEQWEN.part" | tail -3 | tee -a "$OUT/log.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] && mv "$MOEQWEN.part" "$MOEQWEN" && sync
+}
 vsqwenprompt() {
-  if [ ! -f "$MOEQWEN" ]; then
-    late vsqwenprompt && return 0
-    log "models: $MOEQWEN (--routing qwen3)"
-    "$S" moe --preset qwen3-30b-a3b --routing qwen3 -o "$MOEQWEN.part" | tail -3 | tee -a "$OUT/log.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] && mv "$MOEQWEN.part" "$MOEQWEN" || return 1
-  fi
+  qwenmodel || return 1
+  [ -f "$MOEQWEN" ] || return 0
   local cg=${QWEN_LB_MAX:-8902123520} n
   drop_caches
   # CASE_TAG: a suffix for the case names (runs of one call that differ in HB_ARGS).
-  CG=$cg hb "qwen3-routed${CASE_TAG:-}" "$MOEQWEN" --gpu-budget 4GiB --ram-budget 8GiB \
-    --prompt-tokens "${PROMPT_SIZES:-512,2048,1}" --tokens "${MIX_TOKENS:-8}" --repetitions "${PROMPT_REPS:-1}"
+  # Two loads, each at its tests' context as llama-bench runs them: at 4 GiB the
+  # KV for 2,057 tokens leaves 9 of 48 layers' experts on the GPU, for 521
+  # tokens 10 (0.34 GB less read each pass). PROMPT_SIZES: groups, one load each.
+  CG=$cg hb_prompts "qwen3-routed${CASE_TAG:-}" "${PROMPT_SIZES:-512,1 2048}" "$MOEQWEN" \
+    --gpu-budget 4GiB --ram-budget 8GiB
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
     HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \

@@ -680,12 +680,13 @@ fn streamed(req: &PlanRequest, mode: Mode, gpu_layers: &BTreeSet<u32>) -> Stream
 }
 
 /// The streamed traffic of a cache of `cache_bytes`: (hit rate, bytes read
-/// per token, slots, units read per token). Experts: uniform routing, a hit rate of the cached
-/// share (real routers are skewed, so this errs low for a cache that has
-/// learnt them; the short decodes measured on the H200 hit 0.69–0.81 where
-/// this says 0.61–0.70, a Zipf prior 0.75–0.87). Dense: layers are used
-/// in a cycle and the streamer evicts the layer needed last, so `S` slots
-/// give `S − 1` hits per token.
+/// per token, slots, units read per token). Experts: a token's experts are
+/// the token before's in [`DECODE_EXPERT_REUSE`] of its choices (resident:
+/// just used), the rest as if uniform, hitting the cached share. (No
+/// popularity prior: the cache does not learn a router's popularity in a
+/// short decode, and a Zipf prior promised the H200's Qwen3 decodes +64%
+/// to +108%.) Dense: layers are used in a cycle and the streamer evicts
+/// the layer needed last, so `S` slots give `S − 1` hits per token.
 fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64, f64) {
     if s.bytes == 0 {
         return (1.0, 0.0, 0, 0.0);
@@ -693,7 +694,8 @@ fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64,
     let slots = cache_bytes / s.unit_bytes.max(1);
     match mode {
         Mode::ExpertStreaming => {
-            let hit = (cache_bytes as f64 / s.bytes as f64).min(1.0);
+            let share = (cache_bytes as f64 / s.bytes as f64).min(1.0);
+            let hit = DECODE_EXPERT_REUSE + (1.0 - DECODE_EXPERT_REUSE) * share;
             let read = s.touched * (1.0 - hit);
             (hit, read, slots, read / s.unit_bytes.max(1) as f64)
         }
@@ -709,6 +711,20 @@ fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64,
         }
     }
 }
+
+/// Share of a decoded token's experts found resident because the token
+/// before chose them too (per layer): real routers keep some of a token's
+/// experts for the next (Jiang et al. 2024, "Mixtral of Experts" §5:
+/// consecutive tokens repeat their experts well above chance; Liang et al.
+/// 2025, arXiv:2505.16056: Qwen3-MoE-like models the most locally
+/// consistent), which uniform routing (the cached share) ignores: it
+/// predicted the H200's 8-token decodes from an empty context −40% (Qwen3
+/// shape, 128 experts, `qwen3` routing, overlap 0.35) and −11% (Mixtral
+/// shape, 8 experts, `mixtral` routing, overlap 0.45; session 22). Fitted
+/// on those two: less than either profile's overlap (a Mixtral miss evicts
+/// a 99 MB expert, the token before's among the candidates), 0.2 puts both
+/// within ±11%. `hypura bench --routing` measures a model's own overlap.
+pub const DECODE_EXPERT_REUSE: f64 = 0.2;
 
 /// GPU↔CPU hand-overs per token when `on_gpu[i]` items are on the GPU:
 /// the token walks embedding (CPU) → each layer's attention → its FFN → output.
@@ -1234,6 +1250,26 @@ mod tests {
                 ..Default::default()
             },
         }
+    }
+
+    #[test]
+    fn a_decode_hits_the_token_befores_experts_and_the_cached_share_of_the_rest() {
+        let s = Streamed {
+            bytes: 1000,
+            per_layer: BTreeMap::new(),
+            layer_bytes: 100,
+            layers: 10,
+            unit_bytes: 10,
+            touched: 200.0,
+        };
+        let (hit, read, slots, misses) = stream_traffic(&s, Mode::ExpertStreaming, 400);
+        let want = DECODE_EXPERT_REUSE + (1.0 - DECODE_EXPERT_REUSE) * 0.4;
+        assert!((hit - want).abs() < 1e-12);
+        assert!((read - 200.0 * (1.0 - want)).abs() < 1e-9);
+        assert_eq!(slots, 40);
+        assert!((misses - read / 10.0).abs() < 1e-12);
+        // A cache holding every expert misses nothing.
+        assert_eq!(stream_traffic(&s, Mode::ExpertStreaming, 1000).0, 1.0);
     }
 
     #[test]
