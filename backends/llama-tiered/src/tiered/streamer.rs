@@ -59,6 +59,11 @@ pub const PROMPT_UBATCH_TOKENS: usize = 32;
 /// the pass's end; their timestamps show where the disk idles.
 pub const PASS_TRACE: &str = "hypura::pass";
 
+/// Target of a trace event per unit evicted (`RUST_LOG=hypura::evict=trace`):
+/// its layer and expert, the layer computing, and whether a prompt pass
+/// evicted it; what emptied a layer between two passes shows there.
+pub const EVICT_TRACE: &str = "hypura::evict";
+
 /// What the prefetch thread is asked to read.
 enum Ahead {
     /// One unit (a decode's prediction).
@@ -1572,6 +1577,14 @@ impl Streamer {
             let Some(key) = victim else {
                 return false;
             };
+            tracing::trace!(
+                target: EVICT_TRACE,
+                layer = key.0,
+                expert = key.1,
+                current,
+                pass,
+                "evicted"
+            );
             self.unregister_layer(state, key.0);
             let unit = state.units.get_mut(&key).expect("victim exists");
             unit.residency = Residency::Absent;
