@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a prompt pass's time went, from a log with RUST_LOG=hypura::pass=debug.
 
-    scripts/bench/pass_trace.py LOG [--layers]
+    scripts/bench/pass_trace.py LOG [--layers] [--evictions]
 
 Per pass (from a layer-0 request to "pass done"): its span, the disk's busy
 time (the union of every read's interval: reads ahead and on-demand reads),
@@ -9,6 +9,10 @@ bytes read, the rate while busy, the idle gaps over 20 ms (where and how
 long), and with --layers each layer's events. A read's interval ends at its
 event's timestamp: `read_ms` before it for a read ahead, `stall_ms` for a
 layer's own read (which may include waiting for a read ahead: an upper bound).
+With --evictions (a log with RUST_LOG=...,hypura::evict=trace as well), the
+units evicted between one pass's start, its end and the next pass's start,
+counted by (layer, layer computing, whether a pass evicted them); a pass's
+first request logs at its end, so its evictions count in the segment before.
 """
 import re
 import sys
@@ -16,6 +20,7 @@ from datetime import datetime
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LINE = re.compile(r"^(\S+)\s+DEBUG\s+hypura::pass:\s+(.*)$")
+EVICT = re.compile(r"TRACE\s+hypura::evict:.*evicted\s+(.*)$")
 FIELD = re.compile(r"(\w+)=(\S+)")
 
 
@@ -80,12 +85,43 @@ def summarize(p, show_layers):
             print(f"  {ts - p['start']:7.3f} {kind:<26} {keep}")
 
 
+def evictions(path):
+    """Eviction counts per segment: within a pass, and from its end to the next pass."""
+    segment, counts = "before the first pass", {}
+    out = []
+    for raw in open(path, errors="replace"):
+        line = ANSI.sub("", raw.strip())
+        m = EVICT.search(line)
+        if m:
+            f = dict(FIELD.findall(m.group(1)))
+            key = (int(f["layer"]), int(f["current"]), f["pass"])
+            counts[key] = counts.get(key, 0) + 1
+            continue
+        m = LINE.match(line)
+        if not m:
+            continue
+        text = m.group(2)
+        start = text.startswith("pass layer asked") and "layer=0 " in text + " "
+        if start or text.startswith("pass done"):
+            out.append((segment, counts))
+            segment = "in a pass" if start else "between passes"
+            counts = {}
+    out.append((segment, counts))
+    for name, c in out:
+        if c:
+            rows = ", ".join(f"layer {l} at {cur} ({'pass' if p == 'true' else 'decode'}): {n}"
+                             for (l, cur, p), n in sorted(c.items()))
+            print(f"{name}: {rows}")
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     if not args:
         sys.exit(__doc__)
     for p in passes(args[0]):
         summarize(p, "--layers" in sys.argv)
+    if "--evictions" in sys.argv:
+        evictions(args[0])
 
 
 if __name__ == "__main__":
