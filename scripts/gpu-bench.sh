@@ -788,8 +788,8 @@ vsmixprompt() {
   local hcg=$cg; [ "$hcg" = - ] && hcg=
   drop_caches
   # One load: pp512 and pp2048, each followed by MIX_TOKENS decoded, then a
-  # 1-token prompt and its decode (llama-bench's tg: no prompt pass before it).
-  # One load: its KV at 2,057 tokens leaves the same experts on the GPU as at 521.
+  # 1-token prompt and its decode (llama-bench's tg: no prompt pass before it);
+  # its KV at 2,057 tokens leaves the same experts on the GPU as at 521.
   CG=$hcg hb_prompts "mixtral-routed${CASE_TAG:-}" "${PROMPT_SIZES:-512,2048,1}" "$MOEMIX" \
     --gpu-budget 8GiB --ram-budget "$ram"
   # PROMPT_REPS: timed repetitions of each pp512 (default 1).

@@ -24,22 +24,32 @@ EVICT = re.compile(r"TRACE\s+hypura::evict:.*evicted\s+(.*)$")
 FIELD = re.compile(r"(\w+)=(\S+)")
 
 
+def pass_starts(kind, fields):
+    """Whether an event is a pass's first request (its layer 0)."""
+    return kind.startswith("pass layer asked") and fields.get("layer") == "0"
+
+
+def event(line):
+    """(timestamp, kind, fields) of a pass event line, else None."""
+    m = LINE.match(line)
+    if not m:
+        return None
+    ts = datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+    text = m.group(2)
+    return ts, FIELD.sub("", text).strip(), dict(FIELD.findall(text))
+
+
 def events(path):
     for raw in open(path, errors="replace"):
-        m = LINE.match(ANSI.sub("", raw.strip()))
-        if not m:
-            continue
-        ts = datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
-        text = m.group(2)
-        fields = {k: v for k, v in FIELD.findall(text)}
-        kind = FIELD.sub("", text).strip()
-        yield ts, kind, fields
+        e = event(ANSI.sub("", raw.strip()))
+        if e:
+            yield e
 
 
 def passes(path):
     current = None
     for ts, kind, f in events(path):
-        if kind.startswith("pass layer asked") and f.get("layer") == "0":
+        if pass_starts(kind, f):
             if current:
                 yield current
             current = {"start": ts - float(f.get("stall_ms", 0)) / 1e3, "ev": []}
@@ -97,12 +107,12 @@ def evictions(path):
             key = (int(f["layer"]), int(f["current"]), f["pass"])
             counts[key] = counts.get(key, 0) + 1
             continue
-        m = LINE.match(line)
-        if not m:
+        e = event(line)
+        if not e:
             continue
-        text = m.group(2)
-        start = text.startswith("pass layer asked") and "layer=0 " in text + " "
-        if start or text.startswith("pass done"):
+        _, kind, fields = e
+        start = pass_starts(kind, fields)
+        if start or kind.startswith("pass done"):
             out.append((segment, counts))
             segment = "in a pass" if start else "between passes"
             counts = {}
