@@ -56,6 +56,8 @@ mkdir -p "$OUT" "$W"
 log() { echo "== $(date +%T) [${SECONDS}s] $*" | tee -a "$OUT/log.txt"; }
 late() { [ "$SECONDS" -ge "$DEADLINE" ] && { log "skipped (deadline): $*"; return 0; }; return 1; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || log "drop_caches not writable"; }
+# shellcheck source=scripts/bench/profile_now.sh
+. scripts/bench/profile_now.sh
 
 setup() {
   local f
@@ -288,6 +290,7 @@ mixtral() {
   mkdir -p "$d" && : >"$d/results.jsonl"
   log "mixtral: hypura serve --gpu-budget 8GiB --ram-budget 12GiB --parallel 1 --context 4096, S=$s T=$t"
   drop_caches
+  profile_now "$MOEFULL" mixtral-agent
   cgroup "$max"
   "${CGW[@]}" env HYPURA_CACHE_DIR="$W/mix-cache" "$H" serve "$MOEFULL" --port $port --parallel 1 --context 4096 \
     --gpu-budget 8GiB --ram-budget 12GiB --profile "$PROFILE" >"$d/hypura.log" 2>&1 &

@@ -46,6 +46,8 @@ MOEFULL=$W/mixtral-8x7b-q4k.gguf
 export LD_LIBRARY_PATH=$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT" "$W"
 DEADLINE=${DEADLINE:-560}
+# shellcheck source=scripts/bench/profile_now.sh
+. scripts/bench/profile_now.sh
 log() { echo "== $(date +%T) [${SECONDS}s] $*" | tee -a "$OUT/log.txt"; }
 late() { [ "$SECONDS" -ge "$DEADLINE" ] && { log "skipped (deadline): $*"; return 0; }; return 1; }
 
@@ -787,6 +789,7 @@ vsmixprompt() {
   [ "${MIX_CG:-1}" = 1 ] || cg=-
   local hcg=$cg; [ "$hcg" = - ] && hcg=
   drop_caches
+  profile_now "$MOEMIX" mixtral
   # One load: pp512 and pp2048, each followed by MIX_TOKENS decoded, then a
   # 1-token prompt and its decode (llama-bench's tg: no prompt pass before it);
   # its KV at 2,057 tokens leaves the same experts on the GPU as at 521.
@@ -833,6 +836,7 @@ vsqwenprompt() {
   [ -f "$MOEQWEN" ] || return 0
   local cg=${QWEN_LB_MAX:-8902123520} n
   drop_caches
+  profile_now "$MOEQWEN" qwen3
   # CASE_TAG: a suffix for the case names (runs of one call that differ in HB_ARGS).
   # Two loads, each at its tests' context as llama-bench runs them: at 4 GiB the
   # KV for 2,057 tokens leaves 9 of 48 layers' experts on the GPU, for 521

@@ -27,7 +27,10 @@
 //! buffered reads leave behind is the kernel's, reclaimable, and not in the
 //! RSS (a cgroup counts it, and reclaims it at its limit).
 use hypura_gguf::GgufFile;
-use hypura_scheduler::plan::{prompt_ubatch_tokens, Plan, PlanSettings, GPU_RESERVE_BYTES};
+use hypura_scheduler::plan::{
+    least_read_pass, Budgets, Plan, PlanSettings, DEFAULT_UBATCH_TOKENS, GPU_RESERVE_BYTES,
+    MAX_STREAMED_UBATCH_TOKENS,
+};
 use hypura_scheduler::profile::HardwareProfile;
 
 use super::streamer::boundary_page_bytes;
@@ -78,14 +81,20 @@ pub fn plan_charged(
 }
 
 /// [`plan_charged`] for one generation context whose micro-batch
-/// (`n_ubatch`) is the planner's [`prompt_ubatch_tokens`] for the planned
-/// mode: with streamed experts, up to the whole batch in one pass. A
-/// micro-batch fits when the plan with its buffers measured and charged
-/// still streams experts with a cache of at least two layers' worth (the
-/// layer a pass computes and the next, read ahead; or as much as the
-/// default micro-batch left), and its GPU compute buffers fit in the
-/// memory kept back for them ([`GPU_RESERVE_BYTES`]). Returns the plan, its
-/// measurement and the context to create.
+/// (`n_ubatch`) reads the fewest streamed bytes over a prompt of the
+/// context's batch ([`least_read_pass`]): with streamed experts each pass
+/// of the graph reads the experts the cache lacks, so a 2k-token prompt in
+/// one pass reads them once where two passes of 1,024 read them twice.
+/// Candidates are the default pass and the batch (at most
+/// [`MAX_STREAMED_UBATCH_TOKENS`]) halved down to it. A larger pass fits
+/// when its plan, with its buffers measured and charged, still streams
+/// experts with a cache of at least two layers' worth (the layer a pass
+/// computes and the next, read ahead; or as much as the default pass
+/// left). Its GPU compute buffers beyond the memory kept back for them
+/// ([`GPU_RESERVE_BYTES`]) are charged to the GPU budget: fewer experts
+/// stay on the GPU and more stream, which [`least_read_pass`] weighs
+/// (a pass that would stream much more is no candidate: decode pays for
+/// it too). Returns the plan, its measurement and the context to create.
 pub fn plan_charged_prompt(
     file: &GgufFile,
     profile: &HardwareProfile,
@@ -103,50 +112,80 @@ pub fn plan_charged_prompt(
     let cache_floor = plan
         .stream_cache_bytes
         .min(2 * max_layer_stream_bytes(file, &placement));
-    let mut best = None;
-    let mut error = None;
-    let ubatch = prompt_ubatch_tokens(plan.mode, context.n_batch, |tokens| {
-        let larger = ContextParams {
-            n_ubatch: tokens,
+    let default_pass = context.n_batch.clamp(1, DEFAULT_UBATCH_TOKENS);
+    let stream_bytes = plan.tier_bytes.stream;
+    let mut candidates = vec![(default_pass, plan.stream_cache_bytes)];
+    let mut larger = Vec::new();
+    let mut pass = context.n_batch.min(MAX_STREAMED_UBATCH_TOKENS);
+    while pass > default_pass {
+        let candidate = ContextParams {
+            n_ubatch: pass,
             ..context.clone()
         };
-        match plan_charged(
-            file,
-            profile,
-            settings,
-            std::slice::from_ref(&larger),
-            no_repack,
-        ) {
-            Ok((grown, grown_memory)) => {
-                let gpu_compute = grown_memory.compute_bytes.saturating_sub(
-                    grown_memory
-                        .ram_bytes
-                        .saturating_sub(grown_memory.ram_kv_bytes),
-                );
-                let fits = grown.mode == plan.mode
-                    && grown.stream_cache_bytes >= cache_floor
-                    && gpu_compute <= GPU_RESERVE_BYTES;
-                if fits {
-                    best = Some((grown, grown_memory, larger));
-                }
-                fits
+        match plan_charged_pass(file, profile, settings, &candidate, no_repack) {
+            Ok(Some((grown, grown_memory)))
+                if grown.mode == plan.mode && grown.stream_cache_bytes >= cache_floor =>
+            {
+                // What it reads a pass, as a cache over the default plan's streamed bytes.
+                let reads = grown
+                    .tier_bytes
+                    .stream
+                    .saturating_sub(grown.stream_cache_bytes);
+                candidates.push((pass, stream_bytes.saturating_sub(reads)));
+                larger.push((grown, grown_memory, candidate));
             }
+            Ok(_) => {}
             // Too large to plan at all: a smaller pass may fit.
-            Err(e) => {
-                error = Some(e);
-                false
-            }
+            Err(e) => tracing::debug!("a prompt pass of {pass} tokens does not plan: {e}"),
         }
-    });
-    match best {
-        Some(best) if best.2.n_ubatch == ubatch => Ok(best),
-        _ => {
-            if let Some(e) = error {
-                tracing::debug!("a larger prompt pass does not plan: {e}");
-            }
-            Ok((plan, memory, context))
-        }
+        pass /= 2;
     }
+    let best = least_read_pass(context.n_batch, stream_bytes, &candidates);
+    Ok(larger
+        .into_iter()
+        .find(|(_, _, c)| Some(c.n_ubatch) == best)
+        .unwrap_or((plan, memory, context)))
+}
+
+/// [`plan_charged`] for `context`, its GPU compute buffers beyond
+/// [`GPU_RESERVE_BYTES`] taken off the GPU budget (`None` when they exceed
+/// the budget itself).
+fn plan_charged_pass(
+    file: &GgufFile,
+    profile: &HardwareProfile,
+    settings: PlanSettings,
+    context: &ContextParams,
+    no_repack: bool,
+) -> Result<Option<(Plan, ContextMemory)>, EngineError> {
+    let contexts = std::slice::from_ref(context);
+    let (plan, memory) = plan_charged(file, profile, settings, contexts, no_repack)?;
+    let excess = gpu_compute_bytes(&memory).saturating_sub(GPU_RESERVE_BYTES);
+    if excess == 0 {
+        return Ok(Some((plan, memory)));
+    }
+    let gpu_budget = settings.budgets.effective(profile).0;
+    if excess >= gpu_budget {
+        return Ok(None);
+    }
+    let charged = PlanSettings {
+        budgets: Budgets {
+            gpu_bytes: Some(gpu_budget - excess),
+            ..settings.budgets
+        },
+        ..settings
+    };
+    let (plan, memory) = plan_charged(file, profile, charged, contexts, no_repack)?;
+    // Fewer layers on the GPU leave its compute buffers as they were; where
+    // they still grew past what was charged, this pass is no candidate.
+    let still = gpu_compute_bytes(&memory).saturating_sub(GPU_RESERVE_BYTES);
+    Ok((still <= excess).then_some((plan, memory)))
+}
+
+/// The GPU's share of a measurement's compute buffers.
+fn gpu_compute_bytes(memory: &ContextMemory) -> u64 {
+    memory
+        .compute_bytes
+        .saturating_sub(memory.ram_bytes.saturating_sub(memory.ram_kv_bytes))
 }
 
 /// The most bytes one layer streams under `placement`.

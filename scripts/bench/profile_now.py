@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""A saved profile with its disk measured now, the way the streamer reads.
+
+    python3 scripts/bench/profile_now.py BASE_PROFILE MODEL OUT_PROFILE [GIB]
+
+The planner prices streamed reads at the profile's disk rate. A virtual
+disk's rate drifts by a third within minutes (on the H200 machine 1.1-2.0
+GB/s in one call, slowest after large writes), so a profile measured on
+another day predicts a run on another disk. This reads GIB (default 1.5)
+GiB of MODEL as the streamer does (O_DIRECT, 1 MiB reads, 4 in flight, into
+freshly mapped pages), in three pieces spread over the file, and writes
+BASE_PROFILE with its disk reads replaced by that one point (1 MiB, 4 in
+flight: the planner's rate is then this rate). Prints one JSON line: the
+rate, each piece's rate, and the base profile's rate for comparison.
+"""
+import json
+import mmap
+import os
+import statistics
+import sys
+import threading
+import time
+
+BLOCK = 1 << 20
+DEPTH = 4
+
+
+def read_piece(path, offset, length):
+    """GB/s of reading [offset, offset+length) of path: O_DIRECT, DEPTH
+    threads taking BLOCK-sized reads in turn, into one fresh mapping."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    dest = mmap.mmap(-1, length)
+    n_blocks = length // BLOCK
+    next_block = [0]
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = next_block[0]
+                next_block[0] += 1
+            if i >= n_blocks:
+                return
+            view = memoryview(dest)[i * BLOCK:(i + 1) * BLOCK]
+            os.preadv(fd, [view], offset + i * BLOCK)
+            view.release()
+
+    threads = [threading.Thread(target=worker) for _ in range(DEPTH)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    os.close(fd)
+    dest.close()
+    return n_blocks * BLOCK / seconds / 1e9
+
+
+def planner_rate(disk):
+    """The planner's disk rate (scheduler::cost::disk_gbps): the median of
+    the points with blocks of at least 1 MiB and at most 4 reads in flight."""
+    rates = sorted(p["gbps"] for p in disk["reads"]
+                   if p["block_bytes"] >= BLOCK and p["queue_depth"] <= 4)
+    return statistics.median(rates) if rates else None
+
+
+def main():
+    base, model, out = sys.argv[1:4]
+    total = int(float(sys.argv[4] if len(sys.argv) > 4 else 1.5) * (1 << 30))
+    size = os.path.getsize(model)
+    piece = (total // 3) // BLOCK * BLOCK
+    offsets = [(size - piece) * k // 3 // BLOCK * BLOCK for k in range(3)]
+    rates = [read_piece(model, o, piece) for o in offsets]
+    # Bytes over seconds of all three (not the mean of their rates).
+    gbps = 3 * piece / sum(piece / (r * 1e9) for r in rates) / 1e9
+    profile = json.load(open(base))
+    was = planner_rate(profile["disk"])
+    profile["disk"]["path"] = os.path.dirname(os.path.abspath(model))
+    profile["disk"]["o_direct"] = True
+    profile["disk"]["reads"] = [{"block_bytes": BLOCK, "queue_depth": DEPTH, "gbps": gbps}]
+    with open(out, "w") as f:
+        json.dump(profile, f, indent=1)
+    print(json.dumps({"disk_gbps": round(gbps, 3), "pieces": [round(r, 3) for r in rates],
+                      "base_disk_gbps": round(was, 3) if was else None, "profile": out}))
+
+
+if __name__ == "__main__":
+    main()
