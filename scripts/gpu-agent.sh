@@ -302,13 +302,16 @@ mixtral() {
   cgroup_peak
   grep -E "placement of" "$d/hypura.log" | cut -c1-300 | tee -a "$OUT/log.txt"
   # The planner's prompt model beside the measured turn 0 (issue 26): a pass of the turn's
-  # prompt under the same budgets and context, from a warm stream cache as the server's is
-  # by then (its warm-up's ~30 tokens read their chosen experts until the cache was full;
-  # a cold cache, which reads every streamed byte, predicted 8.70 s against 6.25 measured).
+  # prompt in the placement and pass the server loads (`--served`: its 4,096-token pass's
+  # GPU buffers charged, 3.8 GiB of experts on the GPU, not the 7.5 the planner alone
+  # chooses; that plan predicted 5.33 s against 8.14 measured), from a warm stream cache as
+  # the server's is by then (its warm-up's ~30 tokens read their chosen experts until the
+  # cache was full; a cold cache, which reads every streamed byte, predicted 8.70 s against
+  # 6.25 measured).
   local n0
   n0=$(python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if "\"hypura\"" in l]; print(next(x["prompt_tokens"] for x in r if x["turn"]==0))' "$d/results.jsonl" 2>/dev/null)
   if [ -n "$n0" ]; then
-    "$H" inspect "$MOEFULL" --plan --json --gpu-budget 8GiB --ram-budget 12GiB --context 4096 --profile "$PROFILE" \
+    "$H" inspect "$MOEFULL" --plan --served --json --gpu-budget 8GiB --ram-budget 12GiB --context 4096 --profile "$PROFILE" \
       --prompt-tokens "$n0" 2>/dev/null | python3 -c 'import json,sys; p=json.load(sys.stdin)["prompt"]; print("mixtral turn 0 planner: %.2f s (reads %.2f, copies %.2f, compute %.2f)" % (p["seconds"], p["read_seconds"], p["copy_seconds"], p["compute_seconds"]))' | tee -a "$OUT/log.txt"
   fi
   late "mixtral llama-server" && return 0

@@ -8,7 +8,9 @@ use clap::Args;
 use hypura_gguf::inspect::ModelReport;
 use hypura_gguf::GgufFile;
 use hypura_scheduler::cost::PromptPrediction;
-use hypura_scheduler::plan::{prompt_ubatch_tokens, Budgets, Plan, PlanSettings};
+use hypura_scheduler::plan::{
+    prompt_ubatch_tokens, Budgets, Plan, PlanSettings, DEFAULT_UBATCH_TOKENS,
+};
 use hypura_scheduler::profile::HardwareProfile;
 use hypura_scheduler::size::format_bytes;
 use llama_tiered::tiered::{plan_file, Mode};
@@ -63,6 +65,12 @@ pub struct InspectArgs {
     /// `--prompt-tokens` is a model's first prompt: its stream cache empty.
     #[arg(long, requires = "prompt_tokens")]
     cold: bool,
+    /// Show the plan `hypura serve` loads the model with, alone under these
+    /// budgets and hot (its prompt pass's buffers charged, as the server
+    /// charges them), and predict `--prompt-tokens` in the server's pass,
+    /// instead of the planner's own choice under the budgets.
+    #[arg(long, requires = "plan")]
+    served: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -156,15 +164,23 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
             args.model.display()
         );
     }
-    let plan = make_plan(file, &loaded.profile, &options)
-        .with_context(|| format!("planning {}", args.model.display()))?;
+    let (plan, served_pass) = if args.served {
+        let (plan, pass) = crate::pool::registry::served_plan(&args.model, &serve_settings(args, &loaded)?)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("planning {} as `hypura serve` loads it", args.model.display()))?;
+        (plan, Some(pass))
+    } else {
+        let plan = make_plan(file, &loaded.profile, &options)
+            .with_context(|| format!("planning {}", args.model.display()))?;
+        (plan, None)
+    };
     if args.json {
         let mut value = plan_json(&plan);
         if let Some(least) = least {
             value["least_under_budget"] = json!(least);
         }
         if let Some(tokens) = args.prompt_tokens {
-            value["prompt"] = json!(prompt_prediction(args, &plan, tokens));
+            value["prompt"] = json!(prompt_prediction(args, &plan, tokens, served_pass));
         }
         value["model"] = json!(args.model.display().to_string());
         value["profile"] = json!({
@@ -175,7 +191,7 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
     } else {
         emit(&plan_table(&plan, &args.model, &loaded))?;
         if let Some(tokens) = args.prompt_tokens {
-            let p = prompt_prediction(args, &plan, tokens);
+            let p = prompt_prediction(args, &plan, tokens, served_pass);
             emit(&format!(
                 "{:<20}{tokens} tokens in {} pass(es): {:.2} s, {:.1} tok/s (reads {:.2} s, \
                  host→GPU copies {:.2} s, compute {:.2} s)\n",
@@ -203,8 +219,24 @@ fn least_under_budget(
     if args.gpu_budget.is_none() && args.ram_budget.is_none() {
         return Ok(None);
     }
+    crate::pool::registry::least_under_budget(&args.model, &serve_settings(args, loaded)?)
+        .map(Some)
+        .map_err(anyhow::Error::msg)
+}
+
+/// `hypura serve`'s settings for the same budgets, context and sequences,
+/// with a runner measured as the server measures it.
+fn serve_settings(
+    args: &InspectArgs,
+    loaded: &LoadedProfile,
+) -> anyhow::Result<crate::pool::registry::EngineSettings> {
+    if args.gpu_budget.is_none() && args.ram_budget.is_none() {
+        anyhow::bail!(
+            "--served needs --gpu-budget or --ram-budget: without budgets the server plans as `inspect --plan` does"
+        );
+    }
     let runners = crate::pool::runner::Runners::start().map_err(anyhow::Error::msg)?;
-    let settings = crate::pool::registry::EngineSettings {
+    Ok(crate::pool::registry::EngineSettings {
         n_ctx_per_seq: args.context,
         n_parallel: args.parallel,
         n_batch: crate::config::DEFAULT_BATCH.max(args.parallel),
@@ -218,18 +250,24 @@ fn least_under_budget(
         runners: Some(std::sync::Arc::new(runners)),
         default_max_tokens: crate::config::DEFAULT_MAX_TOKENS,
         prompt_cache: Default::default(),
-    };
-    crate::pool::registry::least_under_budget(&args.model, &settings)
-        .map(Some)
-        .map_err(anyhow::Error::msg)
+    })
 }
 
-/// The prompt model's prediction for `--prompt-tokens`, by default in the
-/// passes a context of that batch would take were its buffers to fit.
-fn prompt_prediction(args: &InspectArgs, plan: &Plan, tokens: u32) -> PromptPrediction {
-    let ubatch = args
-        .ubatch
-        .unwrap_or_else(|| prompt_ubatch_tokens(plan.mode, tokens, |_| true));
+/// The prompt model's prediction for `--prompt-tokens`: in passes of
+/// `--ubatch`, else of the server's pass (`served`; 0: llama.cpp's
+/// default), else of those a context of that batch would take were its
+/// buffers to fit.
+fn prompt_prediction(
+    args: &InspectArgs,
+    plan: &Plan,
+    tokens: u32,
+    served: Option<u32>,
+) -> PromptPrediction {
+    let ubatch = args.ubatch.unwrap_or_else(|| match served {
+        Some(0) => tokens.clamp(1, DEFAULT_UBATCH_TOKENS),
+        Some(pass) => pass,
+        None => prompt_ubatch_tokens(plan.mode, tokens, |_| true),
+    });
     plan.predict_prompt(tokens, ubatch, args.cold)
 }
 

@@ -34,7 +34,7 @@ pub use admission::Arrival;
 pub use leases::{Engine, InProcess, LoadedModel, ModelLease};
 pub use loading::load;
 pub use names::{hex, parameter_size, ModelInfo, ModelSource, NamedModel};
-pub use placement::least_under_budget;
+pub use placement::{least_under_budget, served_plan};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use hypura_gguf::GgufFile as HeaderFile;
 use hypura_scheduler::budget::{Footprint, Residency};
 use hypura_scheduler::plan::{
-    least_read_pass, Budgets, PlanSettings, DEFAULT_UBATCH_TOKENS, MAX_STREAMED_UBATCH_TOKENS,
+    least_read_pass, Budgets, Plan, PlanSettings, DEFAULT_UBATCH_TOKENS, MAX_STREAMED_UBATCH_TOKENS,
 };
 use llama_tiered::engine::BatchConfig;
 use llama_tiered::tiered::footprint::StreamFootprint;
@@ -238,6 +238,33 @@ fn budgeted_model_at(
 /// `settings`: the figure the server's plan line and its refusal name, for
 /// `hypura inspect --plan`.
 pub fn least_under_budget(path: &Path, settings: &EngineSettings) -> Result<Footprint, String> {
+    let (named, limit) = alone_under_budget(path, settings)?;
+    let footprint = StreamFootprint::of(&HeaderFile::open(path).map_err(|e| e.to_string())?);
+    // The default prompt pass: the least room it runs in.
+    let model = budgeted_model_at(&named, settings, limit, limit.gpu_bytes, footprint, 0)?;
+    Ok(model.footprint_at(Residency::Streaming))
+}
+
+/// The plan `hypura serve` with `settings` loads the model file at `path`
+/// with when the model is alone under the budgets and hot (full
+/// residency), and its prompt pass in tokens (0: llama.cpp's default):
+/// for `hypura inspect --plan --served`, whose predictions then price the
+/// placement the server runs. (The planner's own choice under the budgets
+/// charges no prompt pass's buffers to the GPU; a server whose prompts pass
+/// the graph 4,096 tokens at a time keeps GBs fewer experts there.)
+pub fn served_plan(path: &Path, settings: &EngineSettings) -> Result<(Plan, u32), String> {
+    let (named, limit) = alone_under_budget(path, settings)?;
+    let model = budgeted_model(&named, settings, limit, limit.gpu_bytes)?.within(limit);
+    let (plan, _) = model.load_params(path, Residency::Full)?;
+    Ok((plan, model.prompt_pass))
+}
+
+/// The model file at `path` as the server names it, and the budgets of
+/// `settings` as one limit.
+fn alone_under_budget(
+    path: &Path,
+    settings: &EngineSettings,
+) -> Result<(NamedModel, Footprint), String> {
     let info = ModelInfo::read(path).map_err(|e| e.to_string())?;
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
     let named = NamedModel {
@@ -251,10 +278,7 @@ pub fn least_under_budget(path: &Path, settings: &EngineSettings) -> Result<Foot
         settings.gpu_budget_bytes.unwrap_or(0),
         settings.ram_budget_bytes.unwrap_or(u64::MAX),
     );
-    let footprint = StreamFootprint::of(&HeaderFile::open(path).map_err(|e| e.to_string())?);
-    // The default prompt pass: the least room it runs in.
-    let model = budgeted_model_at(&named, settings, limit, limit.gpu_bytes, footprint, 0)?;
-    Ok(model.footprint_at(Residency::Streaming))
+    Ok((named, limit))
 }
 
 /// Logs what the planner would choose for a model alone under the server's
