@@ -848,5 +848,8 @@ fn a_prompt_batch_passes_the_graph_once_where_its_buffers_leave_the_cache() {
         + beside;
     let (plan, pass) = plan_at(tight);
     assert_eq!(plan.mode, Mode::ExpertStreaming);
-    assert_eq!(pass, 0, "llama.cpp's default pass where a larger one crowds the cache");
+    assert_eq!(
+        pass, 0,
+        "llama.cpp's default pass where a larger one crowds the cache"
+    );
 }

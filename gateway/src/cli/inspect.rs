@@ -165,9 +165,15 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         );
     }
     let (plan, served_pass) = if args.served {
-        let (plan, pass) = crate::pool::registry::served_plan(&args.model, &serve_settings(args, &loaded)?)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| format!("planning {} as `hypura serve` loads it", args.model.display()))?;
+        let (plan, pass) =
+            crate::pool::registry::served_plan(&args.model, &serve_settings(args, &loaded)?)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| {
+                    format!(
+                        "planning {} as `hypura serve` loads it",
+                        args.model.display()
+                    )
+                })?;
         (plan, Some(pass))
     } else {
         let plan = make_plan(file, &loaded.profile, &options)

@@ -548,3 +548,61 @@ fn the_prompt_model_predicts_the_measured_moe_prompts_within_a_quarter() {
         .unwrap();
     assert!(warm < seconds[2], "{warm} against {}", seconds[2]);
 }
+
+/// `inspect --plan --served` plans as `hypura serve` loads the model (alone
+/// and hot under the budgets): its prompt pass's buffers charged, so a
+/// smaller stream cache than the planner's own choice leaves, and the
+/// prompt predicted in the pass the server logs. Without budgets it says
+/// what it needs.
+#[test]
+fn served_plans_price_the_servers_placement_and_prompt_pass() {
+    let model = mixtral();
+    let args = [
+        "--gpu-budget",
+        "0",
+        "--ram-budget",
+        "12GiB",
+        "--context",
+        "4096",
+        "--prompt-tokens",
+        "2223",
+    ];
+    let own = plan(&model, &args);
+    let profile = h200();
+    let mut served_args = vec!["inspect", model.to_str().unwrap(), "--plan", "--json"];
+    served_args.extend_from_slice(&["--profile", profile.to_str().unwrap(), "--served"]);
+    served_args.extend_from_slice(&args);
+    let out = hypura(&served_args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let served: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cache = |p: &Value| p["stream_cache_bytes"].as_u64().unwrap();
+    assert!(cache(&served) < cache(&own), "{served} / {own}");
+    // The pass the server would take, as its placement line names it.
+    let pass: u32 = err
+        .split("prompts pass the graph ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no prompt pass in: {err}"));
+    assert_eq!(
+        served["prompt"]["passes"].as_u64().unwrap(),
+        u64::from(2223u32.div_ceil(pass)),
+        "{served}"
+    );
+
+    let bare = hypura(&[
+        "inspect",
+        model.to_str().unwrap(),
+        "--plan",
+        "--served",
+        "--profile",
+        h200().to_str().unwrap(),
+    ]);
+    assert_eq!(bare.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bare.stderr);
+    assert!(
+        err.contains("--served needs --gpu-budget or --ram-budget"),
+        "{err}"
+    );
+}
