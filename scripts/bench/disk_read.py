@@ -19,24 +19,24 @@ import sys
 import threading
 import time
 
-path = sys.argv[1]
-per_case = int(float(sys.argv[2] if len(sys.argv) > 2 else 2) * (1 << 30))
-rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-size = os.path.getsize(path)
-cases = [
+CASES = [
     (1 << 20, 4, "reused"), (1 << 20, 4, "fresh"), (1 << 20, 8, "fresh"),
     (512 << 10, 8, "fresh"), (256 << 10, 16, "fresh"), (4 << 20, 4, "fresh"),
     (1 << 20, 4, "buffered"),
 ]
 
 
-def run(offset, block, depth, dest):
+def read_rate(path, offset, length, block, depth, dest):
+    """GB/s of reading [offset, offset + length) of path in blocks of
+    `block`, `depth` threads taking them in turn: O_DIRECT into one reused
+    buffer per thread ("reused") or into one fresh mapping ("fresh"), or
+    buffered reads ("buffered")."""
     direct = dest != "buffered"
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-    n_blocks = per_case // block
+    n_blocks = length // block
     next_block = [0]
     lock = threading.Lock()
-    fresh = mmap.mmap(-1, per_case) if dest == "fresh" else None
+    fresh = mmap.mmap(-1, length) if dest == "fresh" else None
 
     def worker():
         buf = mmap.mmap(-1, block)
@@ -73,12 +73,22 @@ def drop_caches():
         return False
 
 
-for r in range(rounds):
-    for k, (block, depth, dest) in enumerate(cases):
-        offset = ((r * len(cases) + k) * per_case) % max(size - per_case, 1)
-        offset -= offset % (1 << 20)
-        case = {"round": r, "block": block, "depth": depth, "dest": dest}
-        if dest == "buffered" and not drop_caches():
-            print(json.dumps({**case, "skipped": "cannot drop caches"}))
-            continue
-        print(json.dumps({**case, "gbps": round(run(offset, block, depth, dest), 3)}), flush=True)
+def main():
+    path = sys.argv[1]
+    per_case = int(float(sys.argv[2] if len(sys.argv) > 2 else 2) * (1 << 30))
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    size = os.path.getsize(path)
+    for r in range(rounds):
+        for k, (block, depth, dest) in enumerate(CASES):
+            offset = ((r * len(CASES) + k) * per_case) % max(size - per_case, 1)
+            offset -= offset % (1 << 20)
+            case = {"round": r, "block": block, "depth": depth, "dest": dest}
+            if dest == "buffered" and not drop_caches():
+                print(json.dumps({**case, "skipped": "cannot drop caches"}))
+                continue
+            rate = read_rate(path, offset, per_case, block, depth, dest)
+            print(json.dumps({**case, "gbps": round(rate, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

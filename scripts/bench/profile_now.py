@@ -14,47 +14,14 @@ flight: the planner's rate is then this rate). Prints one JSON line: the
 rate, each piece's rate, and the base profile's rate for comparison.
 """
 import json
-import mmap
 import os
 import statistics
 import sys
-import threading
-import time
+
+from disk_read import read_rate
 
 BLOCK = 1 << 20
 DEPTH = 4
-
-
-def read_piece(path, offset, length):
-    """GB/s of reading [offset, offset+length) of path: O_DIRECT, DEPTH
-    threads taking BLOCK-sized reads in turn, into one fresh mapping."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    dest = mmap.mmap(-1, length)
-    n_blocks = length // BLOCK
-    next_block = [0]
-    lock = threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                i = next_block[0]
-                next_block[0] += 1
-            if i >= n_blocks:
-                return
-            view = memoryview(dest)[i * BLOCK:(i + 1) * BLOCK]
-            os.preadv(fd, [view], offset + i * BLOCK)
-            view.release()
-
-    threads = [threading.Thread(target=worker) for _ in range(DEPTH)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
-    os.close(fd)
-    dest.close()
-    return n_blocks * BLOCK / seconds / 1e9
 
 
 def planner_rate(disk):
@@ -71,7 +38,7 @@ def main():
     size = os.path.getsize(model)
     piece = (total // 3) // BLOCK * BLOCK
     offsets = [(size - piece) * k // 3 // BLOCK * BLOCK for k in range(3)]
-    rates = [read_piece(model, o, piece) for o in offsets]
+    rates = [read_rate(model, o, piece, BLOCK, DEPTH, "fresh") for o in offsets]
     # Bytes over seconds of all three (not the mean of their rates).
     gbps = 3 * piece / sum(piece / (r * 1e9) for r in rates) / 1e9
     profile = json.load(open(base))
