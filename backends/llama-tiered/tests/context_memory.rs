@@ -338,3 +338,51 @@ fn gpu_placements_are_measured_as_loaded() {
     }
     std::fs::remove_file(&path).ok();
 }
+
+/// A generation context reserves its compute buffers for one row of
+/// logits per sequence (`n_outputs_max`), not one per token of a pass:
+/// SmolLM2's 49,152-token vocabulary at a 512-token pass is 100 MB of
+/// output layer llama.cpp's default reserves and never uses. A batch asking
+/// for more rows than the context gives is refused, not computed (llama.cpp
+/// would abort), and the context decodes on.
+#[test]
+fn one_output_per_sequence_shrinks_the_compute_buffers_and_more_is_refused() {
+    let _serial = serial();
+    let path = test_models::smollm2();
+    let params = TieredParams::default();
+    let every = four_sequences(2048);
+    let one_each = ContextParams {
+        n_outputs_max: 4,
+        ..four_sequences(2048)
+    };
+    let measure =
+        |c: &ContextParams| context_memory(&path, &params, std::slice::from_ref(c)).unwrap();
+    let (all, few) = (measure(&every), measure(&one_each));
+    let n_vocab = GgufFile::open(&path)
+        .unwrap()
+        .get_array("tokenizer.ggml.tokens")
+        .unwrap()
+        .len() as u64;
+    // The output layer's result: 512 rows of logits against 4.
+    let saved = (512 - 4) * n_vocab * 4;
+    eprintln!("every token's logits {all:?}, one a sequence {few:?}, {saved} bytes of logits");
+    assert!(
+        all.compute_bytes >= few.compute_bytes + saved * 9 / 10,
+        "{all:?} vs {few:?}: less than {saved} saved"
+    );
+
+    let model = TieredModel::load(&path, &params).unwrap();
+    let mut ctx = model.new_context(&one_each).unwrap();
+    let mut batch = Batch::new(8);
+    for pos in 0..5 {
+        batch.push(1 + pos, pos, 0, true).unwrap();
+    }
+    let err = ctx.decode(&batch).unwrap_err();
+    assert!(err.to_string().contains("at most 4"), "{err}");
+    batch.clear();
+    for seq in 0..4 {
+        batch.push(1, 0, seq, true).unwrap();
+    }
+    ctx.decode(&batch).unwrap();
+    assert_eq!(ctx.logits(3).unwrap().len(), n_vocab as usize);
+}

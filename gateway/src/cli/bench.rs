@@ -526,6 +526,8 @@ fn context_params(args: &BenchArgs, n_ctx: u32) -> ContextParams {
         n_ctx: n_ctx * n,
         n_batch: (largest_prompt(args) * n).max(n),
         n_seq_max: n,
+        // Logits at the last token of each sequence's prompt and at each decoded token.
+        n_outputs_max: n,
         n_threads: args.threads.unwrap_or(0),
         ..Default::default()
     }

@@ -135,6 +135,8 @@ impl BatchConfig {
             n_batch: self.n_batch,
             n_ubatch: self.n_ubatch,
             n_seq_max: self.n_slots(),
+            // A batch asks for logits at one token of each sequence in it.
+            n_outputs_max: self.n_slots(),
             n_threads: self.n_threads,
             ..Default::default()
         }

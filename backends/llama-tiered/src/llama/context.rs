@@ -29,6 +29,14 @@ pub struct ContextParams {
     pub n_ubatch: u32,
     /// Most sequences decoded together.
     pub n_seq_max: u32,
+    /// Most tokens of one batch that produce logits (`0`: every token of
+    /// the batch, llama.cpp's default). llama.cpp reserves the compute
+    /// buffers of a pass for this many rows of the output layer, `n_vocab`
+    /// floats each: for a 2,048-token pass of Qwen3's 151,936-token vocabulary,
+    /// 1.24 GB that a generation context, which needs one row per sequence,
+    /// never uses. A batch asking for more is refused ([`Context::decode`]),
+    /// never computed (llama.cpp would abort). Embeddings ignore it.
+    pub n_outputs_max: u32,
     /// Threads for decoding (`0` = one per available core).
     pub n_threads: u32,
     /// Compute embeddings instead of (or beside) logits.
@@ -45,6 +53,7 @@ impl Default for ContextParams {
             n_batch: 512,
             n_ubatch: 0,
             n_seq_max: 1,
+            n_outputs_max: 0,
             n_threads: 0,
             embeddings: false,
             mean_pooling: false,
@@ -71,6 +80,8 @@ pub struct Context {
     // Boxed so the address handed to llama.cpp's eval callback is stable.
     _hook: Option<Box<Arc<dyn EvalHook>>>,
     n_vocab: usize,
+    /// [`ContextParams::n_outputs_max`] as made (`0`: no limit of ours).
+    n_outputs_max: u32,
     model: Arc<Model>,
     /// Greedy samplers llama.cpp runs inside the decode graph, by sequence
     /// id ([`Context::set_device_greedy`]); owned here, freed after the
@@ -143,6 +154,12 @@ impl Context {
             params.n_batch.min(512)
         };
         raw_params.n_seq_max = params.n_seq_max;
+        let n_outputs_max = if params.embeddings {
+            0
+        } else {
+            params.n_outputs_max
+        };
+        raw_params.n_outputs_max = n_outputs_max;
         // A batch of one token (a decode step of one sequence) is computed
         // with `n_threads`, larger ones with `n_threads_batch`. When the host
         // computes only the input row lookup, one thread does it: waking the
@@ -187,6 +204,7 @@ impl Context {
             abort,
             _hook: hook,
             n_vocab,
+            n_outputs_max,
             model,
             device_greedy: BTreeMap::new(),
         })
@@ -262,6 +280,13 @@ impl Context {
     pub fn decode(&mut self, batch: &Batch) -> Result<(), EngineError> {
         if batch.is_empty() {
             return Ok(());
+        }
+        let outputs = batch.n_outputs();
+        if self.n_outputs_max > 0 && outputs > self.n_outputs_max as usize {
+            return Err(EngineError::InvalidArgument(format!(
+                "a batch asks for {outputs} rows of logits; this context gives at most {}",
+                self.n_outputs_max
+            )));
         }
         // SAFETY: the batch's arrays hold `n_tokens` valid entries; the context is alive.
         let rc = unsafe { sys::llama_decode(self.raw.as_ptr(), batch.raw) };
@@ -722,6 +747,14 @@ impl Batch {
 
     pub fn clear(&mut self) {
         self.raw.n_tokens = 0;
+    }
+
+    /// Tokens that ask for logits.
+    pub fn n_outputs(&self) -> usize {
+        // SAFETY: the first `len()` entries of `logits` were written by `push`.
+        (0..self.len())
+            .filter(|&i| unsafe { *self.raw.logits.add(i) } != 0)
+            .count()
     }
 
     /// Appends a token; returns its row (for [`Context::logits`] when `output`).
