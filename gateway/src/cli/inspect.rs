@@ -154,7 +154,17 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         parallel: args.parallel,
         mode: args.mode,
     };
-    let least = least_under_budget(args, &loaded)?;
+    // With a budget: the server's settings, its idle runner measured once
+    // for both the least it charges and (`--served`) the plan it loads.
+    let serve = match (args.gpu_budget, args.ram_budget) {
+        (None, None) => None,
+        _ => Some(serve_settings(args, &loaded)?),
+    };
+    let least = serve
+        .as_ref()
+        .map(|settings| crate::pool::registry::least_under_budget(&args.model, settings))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     if let Some(least) = least {
         eprintln!(
             "hypura: under `hypura serve` with these budgets, --context {} and --parallel {}, \
@@ -165,15 +175,19 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
         );
     }
     let (plan, served_pass) = if args.served {
-        let (plan, pass) =
-            crate::pool::registry::served_plan(&args.model, &serve_settings(args, &loaded)?)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| {
-                    format!(
-                        "planning {} as `hypura serve` loads it",
-                        args.model.display()
-                    )
-                })?;
+        let settings = serve.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--served needs --gpu-budget or --ram-budget: without budgets the server plans as `inspect --plan` does"
+            )
+        })?;
+        let (plan, pass) = crate::pool::registry::served_plan(&args.model, settings)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| {
+                format!(
+                    "planning {} as `hypura serve` loads it",
+                    args.model.display()
+                )
+            })?;
         (plan, Some(pass))
     } else {
         let plan = make_plan(file, &loaded.profile, &options)
@@ -214,33 +228,14 @@ fn print_plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What `hypura serve` with the same budgets, context and sequences would
-/// charge the model at the least (the figure of its plan line and of its
-/// refusal), when a budget is given; it measures an idle runner as the
-/// server does.
-fn least_under_budget(
-    args: &InspectArgs,
-    loaded: &LoadedProfile,
-) -> anyhow::Result<Option<hypura_scheduler::budget::Footprint>> {
-    if args.gpu_budget.is_none() && args.ram_budget.is_none() {
-        return Ok(None);
-    }
-    crate::pool::registry::least_under_budget(&args.model, &serve_settings(args, loaded)?)
-        .map(Some)
-        .map_err(anyhow::Error::msg)
-}
-
 /// `hypura serve`'s settings for the same budgets, context and sequences,
-/// with a runner measured as the server measures it.
+/// with a runner measured as the server measures it: what the server would
+/// charge the model at the least (the figure of its plan line and of its
+/// refusal) and the plan it loads are computed with them.
 fn serve_settings(
     args: &InspectArgs,
     loaded: &LoadedProfile,
 ) -> anyhow::Result<crate::pool::registry::EngineSettings> {
-    if args.gpu_budget.is_none() && args.ram_budget.is_none() {
-        anyhow::bail!(
-            "--served needs --gpu-budget or --ram-budget: without budgets the server plans as `inspect --plan` does"
-        );
-    }
     let runners = crate::pool::runner::Runners::start().map_err(anyhow::Error::msg)?;
     Ok(crate::pool::registry::EngineSettings {
         n_ctx_per_seq: args.context,
