@@ -90,6 +90,34 @@ pub struct BenchArgs {
     /// llama.cpp for each layer's choice makes it sync there.
     #[arg(long)]
     routing: bool,
+    /// With --routing: also write the recorded decode's choices to FILE, a
+    /// JSON line per prompt size (`prompt_tokens`, `n_expert`, and `decode`:
+    /// per layer, per token, the expert ids), to replay through stream-cache policies
+    /// (`scripts/bench/cache_replay.py`).
+    #[arg(long, value_name = "FILE", requires = "routing")]
+    routing_trace: Option<PathBuf>,
+}
+
+/// Appends one prompt size's decode choices to `path` (`--routing-trace`),
+/// which the run's first size starts afresh.
+fn append_trace(
+    path: &std::path::Path,
+    first: bool,
+    size: u32,
+    n_expert: usize,
+    decode: &[Vec<Vec<u32>>],
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(!first)
+        .truncate(first)
+        .open(path)
+        .with_context(|| format!("--routing-trace: cannot write {}", path.display()))?;
+    let line = json!({ "prompt_tokens": size, "n_expert": n_expert, "decode": decode });
+    writeln!(file, "{line}")
+        .with_context(|| format!("--routing-trace: cannot write {}", path.display()))
 }
 
 /// Most prompt sizes one run measures.
@@ -143,6 +171,8 @@ struct PhaseStream {
     hits: u64,
     misses: u64,
     prefetch_hits: u64,
+    /// Bytes the prefetcher read that were evicted before any use.
+    prefetch_wasted_bytes: u64,
     evictions: u64,
     resident_layer_skips: u64,
     /// Bytes the streamer's read-ahead of a prompt's next layer read.
@@ -166,6 +196,7 @@ impl PhaseStream {
         self.hits += s.expert_hits;
         self.misses += s.expert_misses;
         self.prefetch_hits += s.prefetch_hits;
+        self.prefetch_wasted_bytes += s.prefetch_wasted_bytes;
         self.evictions += s.evictions;
         self.resident_layer_skips += s.resident_layer_skips;
         self.read_ahead_bytes += s.prompt_stream.read_ahead_bytes;
@@ -390,6 +421,8 @@ impl Run<'_> {
                 "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
                 "step_nvme_bytes": m.step_nvme_bytes,
                 "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
+                "prefetch_hits_per_token": per_token(m.stream.prefetch_hits),
+                "prefetch_wasted_bytes_per_token": per_token(m.stream.prefetch_wasted_bytes),
             },
             "prompt_stream": {
                 "nvme_bytes": per_prompt(m.prompt_stream.nvme_bytes as f64),
@@ -616,6 +649,9 @@ fn measure(
                 run?;
                 let trace = r.trace();
                 let (head, tail) = trace.split_last(args.tokens as usize);
+                if let Some(path) = &args.routing_trace {
+                    append_trace(path, i == 0, size, n_expert, &tail.layers)?;
+                }
                 Some([
                     trace.summary(n_expert),
                     head.summary(n_expert),

@@ -1,7 +1,8 @@
 //! `hypura bench --routing --json` reports the experts a MoE's layers chose
 //! in an untimed run: per-layer histograms and the overlap of consecutive
 //! tokens' experts, whole and split into prompt and decode, with the
-//! synthetic model's routing profile named. Small synthetic MoEs, CPU only.
+//! synthetic model's routing profile named; `--routing-trace` writes the
+//! decode's choices themselves. Small synthetic MoEs, CPU only.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -114,4 +115,45 @@ fn bench_routing_needs_a_moe() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--routing needs a MoE model"), "{stderr}");
+}
+
+#[test]
+fn bench_writes_the_decodes_choices_to_a_routing_trace() {
+    let path =
+        std::env::temp_dir().join(format!("hypura-routing-trace-{}.jsonl", std::process::id()));
+    let arg = path.to_str().unwrap();
+    let r = report(
+        &tiny_moe(Routing::Qwen3),
+        &["--routing", "--routing-trace", arg],
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "one line per prompt size");
+    assert_eq!(lines[0]["prompt_tokens"], PROMPT);
+    assert_eq!(lines[0]["n_expert"], 64);
+    // Per layer, per decoded token, its 4 experts: the report's decode histogram.
+    let decode: Vec<Vec<Vec<u32>>> = serde_json::from_value(lines[0]["decode"].clone()).unwrap();
+    assert_eq!(decode.len(), 3);
+    let want = histogram(&r["routing"]["decode"]);
+    for (layer, rows) in decode.iter().enumerate() {
+        assert_eq!(rows.len() as u64, DECODE);
+        let mut h = vec![0u64; 64];
+        for row in rows {
+            assert_eq!(row.len(), 4);
+            row.iter().for_each(|&e| h[e as usize] += 1);
+        }
+        assert_eq!(h, want[layer], "layer {layer}");
+    }
+
+    // Only with --routing, which records it.
+    let model = tiny_moe(Routing::Qwen3);
+    let out = bench(&model, &["--routing-trace", arg]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--routing"), "{stderr}");
+    assert!(!path.exists(), "nothing written without --routing");
 }
