@@ -312,9 +312,10 @@ struct State {
     minimum_budget_bytes: u64,
     cache_bytes: u64,
     clock: u64,
-    accesses_since_ageing: u64,
-    /// Most experts one decode request asked for (a token's choice per layer).
-    decode_used: u32,
+    /// Streamed layers a decode asked for or found resident since the
+    /// units' uses last aged: a token's worth (a step's, for a batch) is
+    /// every streamed layer once.
+    decode_layers_since_ageing: u32,
     stats: StreamStats,
     error: Option<String>,
     /// Layers registered with the GPU's driver ([`super::pinning`]).
@@ -476,8 +477,7 @@ impl Streamer {
                 minimum_budget_bytes: minimum,
                 cache_bytes: 0,
                 clock: 0,
-                accesses_since_ageing: 0,
-                decode_used: 0,
+                decode_layers_since_ageing: 0,
                 stats,
                 error: None,
                 registered: Registered::default(),
@@ -843,13 +843,12 @@ impl Streamer {
             if !prompt {
                 unit.recent += 1.0;
                 unit.score += 1.0;
-                state.accesses_since_ageing += 1;
             }
         }
         if !prompt {
-            state.decode_used = state.decode_used.max(keys.len() as u32);
+            state.decode_layers_since_ageing += 1;
+            self.age(&mut state);
         }
-        self.age(&mut state);
 
         // Wait for units the prefetcher is reading rather than reading them twice.
         while keys
@@ -1275,6 +1274,8 @@ impl Streamer {
             state.units.get_mut(&k).expect("filtered").prefetched = false;
         }
         state.stats.resident_layer_skips += 1;
+        state.decode_layers_since_ageing += 1;
+        self.age(&mut state);
         true
     }
 
@@ -1509,13 +1510,12 @@ impl Streamer {
         Some(bytes)
     }
 
-    /// Every token's worth of decode uses (a choice of each streamed
-    /// layer), halves every unit's `recent` and ages its `score` by
-    /// [`RATE_HALF_LIFE_TOKENS`].
+    /// Every token's worth of decoding (each streamed layer asked for or
+    /// found resident once), halves every unit's `recent` and ages its
+    /// `score` by [`RATE_HALF_LIFE_TOKENS`].
     fn age(&self, state: &mut State) {
-        let per_token = u64::from(state.stream_layers) * u64::from(state.decode_used);
-        if state.accesses_since_ageing >= per_token.max(1) {
-            state.accesses_since_ageing = 0;
+        if state.decode_layers_since_ageing >= state.stream_layers.max(1) {
+            state.decode_layers_since_ageing = 0;
             let decay = rate_decay();
             for u in state.units.values_mut() {
                 u.recent *= 0.5;
