@@ -260,7 +260,7 @@ struct Unit {
     pins: u32,
     /// Decode uses, each decaying by half per token (see [`use_chance`]).
     recent: f64,
-    /// Decode uses, each decaying by half every [`RATE_HALF_LIFE_TOKENS`].
+    /// Decode uses, each decaying by half in 64 tokens ([`RATE_DECAY`]).
     score: f64,
     last_use: u64,
 }
@@ -1383,7 +1383,12 @@ impl Streamer {
             let n_layers = state.n_layers.max(1);
             let distance = (key.0 + n_layers - state.current_layer) % n_layers;
             let bytes = unit.bytes;
-            let wait = decode_wait(unit, distance.max(1), n_layers);
+            // As `make_room` prices its candidates.
+            let wait = decode_wait(
+                unit,
+                pass_distance(key.0, state.current_layer, n_layers),
+                n_layers,
+            );
             self.sample_host(&mut state);
             let room = if limit {
                 self.make_room(&mut state, bytes, Some((distance, wait)), false)
@@ -1512,14 +1517,13 @@ impl Streamer {
 
     /// Every token's worth of decoding (each streamed layer asked for or
     /// found resident once), halves every unit's `recent` and ages its
-    /// `score` by [`RATE_HALF_LIFE_TOKENS`].
+    /// `score` by [`RATE_DECAY`].
     fn age(&self, state: &mut State) {
         if state.decode_layers_since_ageing >= state.stream_layers.max(1) {
             state.decode_layers_since_ageing = 0;
-            let decay = rate_decay();
             for u in state.units.values_mut() {
                 u.recent *= 0.5;
-                u.score *= decay;
+                u.score *= RATE_DECAY;
             }
         }
     }
@@ -1658,30 +1662,28 @@ fn prefetch_min_chance(read: f64, compute: f64) -> f64 {
     }
 }
 
-/// Half-life, in decoded tokens, of a use in a unit's `score`: its
-/// long-run rate of use (a router's popularity) in [`use_chance`].
-const RATE_HALF_LIFE_TOKENS: f64 = 64.0;
-
 /// Weight of a unit's use by the last token or two in [`use_chance`]; the
 /// rest goes to its long-run rate.
 const RECENT_WEIGHT: f64 = 0.3;
 
-/// Per token, what a use's weight in `score` keeps.
-fn rate_decay() -> f64 {
-    0.5f64.powf(1.0 / RATE_HALF_LIFE_TOKENS)
-}
+/// Per decoded token, what a use's weight in a unit's `score` keeps:
+/// 0.5^(1/64), so a use counts half after 64 tokens and `score` is a use
+/// rate (a router's popularity) over the last ~92 in [`use_chance`].
+/// Written out because `use_chance` runs for every candidate of every
+/// eviction.
+const RATE_DECAY: f64 = 0.989_228_013_193_975_5;
 
 /// The chance that the next decoded token chooses `unit`, estimated from
 /// its decode uses: real routers repeat the token before's experts well
 /// above chance (its `recent` uses) and prefer some experts over others
-/// (its `score`, a use rate over the last ~[`RATE_HALF_LIFE_TOKENS`]
-/// tokens). Neither alone serves both: replaying 256 decoded tokens' recorded
+/// (its `score`, a use rate over the last ~92 tokens, [`RATE_DECAY`]).
+/// Neither alone serves both: replaying 256 decoded tokens' recorded
 /// routing (`scripts/bench/cache_replay.py`, 8-layer cuts of the two shapes)
 /// at the cache shares of the H200's runs, frequency alone (the policy
 /// before) read 21–23% more units per token on `mixtral` routing and
 /// 2–3% more on `qwen3`'s; recency alone (LRU) 4–7% more on `qwen3`'s.
 fn use_chance(unit: &Unit) -> f64 {
-    RECENT_WEIGHT * unit.recent.min(1.0) + (1.0 - RECENT_WEIGHT) * unit.score * (1.0 - rate_decay())
+    RECENT_WEIGHT * unit.recent.min(1.0) + (1.0 - RECENT_WEIGHT) * unit.score * (1.0 - RATE_DECAY)
 }
 
 /// Layer steps until a decode is expected to next use `unit`, `distance`
@@ -2123,7 +2125,8 @@ mod tests {
             last_use: 0,
         };
         // Chosen at every token for long: a use rate of 1, certain.
-        let steady = 1.0 / (1.0 - rate_decay());
+        assert!((RATE_DECAY.powi(64) - 0.5).abs() < 1e-12);
+        let steady = 1.0 / (1.0 - RATE_DECAY);
         assert!((use_chance(&unit(2.0, steady)) - 1.0).abs() < 1e-9);
         // Never used by a decode: needed never, evicted first.
         assert_eq!(decode_wait(&unit(0.0, 0.0), 1, 32), f64::INFINITY);
