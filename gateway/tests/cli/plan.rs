@@ -57,6 +57,17 @@ fn plan(model: &Path, extra: &[&str]) -> Value {
 
 /// [`plan`] with another profile.
 fn plan_with(profile: &Path, model: &Path, extra: &[&str]) -> Value {
+    let out = inspect_plan(profile, model, extra);
+    assert!(
+        out.status.success(),
+        "{extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// `inspect MODEL --plan --json --profile PROFILE EXTRA...`, as it ran.
+fn inspect_plan(profile: &Path, model: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "inspect",
         model.to_str().unwrap(),
@@ -66,13 +77,7 @@ fn plan_with(profile: &Path, model: &Path, extra: &[&str]) -> Value {
         profile.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let out = hypura(&args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    hypura(&args)
 }
 
 fn tier(plan: &Value, t: &str) -> u64 {
@@ -568,11 +573,7 @@ fn served_plans_price_the_servers_placement_and_prompt_pass() {
         "2223",
     ];
     let own = plan(&model, &args);
-    let profile = h200();
-    let mut served_args = vec!["inspect", model.to_str().unwrap(), "--plan", "--json"];
-    served_args.extend_from_slice(&["--profile", profile.to_str().unwrap(), "--served"]);
-    served_args.extend_from_slice(&args);
-    let out = hypura(&served_args);
+    let out = inspect_plan(&h200(), &model, &[&["--served"][..], &args].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let served: Value = serde_json::from_slice(&out.stdout).unwrap();
