@@ -7,11 +7,16 @@ Each case reads GIB_PER_CASE (default 2) GiB of FILE from its own offset
 (so no case reads what another has, and O_DIRECT cases never hit the page
 cache), the cases interleaved over ROUNDS (default 1) rounds, since a
 shared disk's speed drifts: O_DIRECT in chunks of a block size with a number of reads in flight
-(threads), into one reused buffer per thread or into freshly mapped memory
-(as the streamer's released pages are: every page faulted in by the read);
-and buffered reads after dropping the page cache where that is allowed.
+(threads), into one reused buffer per thread, into freshly mapped memory
+(as the streamer's released pages are: every page faulted in by the read),
+into fresh memory populated before the clock starts ("populated", as a
+pass's read-ahead populates), or into pages moved by mremap from memory
+used before ("moved": what recycling an evicted unit's pages would give a
+decode's on-demand read); and buffered reads after dropping the page cache
+where that is allowed.
 Prints one JSON line per case: block, depth, destination, GB/s.
 """
+import ctypes
 import json
 import mmap
 import os
@@ -22,21 +27,65 @@ import time
 CASES = [
     (1 << 20, 4, "reused"), (1 << 20, 4, "fresh"), (1 << 20, 8, "fresh"),
     (512 << 10, 8, "fresh"), (256 << 10, 16, "fresh"), (4 << 20, 4, "fresh"),
-    (1 << 20, 4, "buffered"),
+    (1 << 20, 4, "buffered"), (1 << 20, 4, "populated"), (1 << 20, 4, "moved"),
 ]
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+LIBC.mremap.restype = ctypes.c_void_p
+LIBC.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                        ctypes.c_void_p]
+LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+MAP_FAILED = ctypes.c_void_p(-1).value
+MADV_POPULATE_WRITE = 23
+MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
+
+
+def anonymous(length):
+    """A private anonymous mapping of `length` bytes: (address, buffer)."""
+    prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    addr = LIBC.mmap(None, length, prot, flags, -1, 0)
+    if addr in (None, MAP_FAILED):
+        raise OSError(ctypes.get_errno(), "mmap")
+    return addr, (ctypes.c_char * length).from_address(addr)
+
+
+def destination(length, dest):
+    """Memory for a case's reads, prepared as the case says (untimed):
+    (address, buffer)."""
+    addr, buf = anonymous(length)
+    if dest == "fresh":
+        return addr, buf
+    if dest == "populated":
+        if LIBC.madvise(addr, length, MADV_POPULATE_WRITE) != 0:
+            raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_WRITE)")
+        return addr, buf
+    # "moved": pages written elsewhere, then moved over the destination.
+    src, _ = anonymous(length)
+    if LIBC.madvise(src, length, MADV_POPULATE_WRITE) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_WRITE)")
+    moved = LIBC.mremap(src, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, addr)
+    if moved != addr:
+        raise OSError(ctypes.get_errno(), "mremap")
+    return addr, buf
 
 
 def read_rate(path, offset, length, block, depth, dest):
     """GB/s of reading [offset, offset + length) of path in blocks of
     `block`, `depth` threads taking them in turn: O_DIRECT into one reused
-    buffer per thread ("reused") or into one fresh mapping ("fresh"), or
-    buffered reads ("buffered")."""
+    buffer per thread ("reused") or into one mapping prepared as
+    `destination` says ("fresh", "populated", "moved"), or buffered reads
+    ("buffered")."""
     direct = dest != "buffered"
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
     n_blocks = length // block
     next_block = [0]
     lock = threading.Lock()
-    fresh = mmap.mmap(-1, length) if dest == "fresh" else None
+    mapped = destination(length, dest) if dest not in ("reused", "buffered") else None
+    fresh = mapped[1] if mapped else None
 
     def worker():
         buf = mmap.mmap(-1, block)
@@ -58,8 +107,8 @@ def read_rate(path, offset, length, block, depth, dest):
         t.join()
     seconds = time.perf_counter() - t0
     os.close(fd)
-    if fresh:
-        fresh.close()
+    if mapped:
+        LIBC.munmap(mapped[0], length)
     return n_blocks * block / seconds / 1e9
 
 

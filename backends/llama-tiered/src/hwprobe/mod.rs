@@ -12,7 +12,7 @@ pub mod host;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -559,7 +559,10 @@ fn measure_disk(dir: &Path, amounts: &Amounts) -> Result<DiskProfile, ProfileErr
     })
 }
 
-/// The biggest `*.gguf` directly inside `dir`, with its length.
+/// The biggest `*.gguf` directly inside `dir` whose bytes are on the disk,
+/// with its length. A sparse file (`hypura-synth --sparse`, a download
+/// preallocated with a hole) reads its holes as zeros without touching the
+/// disk: a profile read from one put the disk at 43–790 GB/s.
 fn largest_gguf(dir: &Path) -> io::Result<Option<(PathBuf, u64)>> {
     let mut best: Option<(PathBuf, u64)> = None;
     for entry in std::fs::read_dir(dir)? {
@@ -569,11 +572,22 @@ fn largest_gguf(dir: &Path) -> io::Result<Option<(PathBuf, u64)>> {
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
         let meta = entry.metadata()?;
-        if is_gguf && meta.is_file() && best.as_ref().is_none_or(|(_, len)| meta.len() > *len) {
+        if is_gguf
+            && meta.is_file()
+            && is_allocated(&meta)
+            && best.as_ref().is_none_or(|(_, len)| meta.len() > *len)
+        {
             best = Some((path, meta.len()));
         }
     }
     Ok(best)
+}
+
+/// Whether at least 15/16 of the file's length is allocated on the disk
+/// (`st_blocks` counts 512-byte units).
+fn is_allocated(meta: &std::fs::Metadata) -> bool {
+    let on_disk = meta.blocks().saturating_mul(512);
+    on_disk >= meta.len() - meta.len() / 16
 }
 
 /// A zeroed, `DIRECT_ALIGN`-aligned window of `len` bytes inside `storage`.
@@ -994,6 +1008,22 @@ disk      /models (O_DIRECT)
         let words: Vec<u64> = (0..1003).map(|i| i * 7 + u64::MAX / 3).collect();
         let plain = words.iter().fold(0u64, |a, &b| a.wrapping_add(b));
         assert_eq!(sum_words(&words), plain);
+    }
+
+    #[test]
+    fn the_disk_is_read_from_the_largest_model_whose_bytes_are_on_it() {
+        let dir = std::env::temp_dir().join(format!("hypura-hwprobe-src-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let written = dir.join("small.gguf");
+        write_scratch(&written, 1 << 20).unwrap();
+        // Bigger, but a hole: its reads would never reach the disk.
+        let sparse = dir.join("sparse.gguf");
+        File::create(&sparse).unwrap().set_len(64 << 20).unwrap();
+        let chosen = largest_gguf(&dir).unwrap();
+        assert_eq!(chosen, Some((written.clone(), 1 << 20)));
+        std::fs::remove_file(&written).unwrap();
+        assert_eq!(largest_gguf(&dir).unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
