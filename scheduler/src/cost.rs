@@ -166,6 +166,10 @@ pub struct Rates {
     /// that llama.cpp copies to the GPU for a prompt's batch).
     #[serde(default)]
     pub pageable_gbps: f64,
+    /// The CPU's measured prompt matrix rate, GFLOP/s
+    /// (`cpu.q4k_prompt_gflops`; 0: not measured).
+    #[serde(default)]
+    pub cpu_prompt_gflops: f64,
 }
 
 impl Rates {
@@ -180,6 +184,7 @@ impl Rates {
             disk_sequential_gbps: streaming_reads(&profile.disk, u64::MAX).fold(0.0, f64::max),
             pcie_gbps: gpu.map_or(0.0, |g| g.host_to_device_pinned_gbps),
             pageable_gbps: gpu.map_or(0.0, |g| g.host_to_device_pageable_gbps),
+            cpu_prompt_gflops: profile.cpu.q4k_prompt_gflops,
         }
     }
 }
@@ -311,8 +316,9 @@ pub fn predict(traffic: &TokenTraffic, rates: &Rates, overlap: Overlap) -> Predi
 /// - `compute_seconds`: tokens × 2 × the parameters a token touches (Q4_K:
 ///   [`PARAMS_PER_BYTE`] a byte) ÷ the matrix rate, taken as
 ///   [`PROMPT_FLOP_PER_MATVEC_BYTE`] × the GPU's Q4_K matvec rate when
-///   there is one, else [`CPU_PROMPT_FLOP_PER_MATVEC_BYTE`] × the CPU's,
-///   expert matmuls at [`MOE_PROMPT_EFFICIENCY`] of that;
+///   there is one (expert matmuls at [`MOE_PROMPT_EFFICIENCY`] of that),
+///   else the CPU's measured prompt matmul rate (experts at
+///   [`CPU_MOE_PROMPT_EFFICIENCY`]): [`prompt_flops`];
 ///
 /// and reads overlap the copies and compute in part (the next layers are
 /// read while one computes): `max(io, work) + `[`PROMPT_NON_OVERLAP`]` ×
@@ -341,16 +347,30 @@ pub const PROMPT_BATCH_TOKENS: u32 = 32;
 pub const PARAMS_PER_BYTE: f64 = 8.0 / 4.5;
 /// A device's prompt matrix rate (flop/s) per byte/s of its Q4_K matvec
 /// rate. Fitted on the H200: the 8B recompute above is 144 TFLOP/s against
-/// its 1,850 GB/s matvec.
-pub const PROMPT_FLOP_PER_MATVEC_BYTE: f64 = 78.0;
-/// The same for a CPU (its matrix kernels against its Q4_K matvec rate).
+/// its 1,850 GB/s matvec counting the output layer's flops for every token,
+/// 135 without them (a pass computes the output layer for its last token
+/// only; 6.5% of the 8B's bytes).
+pub const PROMPT_FLOP_PER_MATVEC_BYTE: f64 = 73.0;
+/// The same for a CPU whose profile predates `cpu.q4k_prompt_gflops`.
 /// Fitted on the 2-core dev machine: SmolLM2-135M's pp512 at 248 tok/s
-/// against a 2.75 GB/s matvec.
+/// against a 2.75 GB/s matvec. (The matvec rate is a poor guide: the same
+/// machine measured 11 and 33 GB/s on different days, its prompt matmul
+/// 236–240 GFLOP/s.)
 pub const CPU_PROMPT_FLOP_PER_MATVEC_BYTE: f64 = 21.0;
 /// Expert matmuls (`mul_mat_id`, each expert a slice of the batch) against
 /// dense ones: 0.46 s for the 1,536 tokens the Mixtral shape's pp2048 took
 /// beyond its pp512, about 87 TFLOP/s.
 pub const MOE_PROMPT_EFFICIENCY: f64 = 0.6;
+/// Expert matmuls on the CPU (`mul_mat_id`: each expert a slice of the
+/// batch) against the profile's prompt matrix rate
+/// (`cpu.q4k_prompt_gflops`, one weight times 512 columns). Measured on the
+/// 2-core dev machine, pp512 all in RAM, the output layer not counted:
+/// 0.98 of it on an 8-layer Mixtral-8x7B cut (8 experts, 2 used: 128
+/// tokens an expert), 0.75 on an 8-layer Qwen3-30B-A3B cut (128, 8 used:
+/// 32 tokens an expert; the probe at 32 columns gives 0.9 of 512's, the
+/// rest is `mul_mat_id`'s own cost); dense 8B layers 1.15. 0.85 puts both
+/// MoE shapes within 15%.
+pub const CPU_MOE_PROMPT_EFFICIENCY: f64 = 0.85;
 /// Fraction of the shorter of a pass's reads and its work (copies and
 /// compute) that does not overlap the longer one. With reads one layer
 /// ahead of compute the Mixtral shape's pp512, pp2048 and cold prompt gave
@@ -397,6 +417,25 @@ pub fn pass_read_bytes(traffic: &PromptTraffic) -> u64 {
     ((lacking as f64 / (1.0 - window)) as u64).min(traffic.stream_bytes)
 }
 
+/// The rate (flop/s) at which a plan's prompt passes compute: a GPU's
+/// (every pass's weights go to it) by its matvec rate
+/// ([`PROMPT_FLOP_PER_MATVEC_BYTE`]); without one, the CPU's measured
+/// matrix rate ([`CPU_MOE_PROMPT_EFFICIENCY`] of it for experts), or for a
+/// profile that did not measure it, one derived from the matvec rate.
+pub fn prompt_flops(rates: &Rates, moe: bool) -> f64 {
+    let gflops = if rates.gpu_gbps > 0.0 {
+        let efficiency = if moe { MOE_PROMPT_EFFICIENCY } else { 1.0 };
+        PROMPT_FLOP_PER_MATVEC_BYTE * rates.gpu_gbps * efficiency
+    } else if rates.cpu_prompt_gflops > 0.0 {
+        let efficiency = if moe { CPU_MOE_PROMPT_EFFICIENCY } else { 1.0 };
+        rates.cpu_prompt_gflops * efficiency
+    } else {
+        let efficiency = if moe { MOE_PROMPT_EFFICIENCY } else { 1.0 };
+        CPU_PROMPT_FLOP_PER_MATVEC_BYTE * rates.cpu_gbps * efficiency
+    };
+    gflops * 1e9
+}
+
 /// Predicts a prompt of `tokens` decoded in passes of `n_ubatch`; `cold`:
 /// the stream cache starts empty (a model's first prompt).
 pub fn predict_prompt(
@@ -410,17 +449,7 @@ pub fn predict_prompt(
     let pass = n_ubatch.max(1);
     let passes = tokens.div_ceil(pass);
     let gpu = rates.gpu_gbps > 0.0;
-    let flop_per_byte = if gpu {
-        PROMPT_FLOP_PER_MATVEC_BYTE * rates.gpu_gbps
-    } else {
-        CPU_PROMPT_FLOP_PER_MATVEC_BYTE * rates.cpu_gbps
-    };
-    let efficiency = if traffic.moe {
-        MOE_PROMPT_EFFICIENCY
-    } else {
-        1.0
-    };
-    let flops = flop_per_byte * 1e9 * efficiency;
+    let flops = prompt_flops(rates, traffic.moe);
     let flop_per_token = 2.0 * PARAMS_PER_BYTE * traffic.touched_bytes_per_token;
     let (mut read_seconds, mut copy_seconds, mut compute_seconds, mut total) = (0.0, 0.0, 0.0, 0.0);
     for i in 0..passes {
@@ -483,6 +512,7 @@ mod tests {
             disk_sequential_gbps: 2.0,
             pcie_gbps: 50.0,
             pageable_gbps: 6.0,
+            cpu_prompt_gflops: 0.0,
         }
     }
 
@@ -657,9 +687,22 @@ mod tests {
         };
         let p = predict_prompt(&dense, &no_gpu, 100, 512, false);
         assert_eq!((p.copy_seconds, p.read_seconds), (0.0, 0.0));
+        // A profile without the CPU's prompt rate: derived from its matvec.
         let flops = CPU_PROMPT_FLOP_PER_MATVEC_BYTE * 50.0e9;
         let expected = 100.0 * 2.0 * PARAMS_PER_BYTE * 1e8 / flops;
         assert!((p.seconds - expected).abs() < 1e-12, "{p:?}");
+        // With it measured, the measure decides, whatever the matvec says.
+        let measured = Rates {
+            cpu_prompt_gflops: 400.0,
+            cpu_gbps: 5.0,
+            ..no_gpu
+        };
+        let p = predict_prompt(&dense, &measured, 100, 512, false);
+        let expected = 100.0 * 2.0 * PARAMS_PER_BYTE * 1e8 / 400e9;
+        assert!((p.seconds - expected).abs() < 1e-12, "{p:?}");
+        let moe = PromptTraffic { moe: true, ..dense };
+        let p = predict_prompt(&moe, &measured, 100, 512, false);
+        assert!((p.seconds - expected / CPU_MOE_PROMPT_EFFICIENCY).abs() < 1e-12);
         // A prompt shorter than a GPU batch copies no weights either.
         let short = predict_prompt(&dense, &rates(), 8, 512, false);
         assert_eq!(short.copy_seconds, 0.0);

@@ -69,6 +69,12 @@ pub struct CpuProfile {
     /// matrix × vector product with all `threads`, GB/s: a decode step's
     /// ceiling for weights held in RAM (often below `RamProfile::read_gbps`).
     pub q4k_matvec_gbps: f64,
+    /// Rate of a prompt pass's matrix product on the CPU with all `threads`
+    /// (a Q4_K weight times a batch of 512 columns), GFLOP/s; 0: not
+    /// measured (profiles before it), and the cost model derives one from
+    /// the matvec rate.
+    #[serde(default)]
+    pub q4k_prompt_gflops: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -206,6 +212,7 @@ impl HardwareProfile {
                 model: "unknown".into(),
                 threads,
                 q4k_matvec_gbps: assumed::CPU_Q4K_MATVEC_GBPS,
+                q4k_prompt_gflops: 0.0,
             },
             ram: RamProfile {
                 total_bytes: ram_total_bytes,

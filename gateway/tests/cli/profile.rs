@@ -62,6 +62,7 @@ fn assert_measured(p: &HardwareProfile, disk: &Path) {
     assert!(p.cpu.threads >= 1);
     assert!(!p.cpu.model.is_empty());
     assert!(p.cpu.q4k_matvec_gbps > 0.0, "{:?}", p.cpu);
+    assert!(p.cpu.q4k_prompt_gflops > 0.0, "{:?}", p.cpu);
     assert_eq!(p.ram.total_bytes, mem_total_bytes());
     assert!(p.ram.available_bytes > 0 && p.ram.available_bytes <= p.ram.total_bytes);
     assert!(p.ram.read_gbps > 0.0, "{:?}", p.ram);

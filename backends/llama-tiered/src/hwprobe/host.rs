@@ -67,7 +67,7 @@ pub fn measure_overhead() -> Result<HostOverhead, DeviceProbeError> {
     let mut held = Vec::new();
     for dev in &all {
         let backend = DeviceBackend::init(dev, threads)?;
-        let graph = MatvecGraph::new(dev, GgmlType::Q4_K, PROBE_COLS, PROBE_ROWS, 1)?;
+        let graph = MatvecGraph::new(dev, GgmlType::Q4_K, PROBE_COLS, PROBE_ROWS, 1, 1)?;
         // Zero scales: a valid weight whose product is zero.
         graph.set_weight(0, &vec![0; graph.weight_bytes()])?;
         graph.set_input(0, &[0.0; PROBE_COLS])?;

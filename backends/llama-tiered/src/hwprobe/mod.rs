@@ -175,6 +175,9 @@ pub fn stale_reason(
             cached.version
         ));
     }
+    if cached.cpu.q4k_prompt_gflops <= 0.0 {
+        return Some("it predates the CPU's prompt rate".into());
+    }
     if Path::new(&cached.disk.path) != disk_path {
         return Some(format!(
             "it measured the disk at {}, not {}",
@@ -351,6 +354,7 @@ pub fn measure(disk_path: &Path, effort: Effort) -> Result<HardwareProfile, Prof
         model: read_cpu_model(),
         threads,
         q4k_matvec_gbps: device::q4k_matvec_gbps(&cpu_device, &matvec)?,
+        q4k_prompt_gflops: device::q4k_prompt_gflops(&cpu_device, &matvec)?,
     };
     let gpus = devices::devices()
         .iter()
@@ -740,10 +744,14 @@ impl fmt::Display for ProfileTable<'_> {
             "measured",
             format!("{} (profile version {})", p.measured_at, p.version),
         )?;
+        let prompt = match p.cpu.q4k_prompt_gflops {
+            r if r > 0.0 => format!(", prompt matmul {r:.0} GFLOP/s"),
+            _ => String::new(),
+        };
         row(
             "CPU",
             format!(
-                "{}, {} threads, Q4_K matvec {:.1} GB/s",
+                "{}, {} threads, Q4_K matvec {:.1} GB/s{prompt}",
                 p.cpu.model, p.cpu.threads, p.cpu.q4k_matvec_gbps
             ),
         )?;
@@ -846,6 +854,7 @@ mod tests {
                 model: "Test CPU".into(),
                 threads: 16,
                 q4k_matvec_gbps: 41.25,
+                q4k_prompt_gflops: 900.0,
             },
             ram: RamProfile {
                 total_bytes: 128 << 30,
@@ -886,6 +895,11 @@ mod tests {
         assert!(why.contains("/elsewhere"), "{why}");
         let why = stale_reason(&p, Effort::Quick, path, Effort::Full).unwrap();
         assert!(why.contains("quick"), "{why}");
+        // Measured before the CPU's prompt rate was: measured again.
+        let mut before = p.clone();
+        before.cpu.q4k_prompt_gflops = 0.0;
+        let why = stale_reason(&before, Effort::Full, path, Effort::Full).unwrap();
+        assert!(why.contains("prompt rate"), "{why}");
     }
 
     #[test]
@@ -914,7 +928,7 @@ mod tests {
         let expected = "\
 host      box
 measured  2026-01-02T03:04:05.678Z (profile version 1)
-CPU       Test CPU, 16 threads, Q4_K matvec 41.2 GB/s
+CPU       Test CPU, 16 threads, Q4_K matvec 41.2 GB/s, prompt matmul 900 GFLOP/s
 RAM       128.0 GiB total, 100.0 GiB available, read 80.0 GB/s
 GPU       none
 overhead  12.0 MiB resident before any model (the process 8.0 MiB, llama.cpp's backends 9.0 MiB): a run peaks at most this above its RAM budget

@@ -255,7 +255,9 @@ impl Drop for DeviceBackend {
 }
 
 /// `reps` products `W × x_i` of one weight `W` (`cols` × `rows` of a quantized type) with F32
-/// vectors `x_i` of `cols` values, every tensor in one buffer of the device.
+/// inputs `x_i` of `batch` columns of `cols` values (a matrix × vector product at a batch of
+/// 1, a prompt pass's matrix product at a batch of its tokens), every tensor in one buffer of
+/// the device.
 pub struct MatvecGraph {
     // Held for the tensors' storage and metadata; field order is drop
     // order: the buffer before the context that describes it.
@@ -266,6 +268,7 @@ pub struct MatvecGraph {
     weight: NonNull<sys::ggml_tensor>,
     inputs: Vec<NonNull<sys::ggml_tensor>>,
     cols: usize,
+    batch: usize,
 }
 
 impl MatvecGraph {
@@ -275,12 +278,13 @@ impl MatvecGraph {
         weight_type: GgmlType,
         cols: usize,
         rows: usize,
+        batch: usize,
         reps: usize,
     ) -> Result<MatvecGraph, DeviceProbeError> {
         let row_bytes = weight_type.row_bytes(cols).ok_or_else(|| {
             dev.failed(format!("{weight_type} rows of {cols} are not whole blocks"))
         })?;
-        let (cols_i64, rows_i64) = (cols as i64, rows as i64);
+        let (cols_i64, rows_i64, batch_i64) = (cols as i64, rows as i64, batch.max(1) as i64);
         let ctx = MetaContext::new(1 + 2 * reps, true).map_err(|e| dev.failed(e))?;
         let c = ctx.as_ptr();
         // SAFETY: `c` is a live no-alloc context sized for these tensors
@@ -290,11 +294,11 @@ impl MatvecGraph {
             let graph = sys::ggml_new_graph(c);
             let mut inputs = Vec::with_capacity(reps);
             for _ in 0..reps {
-                let x = sys::ggml_new_tensor_2d(c, sys::GGML_TYPE_F32, cols_i64, 1);
+                let x = sys::ggml_new_tensor_2d(c, sys::GGML_TYPE_F32, cols_i64, batch_i64);
                 let y = sys::ggml_mul_mat(c, w, x);
                 if !sys::ggml_backend_dev_supports_op(dev.raw, y) {
                     return Err(dev.failed(format!(
-                        "cannot compute a {weight_type} × F32 matrix-vector product"
+                        "cannot compute a {weight_type} × F32 matrix product"
                     )));
                 }
                 sys::ggml_build_forward_expand(graph, y);
@@ -315,6 +319,7 @@ impl MatvecGraph {
             weight,
             inputs,
             cols,
+            batch: batch.max(1),
         })
     }
 
@@ -344,21 +349,28 @@ impl MatvecGraph {
         Ok(())
     }
 
-    /// Number of vectors `x_i`.
+    /// Values of each input `x_i`: `cols × batch`.
+    pub fn input_len(&self) -> usize {
+        self.cols * self.batch
+    }
+
+    /// Number of inputs `x_i`.
     pub fn n_inputs(&self) -> usize {
         self.inputs.len()
     }
 
-    /// Sets vector `x_i` (`cols` values).
+    /// Sets input `x_i` (`batch` columns of `cols` values, column after column).
     pub fn set_input(&self, i: usize, values: &[f32]) -> Result<(), DeviceProbeError> {
         let x = self
             .inputs
             .get(i)
             .ok_or_else(|| self.dev.failed("no such input"))?;
-        if values.len() != self.cols {
-            return Err(self.dev.failed("an input needs one value per column"));
+        if values.len() != self.cols * self.batch {
+            return Err(self
+                .dev
+                .failed("an input needs `cols` values per batch column"));
         }
-        // SAFETY: `x` is allocated with exactly `cols` f32 values.
+        // SAFETY: `x` is allocated with exactly `cols × batch` f32 values.
         unsafe {
             sys::ggml_backend_tensor_set(x.as_ptr(), values.as_ptr().cast(), 0, values.len() * 4)
         };
