@@ -4,8 +4,11 @@
 //!
 //! Invariant: every byte of the region is either untouched (reads as zero,
 //! never used while so: the streamer pins what a node needs before it runs)
-//! or equal to the file's byte at the same offset. Reads therefore may spill
-//! over neighbouring bytes (page alignment for O_DIRECT) without harm.
+//! or equal to the file's byte at the same offset, but for the whole pages
+//! inside a unit being loaded, which may hold another unit's bytes until
+//! its read lands ([`StreamRegion::adopt`]; nothing reads a loading unit).
+//! Reads therefore may spill over neighbouring bytes (page alignment for
+//! O_DIRECT) without harm.
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::fs::File;
@@ -13,7 +16,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hypura_llama_sys as sys;
 use hypura_llama_sys::buffer_type::{
@@ -38,6 +41,49 @@ pub struct StreamRegion {
     base: NonNull<u8>,
     len: usize,
     file_len: u64,
+    /// Pages evictions gave up, for the next load (see
+    /// [`StreamRegion::retire`]); `None` until [`StreamRegion::open_bank`].
+    bank: Mutex<Option<Bank>>,
+}
+
+/// A mapping that holds an evicted unit's pages between its eviction and
+/// the load that takes them: a stack of moved page runs (each run one
+/// mapping of the kernel's, as `mremap` needs its source to be).
+struct Bank {
+    base: NonNull<u8>,
+    cap: u64,
+    /// `(offset in the bank, bytes)` of each run held, bottom first.
+    runs: Vec<(u64, u64)>,
+    fill: u64,
+}
+
+impl Bank {
+    fn at(&self, offset: u64) -> *mut u8 {
+        // SAFETY: callers keep `offset` within the bank's `cap`.
+        unsafe { self.base.as_ptr().add(offset as usize) }
+    }
+}
+
+/// Moves the pages of `[from, from + len)` to `[to, to + len)`, replacing
+/// whatever is mapped there, and leaves `from` mapped and empty (reading as
+/// zero: `MREMAP_DONTUNMAP`, Linux 5.7). No page is copied or zeroed: the
+/// page tables move. Whether the kernel did it.
+///
+/// # Safety
+/// Both ranges page aligned, inside private anonymous mappings of this
+/// process, and not in use by anyone (no pinned page, no reader).
+unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
+    // SAFETY: as the caller guarantees.
+    let moved = unsafe {
+        libc::mremap(
+            from as *mut c_void,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+            to as *mut c_void,
+        )
+    };
+    moved == to as *mut c_void
 }
 
 // SAFETY: the region is plain memory; concurrent writers only ever store the
@@ -88,7 +134,137 @@ impl StreamRegion {
             base,
             len,
             file_len,
+            bank: Mutex::new(None),
         })
+    }
+
+    /// Keeps up to `cap` bytes of evicted units' pages for the loads that
+    /// follow ([`StreamRegion::retire`], [`StreamRegion::adopt`]): an
+    /// O_DIRECT read into pages already present skips faulting in and
+    /// zeroing fresh ones, which slowed the H200 machine's reads from
+    /// 2.3–2.6 GB/s to 1.3–1.6 (`scripts/bench/disk_read.py`: "reused"
+    /// against "fresh"). Each unit that takes moved pages becomes a mapping
+    /// of its own in the kernel's eyes: callers open a bank only where the
+    /// units are few enough (the streamer's `MAX_RECYCLED_RANGES`). An error where the
+    /// address space cannot be reserved (then evictions release as before).
+    pub fn open_bank(&self, cap: u64) -> io::Result<()> {
+        let cap = page_ceil(cap.max(PAGE));
+        // SAFETY: a fresh private anonymous mapping, no fixed address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                cap as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let old = self.bank().replace(Bank {
+            base,
+            cap,
+            runs: Vec::new(),
+            fill: 0,
+        });
+        if let Some(old) = old {
+            // SAFETY: unmaps the bank this one replaces, which nothing uses.
+            unsafe { libc::munmap(old.base.as_ptr() as *mut c_void, old.cap as usize) };
+        }
+        Ok(())
+    }
+
+    fn bank(&self) -> std::sync::MutexGuard<'_, Option<Bank>> {
+        self.bank.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives up the whole pages inside `[start, end)` as [`release`] does,
+    /// but keeps them, moved into the bank while it has room, for the next
+    /// [`StreamRegion::adopt`]; the range reads as zero either way. The
+    /// caller holds no pin on them.
+    ///
+    /// [`release`]: StreamRegion::release
+    pub fn retire(&self, start: u64, end: u64) {
+        let a = page_ceil(start);
+        let b = page_floor(end).min(self.len as u64);
+        if b <= a {
+            return;
+        }
+        let len = b - a;
+        let mut bank = self.bank();
+        if let Some(bank) = bank.as_mut().filter(|k| k.fill + len <= k.cap) {
+            // SAFETY: `[a, b)` is page aligned inside the region, unpinned;
+            // `[fill, fill + len)` is free room in the bank.
+            let from = unsafe { self.base.as_ptr().add(a as usize) };
+            if unsafe { move_pages(from, bank.at(bank.fill), len as usize) } {
+                bank.runs.push((bank.fill, len));
+                bank.fill += len;
+                return;
+            }
+        }
+        drop(bank);
+        self.release(start, end);
+    }
+
+    /// Moves banked pages into the whole pages inside `[start, end)` (a
+    /// unit being loaded, whose read will overwrite them), as many as the
+    /// bank holds. Returns the file range now backed by moved pages (empty
+    /// when none): present before its read lands, to be counted as such.
+    pub fn adopt(&self, start: u64, end: u64) -> (u64, u64) {
+        let a = page_ceil(start);
+        let b = page_floor(end).min(self.len as u64);
+        let mut done = a;
+        let mut bank = self.bank();
+        let Some(bank) = bank.as_mut() else {
+            return (a, a);
+        };
+        while done < b {
+            let Some(&(offset, len)) = bank.runs.last() else {
+                break;
+            };
+            let take = len.min(b - done);
+            // The run's top `take` bytes: within one mapping, as mremap needs.
+            let from = offset + len - take;
+            // SAFETY: `[done, done + take)` is page aligned inside the region
+            // (the caller's loading unit); the bank run holds moved pages.
+            let to = unsafe { self.base.as_ptr().add(done as usize) };
+            if !unsafe { move_pages(bank.at(from), to, take as usize) } {
+                break;
+            }
+            if take == len {
+                bank.runs.pop();
+            } else {
+                bank.runs.last_mut().expect("a run").1 -= take;
+            }
+            bank.fill -= take;
+            done += take;
+        }
+        (a, done)
+    }
+
+    /// Releases whatever pages the bank still holds (a load took fewer than
+    /// its evictions gave up): the bank holds pages only between an
+    /// eviction and the load it made room for.
+    pub fn drain_bank(&self) {
+        let mut bank = self.bank();
+        let Some(bank) = bank.as_mut() else {
+            return;
+        };
+        if bank.fill > 0 {
+            // SAFETY: `[0, fill)` lies inside the bank; its pages are no one's.
+            unsafe {
+                libc::madvise(
+                    bank.base.as_ptr() as *mut c_void,
+                    bank.fill as usize,
+                    libc::MADV_DONTNEED,
+                );
+            }
+        }
+        bank.runs.clear();
+        bank.fill = 0;
     }
 
     pub fn base(&self) -> *mut u8 {
@@ -203,27 +379,38 @@ impl StreamRegion {
     }
 
     /// Bytes of the region actually backed by memory now: the `Rss` of its
-    /// mapping in `/proc/self/smaps`. (`mincore` would also count pages only
-    /// read, which map the shared zero page and cost no memory.)
+    /// mappings in `/proc/self/smaps` (one, or several once loads took
+    /// moved pages). (`mincore` would also count pages only read, which map
+    /// the shared zero page and cost no memory.)
     pub fn resident_bytes(&self) -> u64 {
-        let start = format!("{:x}-", self.base.as_ptr() as usize);
         let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
             return 0;
         };
-        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
-        lines.next();
-        for line in lines {
-            if let Some(kb) = line.strip_prefix("Rss:") {
-                return kb
+        let (lo, hi) = (
+            self.base.as_ptr() as usize,
+            self.base.as_ptr() as usize + self.len,
+        );
+        let mut inside = false;
+        let mut kib = 0;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((from, _)) = range.split_once('-') {
+                    if let Ok(from) = usize::from_str_radix(from, 16) {
+                        inside = (lo..hi).contains(&from);
+                        continue;
+                    }
+                }
+            }
+            if let Some(kb) = line.strip_prefix("Rss:").filter(|_| inside) {
+                kib += kb
                     .trim()
                     .trim_end_matches("kB")
                     .trim()
                     .parse::<u64>()
-                    .unwrap_or(0)
-                    * 1024;
+                    .unwrap_or(0);
             }
         }
-        0
+        kib * 1024
     }
 }
 
@@ -236,6 +423,10 @@ impl Drop for StreamRegion {
                 self.base.as_ptr().sub(guard) as *mut c_void,
                 self.len + 2 * guard,
             );
+        }
+        if let Some(bank) = self.bank().take() {
+            // SAFETY: unmaps the bank made in `open_bank`, once.
+            unsafe { libc::munmap(bank.base.as_ptr() as *mut c_void, bank.cap as usize) };
         }
     }
 }
@@ -680,4 +871,81 @@ unsafe extern "C" fn cookie_seek(
     this.pos = target as u64;
     *offset = target;
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    /// A file of `pages` pages, page `i` filled with byte `i + 1`.
+    fn paged_file(pages: u64) -> (std::path::PathBuf, File) {
+        let path = std::env::temp_dir().join(format!(
+            "hypura-stream-region-{}-{pages}",
+            std::process::id()
+        ));
+        let mut f = File::create(&path).unwrap();
+        for i in 0..pages {
+            f.write_all(&vec![(i + 1) as u8; PAGE as usize]).unwrap();
+        }
+        (path.clone(), File::open(&path).unwrap())
+    }
+
+    fn byte(region: &StreamRegion, offset: u64) -> u8 {
+        // SAFETY: `offset` lies inside the region; plain memory.
+        unsafe { *region.base().add(offset as usize) }
+    }
+
+    #[test]
+    fn an_evicted_units_pages_back_the_next_load_and_the_rest_are_released() {
+        let (path, file) = paged_file(64);
+        let region = StreamRegion::reserve(64 * PAGE).unwrap();
+        region.open_bank(16 * PAGE).unwrap();
+        // Unit Y: pages 2..10 (its first and last page shared with neighbours).
+        let (y0, y1) = (2 * PAGE - 100, 10 * PAGE + 100);
+        region.read_from(&file, y0, y1).unwrap();
+        let resident = region.resident_bytes();
+        assert_eq!(resident, 10 * PAGE, "pages 1..=10 read");
+        region.retire(y0, y1);
+        // Y's whole pages read as zero again; its boundary pages stay.
+        assert_eq!(byte(&region, 5 * PAGE), 0);
+        assert_eq!(byte(&region, 2 * PAGE - 1), 2);
+        // The pages moved, not freed: the region holds only the boundary ones.
+        assert_eq!(region.resident_bytes(), 2 * PAGE);
+        // Unit X: pages 40..52, twelve whole pages; the bank has eight.
+        let (x0, x1) = (40 * PAGE, 52 * PAGE);
+        let (m0, m1) = region.adopt(x0, x1);
+        assert_eq!((m0, m1), (40 * PAGE, 48 * PAGE));
+        // Present before any read: they hold Y's old bytes until it lands.
+        assert_eq!(region.resident_bytes(), 10 * PAGE);
+        assert_ne!(byte(&region, 40 * PAGE), 0);
+        region.read_from(&file, x0, x1).unwrap();
+        for p in 40..52 {
+            assert_eq!(byte(&region, p * PAGE), (p + 1) as u8, "page {p}");
+        }
+        // Nothing left to adopt; a drained bank holds nothing.
+        assert_eq!(region.adopt(60 * PAGE, 62 * PAGE), (60 * PAGE, 60 * PAGE));
+        region.retire(x0, x1);
+        region.drain_bank();
+        assert_eq!(region.adopt(60 * PAGE, 62 * PAGE), (60 * PAGE, 60 * PAGE));
+        assert_eq!(region.resident_bytes(), 2 * PAGE);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_full_bank_or_none_releases_as_before() {
+        let (path, file) = paged_file(32);
+        let region = StreamRegion::reserve(32 * PAGE).unwrap();
+        region.read_from(&file, 0, 8 * PAGE).unwrap();
+        // No bank: retiring releases.
+        region.retire(0, 4 * PAGE);
+        assert_eq!(region.resident_bytes(), 4 * PAGE);
+        assert_eq!(region.adopt(16 * PAGE, 20 * PAGE), (16 * PAGE, 16 * PAGE));
+        // A bank of two pages: four do not fit, and are released.
+        region.open_bank(2 * PAGE).unwrap();
+        region.retire(4 * PAGE, 8 * PAGE);
+        assert_eq!(region.resident_bytes(), 0);
+        assert_eq!(region.adopt(16 * PAGE, 20 * PAGE), (16 * PAGE, 16 * PAGE));
+        std::fs::remove_file(path).unwrap();
+    }
 }

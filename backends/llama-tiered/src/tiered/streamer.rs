@@ -419,6 +419,14 @@ impl Streamer {
             *per_layer.entry(*layer).or_insert(0) += u.bytes;
         }
         let minimum = per_layer.values().copied().max().unwrap_or(0);
+        let ranges: usize = units.values().map(|u| u.ranges.len()).sum();
+        if ranges <= MAX_RECYCLED_RANGES {
+            // Room for a layer's evictions: the most one request makes.
+            let unit_most = units.values().map(|u| u.bytes).max().unwrap_or(0);
+            if let Err(e) = region.open_bank(minimum + unit_most) {
+                tracing::warn!("evicted pages are released, not reused: {e}");
+            }
+        }
         if budget_bytes < minimum {
             return Err(format!(
                 "the RAM budget for streamed weights ({budget_bytes} bytes) is below the {minimum} bytes one layer may need at once ({mode})"
@@ -889,7 +897,13 @@ impl Streamer {
         }
         // Units others are reading count against the budget but cannot be
         // evicted mid-read: wait for them when nothing else can make room.
-        while !self.make_room(&mut state, needed, None, prompt) {
+        let miss_ranges: Vec<(u64, u64)> = misses.iter().flat_map(|m| m.2.iter().copied()).collect();
+        let mut moved = Vec::new();
+        loop {
+            if let Some(m) = self.make_room_for(&mut state, &miss_ranges, needed, None, prompt) {
+                moved = m;
+                break;
+            }
             let others_loading = state.registering
                 || state.units.iter().any(|(k, u)| {
                     u.residency == Residency::Loading && !misses.iter().any(|m| m.0 == *k)
@@ -935,10 +949,12 @@ impl Streamer {
             } else {
                 slices.collect()
             };
+            let moved_bytes = self.count_arrived(&moved);
             let read_started = Instant::now();
-            let (arrived, result) = self.read_ranges(&reads);
+            let (arrived, result) = self.read_ranges(&reads, false, &moved);
             let mut state = self.lock();
-            self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
+            self.arrived_bytes
+                .fetch_sub(arrived + moved_bytes, Ordering::Relaxed);
             state.loading_bytes -= needed;
             let read_seconds = read_started.elapsed().as_secs_f64();
             state.stats.read_seconds += read_seconds;
@@ -1100,7 +1116,16 @@ impl Streamer {
         let (mut taken, mut bytes, wanted) = (Vec::new(), 0, keys.len());
         for key in keys {
             let unit_bytes = state.units[&key].bytes;
-            if !self.make_room(&mut state, unit_bytes, Some((computed, 0.0)), true) {
+            let ranges = state.units[&key].ranges.clone();
+            // Moved pages are counted with the claim's when it populates.
+            let room = self.make_room_for(
+                &mut state,
+                &ranges,
+                unit_bytes,
+                Some((computed, 0.0)),
+                true,
+            );
+            if room.is_none() {
                 break;
             }
             let unit = state.units.get_mut(&key).expect("exists");
@@ -1148,7 +1173,7 @@ impl Streamer {
             ..
         } = claim;
         let read_started = Instant::now();
-        let (read_arrived, result) = self.read_ranges_into(&ranges, populated.is_some());
+        let (read_arrived, result) = self.read_ranges(&ranges, populated.is_some(), &[]);
         let arrived = read_arrived + populated.unwrap_or(0);
         let mut state = self.lock();
         self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
@@ -1383,6 +1408,7 @@ impl Streamer {
             let n_layers = state.n_layers.max(1);
             let distance = (key.0 + n_layers - state.current_layer) % n_layers;
             let bytes = unit.bytes;
+            let ranges = unit.ranges.clone();
             // As `make_room` prices its candidates.
             let wait = decode_wait(
                 unit,
@@ -1390,27 +1416,28 @@ impl Streamer {
                 n_layers,
             );
             self.sample_host(&mut state);
-            let room = if limit {
-                self.make_room(&mut state, bytes, Some((distance, wait)), false)
+            let moved = if limit {
+                self.make_room_for(&mut state, &ranges, bytes, Some((distance, wait)), false)?
+            } else if state.cache_bytes + bytes <= self.budget_now(&state) {
+                Vec::new()
             } else {
-                state.cache_bytes + bytes <= self.budget_now(&state)
-            };
-            if !room {
                 return None;
-            }
+            };
             let unit = state.units.get_mut(&key).expect("exists");
             unit.residency = Residency::Loading;
             unit.prefetched = true;
-            let ranges = unit.ranges.clone();
             state.cache_bytes += bytes;
             state.loading_bytes += bytes;
             state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
-            ranges
+            (ranges, moved)
         };
+        let (ranges, moved) = ranges;
+        let moved_bytes = self.count_arrived(&moved);
         let read_started = Instant::now();
-        let (arrived, result) = self.read_ranges(&ranges);
+        let (arrived, result) = self.read_ranges(&ranges, false, &moved);
         let mut state = self.lock();
-        self.arrived_bytes.fetch_sub(arrived, Ordering::Relaxed);
+        self.arrived_bytes
+            .fetch_sub(arrived + moved_bytes, Ordering::Relaxed);
         state.stats.read_seconds += read_started.elapsed().as_secs_f64();
         state.loading_bytes -= state.units[&key].bytes;
         let unit = state.units.get_mut(&key).expect("exists");
@@ -1436,19 +1463,17 @@ impl Streamer {
 
     /// Reads ranges as chunks of at most [`READ_CHUNK_BYTES`] (see
     /// [`read_chunks`]), up to the read queue depth of them at once. Each
-    /// chunk's bytes are added to `arrived_bytes` as it lands; returns the
-    /// bytes so added (the caller takes them off again once the units'
-    /// residency is settled) and the read's result.
-    fn read_ranges(&self, ranges: &[(u64, u64)]) -> (u64, Result<u64, String>) {
-        self.read_ranges_into(ranges, false)
-    }
-
-    /// [`Streamer::read_ranges`]; `populated`: the ranges' pages were
-    /// populated and counted as arrived ([`Streamer::populate`]) already.
-    fn read_ranges_into(
+    /// chunk's bytes are added to `arrived_bytes` as it lands, but for
+    /// pages counted already: all of them where `populated` (populated and
+    /// counted, [`Streamer::populate`]), else those inside `counted` (page
+    /// aligned file ranges: moved pages, [`Streamer::make_room_for`]).
+    /// Returns the bytes so added (the caller takes them off again once the
+    /// units' residency is settled) and the read's result.
+    fn read_ranges(
         &self,
         ranges: &[(u64, u64)],
         populated: bool,
+        counted: &[(u64, u64)],
     ) -> (u64, Result<u64, String>) {
         let added = AtomicU64::new(0);
         let read = |&(a, b): &(u64, u64)| {
@@ -1457,8 +1482,9 @@ impl Streamer {
                 .read_from(&self.file, a, b)
                 .map_err(|e| format!("reading the model file at {a}..{b}: {e}"))?;
             if !populated {
-                self.arrived_bytes.fetch_add(n, Ordering::Relaxed);
-                added.fetch_add(n, Ordering::Relaxed);
+                let new = n.saturating_sub(pages_within(a, b, counted));
+                self.arrived_bytes.fetch_add(new, Ordering::Relaxed);
+                added.fetch_add(new, Ordering::Relaxed);
             }
             Ok::<u64, String>(n)
         };
@@ -1491,6 +1517,16 @@ impl Streamer {
             })
         };
         (added.into_inner(), result)
+    }
+
+    /// Counts `moved` (pages a load took from evicted units: present before
+    /// its read lands) as arrived, as [`Streamer::populate`] counts its
+    /// pages; returns their bytes, for the caller to take off again once
+    /// the load settles.
+    fn count_arrived(&self, moved: &[(u64, u64)]) -> u64 {
+        let bytes = moved.iter().map(|(a, b)| b - a).sum();
+        self.arrived_bytes.fetch_add(bytes, Ordering::Relaxed);
+        bytes
     }
 
     /// Backs `ranges`' pages with memory ahead of their read, off the
@@ -1545,6 +1581,45 @@ impl Streamer {
     /// [`decode_wait`] exceeds `wait`, so read-ahead never pushes out
     /// something more useful than what it brings in.
     fn make_room(
+        &self,
+        state: &mut State,
+        needed: u64,
+        limit: Option<(u32, f64)>,
+        pass: bool,
+    ) -> bool {
+        let room = self.evict_for_room(state, needed, limit, pass);
+        self.region.drain_bank();
+        room
+    }
+
+    /// [`Streamer::make_room`] for a load of `ranges`, which takes the
+    /// evicted units' pages where the region keeps them
+    /// ([`StreamRegion::adopt`]): its read then lands in pages present, not
+    /// fresh ones faulted in and zeroed. The file ranges so backed (to count
+    /// as arrived), or `None` without room.
+    fn make_room_for(
+        &self,
+        state: &mut State,
+        ranges: &[(u64, u64)],
+        needed: u64,
+        limit: Option<(u32, f64)>,
+        pass: bool,
+    ) -> Option<Vec<(u64, u64)>> {
+        let room = self.evict_for_room(state, needed, limit, pass);
+        let moved = room.then(|| {
+            ranges
+                .iter()
+                .map(|&(a, b)| self.region.adopt(a, b))
+                .filter(|(a, b)| b > a)
+                .collect()
+        });
+        self.region.drain_bank();
+        moved
+    }
+
+    /// [`Streamer::make_room`]'s evictions, their pages retired to the
+    /// region's bank (drained by the caller).
+    fn evict_for_room(
         &self,
         state: &mut State,
         needed: u64,
@@ -1624,7 +1699,7 @@ impl Streamer {
             let wasted = std::mem::take(&mut unit.prefetched);
             let (bytes, ranges) = (unit.bytes, unit.ranges.clone());
             for (a, b) in ranges {
-                self.region.release(a, b);
+                self.region.retire(a, b);
             }
             state.cache_bytes -= bytes;
             state.stats.evictions += 1;
@@ -1788,6 +1863,24 @@ fn unpin_thread(state: &mut State) {
 
 /// Largest read issued for a unit, bytes (a page multiple).
 pub const READ_CHUNK_BYTES: u64 = 1 << 20;
+/// Most file ranges of streamed units (a unit has one per expert tensor)
+/// for which evicted pages are moved to the units loaded next instead of
+/// released ([`StreamRegion::retire`]): each range that takes moved pages
+/// becomes a mapping of its own, and a process has 65,530 by default
+/// (`vm.max_map_count`) for everything. The Mixtral-8x7B shape has 768;
+/// Qwen3-30B-A3B's 18,432 release as before.
+pub const MAX_RECYCLED_RANGES: usize = 8192;
+
+/// Bytes of the whole pages of `[a, b)` (rounded out to pages, as
+/// [`StreamRegion::read_from`] counts a read) inside `ranges` (page
+/// aligned, disjoint).
+fn pages_within(a: u64, b: u64, ranges: &[(u64, u64)]) -> u64 {
+    let (a, b) = (a - a % PAGE, round_up(b, PAGE));
+    ranges
+        .iter()
+        .map(|&(x, y)| y.min(b).saturating_sub(x.max(a)))
+        .sum()
+}
 /// Reads in flight per unit when nothing else is configured.
 pub const DEFAULT_READ_QUEUE_DEPTH: u32 = 4;
 
