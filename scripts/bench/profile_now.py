@@ -8,7 +8,9 @@ disk's rate drifts by a third within minutes (on the H200 machine 1.1-2.0
 GB/s in one call, slowest after large writes), so a profile measured on
 another day predicts a run on another disk. This reads GIB (default 1.5)
 GiB of MODEL as the streamer does (O_DIRECT, 1 MiB reads, 4 in flight, into
-freshly mapped pages), in three pieces spread over the file, and writes
+pages present: a pass populates its read-ahead's pages before they read, and
+a load takes the pages of the units it evicts, so neither faults fresh pages
+in under the read), in three pieces spread over the file, and writes
 BASE_PROFILE with its disk reads replaced by that one point (1 MiB, 4 in
 flight: the planner's rate is then this rate). Prints one JSON line: the
 rate, each piece's rate, and the base profile's rate for comparison.
@@ -38,7 +40,7 @@ def main():
     size = os.path.getsize(model)
     piece = (total // 3) // BLOCK * BLOCK
     offsets = [(size - piece) * k // 3 // BLOCK * BLOCK for k in range(3)]
-    rates = [read_rate(model, o, piece, BLOCK, DEPTH, "fresh") for o in offsets]
+    rates = [read_rate(model, o, piece, BLOCK, DEPTH, "populated") for o in offsets]
     # Bytes over seconds of all three (not the mean of their rates).
     gbps = 3 * piece / sum(piece / (r * 1e9) for r in rates) / 1e9
     profile = json.load(open(base))
