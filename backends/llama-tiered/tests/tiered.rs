@@ -195,6 +195,12 @@ fn assert_exact_and_bounded(path: &Path, mode: Mode, extra_layers: f64) {
         stats.evictions > 64,
         "the budget should force evictions every token: {stats:?}"
     );
+    // The loads those evictions made room for took the evicted pages
+    // (exact all the same: checked above), for no more than they read.
+    assert!(
+        stats.recycled_bytes > 0 && stats.recycled_bytes <= stats.nvme_bytes_read,
+        "{stats:?}"
+    );
     assert!(stats.cache_peak_bytes <= cache_budget);
     if mode == Mode::DenseFfnStreaming || extra_layers >= 4.0 {
         assert!(

@@ -174,6 +174,8 @@ struct PhaseStream {
     /// Bytes the prefetcher read that were evicted before any use.
     prefetch_wasted_bytes: u64,
     evictions: u64,
+    /// Bytes of loads backed by pages moved from the units they evicted.
+    recycled_bytes: u64,
     resident_layer_skips: u64,
     /// Bytes the streamer's read-ahead of a prompt's next layer read.
     read_ahead_bytes: u64,
@@ -198,6 +200,7 @@ impl PhaseStream {
         self.prefetch_hits += s.prefetch_hits;
         self.prefetch_wasted_bytes += s.prefetch_wasted_bytes;
         self.evictions += s.evictions;
+        self.recycled_bytes += s.recycled_bytes;
         self.resident_layer_skips += s.resident_layer_skips;
         self.read_ahead_bytes += s.prompt_stream.read_ahead_bytes;
         self.evicted_bytes += s.prompt_stream.evicted_bytes;
@@ -423,6 +426,7 @@ impl Run<'_> {
                 "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
                 "prefetch_hits_per_token": per_token(m.stream.prefetch_hits),
                 "prefetch_wasted_bytes_per_token": per_token(m.stream.prefetch_wasted_bytes),
+                "recycled_bytes_per_token": per_token(m.stream.recycled_bytes),
             },
             "prompt_stream": {
                 "nvme_bytes": per_prompt(m.prompt_stream.nvme_bytes as f64),
@@ -434,6 +438,7 @@ impl Run<'_> {
                 "hit_rate": m.prompt_stream.hit_rate(),
                 "prefetch_hits": per_prompt(m.prompt_stream.prefetch_hits as f64),
                 "evictions": per_prompt(m.prompt_stream.evictions as f64),
+                "recycled_bytes": per_prompt(m.prompt_stream.recycled_bytes as f64),
                 "registrations": per_prompt(m.prompt_stream.registrations as f64),
                 "register_seconds": per_prompt(m.prompt_stream.register_seconds),
                 "registered_bytes": m.prompt_stream.registered_bytes,

@@ -163,7 +163,8 @@ impl StreamRegion {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let base =
+            NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
         let old = self.bank().replace(Bank {
             base,
             cap,

@@ -124,6 +124,9 @@ pub struct StreamStats {
     /// ([`Streamer::set_host_limit`]).
     pub cache_budget_bytes: u64,
     pub evictions: u64,
+    /// Bytes of loads backed by pages moved from the units evicted for
+    /// them ([`StreamRegion::adopt`]) instead of fresh ones.
+    pub recycled_bytes: u64,
     /// Expert-streaming: layers whose experts were all resident when the
     /// router ran, so no expert lookup was made (nor counted above) and no
     /// sync was needed.
@@ -237,6 +240,7 @@ impl StreamStats {
             cache_peak_bytes: self.cache_peak_bytes,
             cache_budget_bytes: self.cache_budget_bytes,
             evictions: self.evictions.saturating_sub(earlier.evictions),
+            recycled_bytes: self.recycled_bytes.saturating_sub(earlier.recycled_bytes),
             resident_layer_skips: self
                 .resident_layer_skips
                 .saturating_sub(earlier.resident_layer_skips),
@@ -897,7 +901,8 @@ impl Streamer {
         }
         // Units others are reading count against the budget but cannot be
         // evicted mid-read: wait for them when nothing else can make room.
-        let miss_ranges: Vec<(u64, u64)> = misses.iter().flat_map(|m| m.2.iter().copied()).collect();
+        let miss_ranges: Vec<(u64, u64)> =
+            misses.iter().flat_map(|m| m.2.iter().copied()).collect();
         let mut moved = Vec::new();
         loop {
             if let Some(m) = self.make_room_for(&mut state, &miss_ranges, needed, None, prompt) {
@@ -1118,13 +1123,8 @@ impl Streamer {
             let unit_bytes = state.units[&key].bytes;
             let ranges = state.units[&key].ranges.clone();
             // Moved pages are counted with the claim's when it populates.
-            let room = self.make_room_for(
-                &mut state,
-                &ranges,
-                unit_bytes,
-                Some((computed, 0.0)),
-                true,
-            );
+            let room =
+                self.make_room_for(&mut state, &ranges, unit_bytes, Some((computed, 0.0)), true);
             if room.is_none() {
                 break;
             }
@@ -1611,9 +1611,12 @@ impl Streamer {
                 .iter()
                 .map(|&(a, b)| self.region.adopt(a, b))
                 .filter(|(a, b)| b > a)
-                .collect()
+                .collect::<Vec<_>>()
         });
         self.region.drain_bank();
+        if let Some(moved) = &moved {
+            state.stats.recycled_bytes += moved.iter().map(|(a, b)| b - a).sum::<u64>();
+        }
         moved
     }
 
