@@ -795,6 +795,17 @@ vsmixprompt() {
   # its KV at 2,057 tokens leaves the same experts on the GPU as at 521.
   CG=$hcg hb_prompts "mixtral-routed${CASE_TAG:-}" "${PROMPT_SIZES:-512,2048,1}" "$MOEMIX" \
     --gpu-budget 8GiB --ram-budget "$ram"
+  # MIX_RECYCLE_AB=1: the decode from a 1-token prompt again with evicted
+  # pages released instead of moved to the next load (HYPURA_STREAM_RECYCLE=0),
+  # on the same disk minutes apart: what page recycling is worth here.
+  if [ "${MIX_RECYCLE_AB:-0}" = 1 ]; then
+    drop_caches
+    HYPURA_STREAM_RECYCLE=0 CG=$hcg hb mixtral-routed-norecycle-pp1 "$MOEMIX" --gpu-budget 8GiB \
+      --ram-budget "$ram" --context 2057 --prompt-tokens 1 --tokens "${MIX_TOKENS:-8}"
+    drop_caches
+    CG=$hcg hb mixtral-routed-recycle-pp1 "$MOEMIX" --gpu-budget 8GiB \
+      --ram-budget "$ram" --context 2057 --prompt-tokens 1 --tokens "${MIX_TOKENS:-8}"
+  fi
   # PROMPT_REPS: timed repetitions of each pp512 (default 1).
   # PROMPT_PINNED=1: pp512 again with the stream cache's whole layers
   # registered with the driver (HYPURA_PIN_STREAM=1), what that is worth.

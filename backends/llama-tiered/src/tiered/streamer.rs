@@ -424,7 +424,10 @@ impl Streamer {
         }
         let minimum = per_layer.values().copied().max().unwrap_or(0);
         let ranges: usize = units.values().map(|u| u.ranges.len()).sum();
-        if ranges <= MAX_RECYCLED_RANGES {
+        // `HYPURA_STREAM_RECYCLE=0` releases evicted pages as before: for
+        // measuring what recycling is worth on a machine, in one run.
+        let recycle = std::env::var("HYPURA_STREAM_RECYCLE").map_or(true, |v| v != "0");
+        if recycle && ranges <= MAX_RECYCLED_RANGES {
             // Room for a layer's evictions: the most one request makes.
             let unit_most = units.values().map(|u| u.bytes).max().unwrap_or(0);
             if let Err(e) = region.open_bank(minimum + unit_most) {
