@@ -38,9 +38,7 @@ pub fn q4k_matvec_gbps(dev: &Device, spec: &MatvecSpec) -> Result<f64, DevicePro
         .div_ceil(row_bytes)
         .next_multiple_of(MATVEC_TILE_ROWS as u64)
         .max(MATVEC_TILE_ROWS as u64) as usize;
-    // A GPU reads a few hundred MB in well under a millisecond: put several
-    // products in one graph so launch and sync costs do not dominate.
-    let reps: u32 = if dev.is_gpu() { 16 } else { 1 };
+    let reps = products_per_graph(dev);
     let graph = MatvecGraph::new(dev, GgmlType::Q4_K, MATVEC_COLS, rows, 1, reps as usize)?;
     let seconds = time_products(dev, &graph, spec, reps)?;
     let weight_bytes = rows as u64 * row_bytes;
@@ -61,7 +59,7 @@ const PROMPT_BATCH: usize = 512;
 /// 11 to 33 GB/s from one hour to the next while llama.cpp's pp512 moved
 /// far less).
 pub fn q4k_prompt_gflops(dev: &Device, spec: &MatvecSpec) -> Result<f64, DeviceProbeError> {
-    let reps: u32 = if dev.is_gpu() { 16 } else { 1 };
+    let reps = products_per_graph(dev);
     let graph = MatvecGraph::new(
         dev,
         GgmlType::Q4_K,
@@ -73,6 +71,16 @@ pub fn q4k_prompt_gflops(dev: &Device, spec: &MatvecSpec) -> Result<f64, DeviceP
     let seconds = time_products(dev, &graph, spec, reps)?;
     let flop = 2.0 * (MATVEC_COLS * PROMPT_ROWS * PROMPT_BATCH) as f64;
     Ok(flop / seconds / 1e9)
+}
+
+/// Products a timed graph holds: a GPU computes one in well under a
+/// millisecond, so several share a graph and its launch and sync costs.
+fn products_per_graph(dev: &Device) -> u32 {
+    if dev.is_gpu() {
+        16
+    } else {
+        1
+    }
 }
 
 /// Fills `graph` and times it: the median seconds of one of its `reps`

@@ -365,7 +365,7 @@ impl MatvecGraph {
             .inputs
             .get(i)
             .ok_or_else(|| self.dev.failed("no such input"))?;
-        if values.len() != self.cols * self.batch {
+        if values.len() != self.input_len() {
             return Err(self
                 .dev
                 .failed("an input needs `cols` values per batch column"));

@@ -52,15 +52,28 @@ pub struct StreamRegion {
 struct Bank {
     base: NonNull<u8>,
     cap: u64,
-    /// `(offset in the bank, bytes)` of each run held, bottom first.
+    /// `(offset in the bank, bytes)` of each run held, bottom first, each
+    /// starting where the one below ends.
     runs: Vec<(u64, u64)>,
-    fill: u64,
 }
 
 impl Bank {
     fn at(&self, offset: u64) -> *mut u8 {
         // SAFETY: callers keep `offset` within the bank's `cap`.
         unsafe { self.base.as_ptr().add(offset as usize) }
+    }
+
+    /// Bytes held: the runs fill the bank from its start.
+    fn fill(&self) -> u64 {
+        self.runs.last().map_or(0, |&(offset, len)| offset + len)
+    }
+}
+
+impl Drop for Bank {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `open_bank`, once; nothing
+        // uses its pages once the bank goes.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut c_void, self.cap as usize) };
     }
 }
 
@@ -165,17 +178,20 @@ impl StreamRegion {
         }
         let base =
             NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        let old = self.bank().replace(Bank {
+        // A bank this one replaces is unmapped as it drops.
+        *self.bank() = Some(Bank {
             base,
             cap,
             runs: Vec::new(),
-            fill: 0,
         });
-        if let Some(old) = old {
-            // SAFETY: unmaps the bank this one replaces, which nothing uses.
-            unsafe { libc::munmap(old.base.as_ptr() as *mut c_void, old.cap as usize) };
-        }
         Ok(())
+    }
+
+    /// The whole pages `[a, b)` inside file bytes `[start, end)` (empty
+    /// when `b <= a`): the boundary pages, possibly shared with a
+    /// neighbour, are not among them.
+    fn whole_pages(&self, start: u64, end: u64) -> (u64, u64) {
+        (page_ceil(start), page_floor(end).min(self.len as u64))
     }
 
     fn bank(&self) -> std::sync::MutexGuard<'_, Option<Bank>> {
@@ -189,20 +205,19 @@ impl StreamRegion {
     ///
     /// [`release`]: StreamRegion::release
     pub fn retire(&self, start: u64, end: u64) {
-        let a = page_ceil(start);
-        let b = page_floor(end).min(self.len as u64);
+        let (a, b) = self.whole_pages(start, end);
         if b <= a {
             return;
         }
         let len = b - a;
         let mut bank = self.bank();
-        if let Some(bank) = bank.as_mut().filter(|k| k.fill + len <= k.cap) {
+        if let Some(bank) = bank.as_mut().filter(|k| k.fill() + len <= k.cap) {
+            let fill = bank.fill();
             // SAFETY: `[a, b)` is page aligned inside the region, unpinned;
             // `[fill, fill + len)` is free room in the bank.
             let from = unsafe { self.base.as_ptr().add(a as usize) };
-            if unsafe { move_pages(from, bank.at(bank.fill), len as usize) } {
-                bank.runs.push((bank.fill, len));
-                bank.fill += len;
+            if unsafe { move_pages(from, bank.at(fill), len as usize) } {
+                bank.runs.push((fill, len));
                 return;
             }
         }
@@ -215,8 +230,7 @@ impl StreamRegion {
     /// bank holds. Returns the file range now backed by moved pages (empty
     /// when none): present before its read lands, to be counted as such.
     pub fn adopt(&self, start: u64, end: u64) -> (u64, u64) {
-        let a = page_ceil(start);
-        let b = page_floor(end).min(self.len as u64);
+        let (a, b) = self.whole_pages(start, end);
         let mut done = a;
         let mut bank = self.bank();
         let Some(bank) = bank.as_mut() else {
@@ -240,7 +254,6 @@ impl StreamRegion {
             } else {
                 bank.runs.last_mut().expect("a run").1 -= take;
             }
-            bank.fill -= take;
             done += take;
         }
         (a, done)
@@ -254,18 +267,18 @@ impl StreamRegion {
         let Some(bank) = bank.as_mut() else {
             return;
         };
-        if bank.fill > 0 {
+        let fill = bank.fill();
+        if fill > 0 {
             // SAFETY: `[0, fill)` lies inside the bank; its pages are no one's.
             unsafe {
                 libc::madvise(
                     bank.base.as_ptr() as *mut c_void,
-                    bank.fill as usize,
+                    fill as usize,
                     libc::MADV_DONTNEED,
                 );
             }
         }
         bank.runs.clear();
-        bank.fill = 0;
     }
 
     pub fn base(&self) -> *mut u8 {
@@ -363,8 +376,7 @@ impl StreamRegion {
     /// Gives back the memory of the whole pages inside `[start, end)`; the
     /// boundary pages, possibly shared with a neighbour, are kept.
     pub fn release(&self, start: u64, end: u64) {
-        let a = page_ceil(start);
-        let b = page_floor(end).min(self.len as u64);
+        let (a, b) = self.whole_pages(start, end);
         if b <= a {
             return;
         }
@@ -424,10 +436,6 @@ impl Drop for StreamRegion {
                 self.base.as_ptr().sub(guard) as *mut c_void,
                 self.len + 2 * guard,
             );
-        }
-        if let Some(bank) = self.bank().take() {
-            // SAFETY: unmaps the bank made in `open_bank`, once.
-            unsafe { libc::munmap(bank.base.as_ptr() as *mut c_void, bank.cap as usize) };
         }
     }
 }
