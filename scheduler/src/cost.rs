@@ -234,6 +234,13 @@ pub struct Prediction {
     pub overhead_seconds: f64,
 }
 
+impl Prediction {
+    /// A token's time besides its reads: compute, hand-overs, overheads.
+    pub fn work_seconds(&self) -> f64 {
+        self.gpu_seconds + self.ram_seconds + self.pcie_seconds + self.overhead_seconds
+    }
+}
+
 /// Seconds to move `bytes` at `gbps`; infinite when bytes must move at a zero rate.
 fn seconds(bytes: f64, gbps: f64) -> f64 {
     if bytes <= 0.0 {
@@ -393,6 +400,20 @@ pub struct PromptTraffic {
     /// Layers with streamed weights: a pass's window is a share of them.
     pub stream_layers: u32,
     pub moe: bool,
+    /// Share of a layer's streamed units one token uses: `n_expert_used /
+    /// n_expert` for experts, 1 for dense layers.
+    pub unit_choice_share: f64,
+    /// A decoded token's time besides its reads (the decode model's
+    /// compute, hand-overs and overheads): what a short pass's token costs.
+    pub decode_work_seconds: f64,
+}
+
+/// Share of a layer's streamed units that a pass of `tokens` uses: each
+/// token picks `choice` of them, independently (`1 − (1 − choice)^tokens`):
+/// one Mixtral token 1/4 of its experts, one Qwen3-30B-A3B token 1/16, a
+/// pass of 32 nearly all of Mixtral's and 87% of Qwen3's.
+pub fn pass_unit_share(choice: f64, tokens: u32) -> f64 {
+    1.0 - (1.0 - choice.clamp(0.0, 1.0)).powf(f64::from(tokens))
 }
 
 /// Layers of streamed weights a prompt pass holds beside the cache's
@@ -471,21 +492,32 @@ pub fn predict_prompt(
         } else {
             (pass_read_bytes(traffic), rates.disk_gbps)
         };
-        // A short pass reads only the experts its tokens chose (about as a decode does).
-        let share = if n >= PROMPT_BATCH_TOKENS {
-            1.0
-        } else {
-            f64::from(n) / f64::from(PROMPT_BATCH_TOKENS)
-        };
+        // A pass reads the lacking units its tokens chose.
+        let share = pass_unit_share(traffic.unit_choice_share, n);
         let read = seconds(lacking as f64 * share, gbps);
-        let copy = if gpu && n >= PROMPT_BATCH_TOKENS {
+        // Below llama.cpp's offload threshold a pass computes host weights
+        // where they lie, token by token, as a decode does.
+        let batched = n >= PROMPT_BATCH_TOKENS;
+        let copy = if gpu && batched {
             seconds(traffic.host_weight_bytes as f64, rates.pageable_gbps)
         } else {
             0.0
         };
-        let compute = f64::from(n) * flop_per_token / flops.max(1.0);
+        let matrix = f64::from(n) * flop_per_token / flops.max(1.0);
+        let compute = if batched {
+            matrix
+        } else {
+            matrix.max(f64::from(n) * traffic.decode_work_seconds)
+        };
         let work = copy + compute;
-        total += read.max(work) + PROMPT_NON_OVERLAP * read.min(work);
+        // A short pass's experts are read as a decode's are, once its
+        // router has chosen them: its work waits for them.
+        let non_overlap = if batched || traffic.unit_choice_share >= 1.0 {
+            PROMPT_NON_OVERLAP
+        } else {
+            EXPERT_NON_OVERLAP
+        };
+        total += read.max(work) + non_overlap * read.min(work);
         read_seconds += read;
         copy_seconds += copy;
         compute_seconds += compute;
@@ -617,7 +649,41 @@ mod tests {
             stream_cache_bytes: 12_000_000_000,
             stream_layers: 30,
             moe: true,
+            unit_choice_share: 0.25,
+            decode_work_seconds: 0.1,
         }
+    }
+
+    #[test]
+    fn a_short_pass_reads_the_experts_its_tokens_chose_and_computes_as_a_decode() {
+        let r = rates();
+        let t = mixtral_prompt();
+        let lacking = pass_read_bytes(&t) as f64 / 1e9;
+        // One token: a quarter of the lacking experts, and a decoded
+        // token's work, not a batch's matrix rate or its copies.
+        let one = predict_prompt(&t, &r, 1, 512, false);
+        assert!((one.read_seconds - 0.25 * lacking).abs() < 1e-9, "{one:?}");
+        assert_eq!(one.copy_seconds, 0.0);
+        assert!((one.compute_seconds - 0.1).abs() < 1e-9, "{one:?}");
+        // Its experts are read on demand, as a decode's: the work waits.
+        assert!(
+            (one.seconds - (one.read_seconds + 0.1)).abs() < 1e-9,
+            "{one:?}"
+        );
+        // Two tokens: 1 − 0.75² of them; ten: each token's work.
+        let two = predict_prompt(&t, &r, 2, 512, false);
+        assert!((two.read_seconds - 0.4375 * lacking).abs() < 1e-9);
+        let ten = predict_prompt(&t, &r, 10, 512, false);
+        assert!((ten.compute_seconds - 1.0).abs() < 1e-9);
+        // A dense layer is read whole by any pass.
+        let dense = PromptTraffic {
+            unit_choice_share: 1.0,
+            ..t
+        };
+        let one = predict_prompt(&dense, &r, 1, 512, false);
+        assert!((one.read_seconds - lacking).abs() < 1e-9);
+        // Qwen3-30B-A3B's 8 of 128: a pass of 32 uses 87% of them.
+        assert!((pass_unit_share(8.0 / 128.0, 32) - 0.873).abs() < 1e-3);
     }
 
     #[test]
@@ -684,6 +750,8 @@ mod tests {
             stream_cache_bytes: 0,
             stream_layers: 0,
             moe: false,
+            unit_choice_share: 1.0,
+            decode_work_seconds: 0.0,
         };
         let p = predict_prompt(&dense, &no_gpu, 100, 512, false);
         assert_eq!((p.copy_seconds, p.read_seconds), (0.0, 0.0));

@@ -403,6 +403,9 @@ pub struct Plan {
     pub prompt_bytes_per_token: f64,
     /// A mixture-of-experts model.
     pub moe: bool,
+    /// Share of a streamed layer's units one token uses
+    /// ([`cost::PromptTraffic::unit_choice_share`]).
+    pub unit_choice_share: f64,
 }
 
 impl Plan {
@@ -421,6 +424,8 @@ impl Plan {
             stream_cache_bytes: self.stream_cache_bytes,
             stream_layers: stream_layers(&self.tiers).len() as u32,
             moe: self.moe,
+            unit_choice_share: self.unit_choice_share,
+            decode_work_seconds: self.prediction.work_seconds(),
         };
         cost::predict_prompt(&traffic, &self.rates, tokens, n_ubatch, cold)
     }
@@ -645,6 +650,9 @@ struct Streamed {
     layers: u32,
     /// Bytes of one unit (an expert of a layer, or a layer's FFN).
     unit_bytes: u64,
+    /// Share of a layer's units one token uses: the used experts' share, 1
+    /// for a layer's FFN.
+    unit_share: f64,
     /// Bytes touched per token (experts: the used share).
     touched: f64,
 }
@@ -663,14 +671,13 @@ fn streamed(req: &PlanRequest, mode: Mode, gpu_layers: &BTreeSet<u32>) -> Stream
     let bytes: u64 = per_layer.values().sum();
     let layer_bytes = per_layer.values().copied().max().unwrap_or(0);
     let layers = per_layer.len() as u32;
-    let (unit_bytes, touched) = if mode == Mode::ExpertStreaming && req.facts.n_expert > 0 {
-        let share = f64::from(req.facts.n_expert_used) / f64::from(req.facts.n_expert);
+    let (unit_bytes, unit_share) = if mode == Mode::ExpertStreaming && req.facts.n_expert > 0 {
         (
             layer_bytes / u64::from(req.facts.n_expert),
-            bytes as f64 * share,
+            f64::from(req.facts.n_expert_used) / f64::from(req.facts.n_expert),
         )
     } else {
-        (layer_bytes, bytes as f64)
+        (layer_bytes, 1.0)
     };
     Streamed {
         bytes,
@@ -678,7 +685,8 @@ fn streamed(req: &PlanRequest, mode: Mode, gpu_layers: &BTreeSet<u32>) -> Stream
         layer_bytes,
         layers,
         unit_bytes,
-        touched,
+        unit_share,
+        touched: bytes as f64 * unit_share,
     }
 }
 
@@ -720,18 +728,19 @@ fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64,
 /// experts for the next (Jiang et al. 2024, "Mixtral of Experts" §5:
 /// consecutive tokens repeat their experts well above chance; Liang et al.
 /// 2025, arXiv:2505.16056: Qwen3-MoE-like models the most locally
-/// consistent), which uniform routing (the cached share) ignores: it
-/// predicted the H200's 8-token decodes from an empty context −40% (Qwen3
-/// shape, 128 experts, `qwen3` routing, overlap 0.35) and −11% (Mixtral
-/// shape, 8 experts, `mixtral` routing, overlap 0.45; session 22). Fitted
-/// on those two: less than either profile's overlap (a Mixtral miss evicts
-/// a 99 MB expert, the token before's among the candidates), 0.2 puts both
-/// within ±11%. `hypura bench --routing` measures a model's own overlap.
-/// (Fitted under the streamer's eviction by use counts; by chance of use,
-/// which keeps more of the token before's experts, the dev machine's
-/// 8-layer Mixtral cut read 3% less than this predicts over 256 tokens,
-/// where it read 10% more before.)
-pub const DECODE_EXPERT_REUSE: f64 = 0.2;
+/// consistent), which uniform routing (the cached share) ignores.
+/// Refitted on the H200 in session 27, after the streamer began evicting
+/// by chance of use (which keeps more of the token before's experts) and
+/// recycling evicted pages: 16 tokens decoded after pp512, pp2048 and a
+/// 1-token prompt read 954–985 MB a token on the Mixtral shape (`mixtral`
+/// routing; 0.2 predicted 1,114) and 108–142 MB on the Qwen3-30B-A3B shape
+/// (`qwen3` routing; 0.2 predicted 231–249, its shorter non-read time,
+/// 0.045 s modelled against 0.075–0.104 measured, offsetting part). 0.35
+/// puts the six decodes within −16% to +19% (0.2: −11% to −29%; Qwen3's
+/// two decodes of one plan measured 3.68 and 5.22 tok/s, so no constant
+/// fits closer than ±17%). `hypura bench --routing` measures a model's own
+/// overlap.
+pub const DECODE_EXPERT_REUSE: f64 = 0.35;
 
 /// GPU↔CPU hand-overs per token when `on_gpu[i]` items are on the GPU:
 /// the token walks embedding (CPU) → each layer's attention → its FFN → output.
@@ -1064,6 +1073,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         prediction: best.prediction,
         prompt_bytes_per_token: (best.touched - output_touched).max(0.0),
         moe: req.facts.n_expert > 0,
+        unit_choice_share: all_streamed.unit_share,
     })
 }
 
@@ -1274,6 +1284,7 @@ mod tests {
             layer_bytes: 100,
             layers: 10,
             unit_bytes: 10,
+            unit_share: 0.2,
             touched: 200.0,
         };
         let (hit, read, slots, misses) = stream_traffic(&s, Mode::ExpertStreaming, 400);
