@@ -855,6 +855,16 @@ vsqwenprompt() {
   # tokens 10 (0.34 GB less read each pass). PROMPT_SIZES: groups, one load each.
   CG=$cg hb_prompts "qwen3-routed${CASE_TAG:-}" "${PROMPT_SIZES:-512,1 2048}" "$MOEQWEN" \
     --gpu-budget 4GiB --ram-budget 8GiB
+  # QWEN_RECYCLE_AB=1: as MIX_RECYCLE_AB above, on this shape (its 18,432
+  # ranges recycle since the mapping budget replaced the 8,192-range cap).
+  if [ "${QWEN_RECYCLE_AB:-0}" = 1 ]; then
+    local rc
+    for rc in 0 1; do
+      drop_caches
+      HYPURA_STREAM_RECYCLE=$rc CG=$cg hb "qwen3-routed-recycle$rc-pp1" "$MOEQWEN" --gpu-budget 4GiB \
+        --ram-budget 8GiB --context 521 --prompt-tokens 1 --tokens "${MIX_TOKENS:-8}"
+    done
+  fi
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
     HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \

@@ -28,4 +28,6 @@ pub use grammar::{json_schema_to_grammar, GRAMMAR_ROOT, JSON_OBJECT_SCHEMA};
 pub use model::{GpuOffload, LoadMode, Model, ModelParams};
 pub use sampler::{Sampler, SamplingParams, LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
 pub use state::{StateBuffer, StateBuffers};
-pub use stream::{EvalHook, LoadReport, Node, StreamBufferType, StreamRegion, PAGE};
+pub use stream::{
+    recycling_split_points, EvalHook, LoadReport, Node, StreamBufferType, StreamRegion, PAGE,
+};

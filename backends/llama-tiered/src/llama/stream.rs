@@ -9,7 +9,7 @@
 //! its read lands ([`StreamRegion::adopt`]; nothing reads a loading unit).
 //! Reads therefore may spill over neighbouring bytes (page alignment for
 //! O_DIRECT) without harm.
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{c_void, CStr, CString};
 use std::fs::File;
 use std::io;
@@ -55,6 +55,18 @@ struct Bank {
     /// `(offset in the bank, bytes)` of each run held, bottom first, each
     /// starting where the one below ends.
     runs: Vec<(u64, u64)>,
+    /// Most runs held at once: each splits the bank's mapping until it is
+    /// drained ([`StreamRegion::drain_bank`] maps it whole again).
+    max_runs: usize,
+    /// Whether pages moved through the bank since it was last mapped whole.
+    pieces: bool,
+    /// Region offsets where a move began or ended: the kernel's mappings of
+    /// the region are split there and nowhere else (moved pages keep their
+    /// old place's identity, so neighbours do not merge), one mapping more
+    /// each.
+    splits: BTreeSet<u64>,
+    /// Most split points the region may take ([`MAPPING_RESERVE`]).
+    most_splits: usize,
 }
 
 impl Bank {
@@ -67,6 +79,79 @@ impl Bank {
     fn fill(&self) -> u64 {
         self.runs.last().map_or(0, |&(offset, len)| offset + len)
     }
+
+    /// Whether a move of region pages `[a, b)` stays within the split
+    /// points the process has room for.
+    fn may_split(&self, a: u64, b: u64) -> bool {
+        let new = [a, b].iter().filter(|p| !self.splits.contains(p)).count();
+        self.splits.len() + new <= self.most_splits
+    }
+
+    fn split(&mut self, a: u64, b: u64) {
+        self.splits.insert(a);
+        self.splits.insert(b);
+    }
+}
+
+/// Mappings left to everything else of a process that streams (CUDA's,
+/// the allocator's arenas, threads' stacks, pinned buffers) when recycling
+/// splits the stream region ([`StreamRegion::open_bank`]): a quarter of the
+/// kernel's default `vm.max_map_count` (65,530). Past the process's limit
+/// an `mmap` fails, and with it a CUDA allocation.
+pub const MAPPING_RESERVE: u64 = 16_384;
+
+/// Mappings this process may still make: `vm.max_map_count` less the
+/// mappings it holds (`/proc/self/maps`); `None` where `/proc` cannot say.
+pub fn mapping_room() -> Option<u64> {
+    let max: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let maps = std::fs::read("/proc/self/maps").ok()?;
+    let held = maps.iter().filter(|&&c| c == b'\n').count() as u64;
+    Some(max.saturating_sub(held))
+}
+
+/// Split points recycling gives the region when it moves pages in and out
+/// of every range of `ranges` (the units' file ranges): their whole pages'
+/// distinct ends. Adjacent ranges share one (a tensor's experts lie end to
+/// end), so the Qwen3-30B-A3B shape's 18,432 ranges need about 18,600.
+pub fn recycling_split_points(ranges: &[(u64, u64)]) -> usize {
+    let mut points: Vec<u64> = ranges
+        .iter()
+        .map(|&(start, end)| (page_ceil(start), page_floor(end)))
+        .filter(|(a, b)| b > a)
+        .flat_map(|(a, b)| [a, b])
+        .collect();
+    points.sort_unstable();
+    points.dedup();
+    points.len()
+}
+
+/// A private anonymous mapping of `len` bytes, at `at` when given
+/// (replacing what is mapped there).
+fn map_anonymous(at: Option<NonNull<u8>>, len: u64) -> io::Result<NonNull<u8>> {
+    let (hint, fixed) = match at {
+        Some(p) => (p.as_ptr() as *mut c_void, libc::MAP_FIXED),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: an anonymous private mapping; with MAP_FIXED only over a
+    // bank's own mapping, whose pages no one uses once drained.
+    let ptr = unsafe {
+        libc::mmap(
+            hint,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | fixed,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))
 }
 
 impl Drop for Bank {
@@ -151,38 +236,41 @@ impl StreamRegion {
         })
     }
 
-    /// Keeps up to `cap` bytes of evicted units' pages for the loads that
-    /// follow ([`StreamRegion::retire`], [`StreamRegion::adopt`]): an
-    /// O_DIRECT read into pages already present skips faulting in and
-    /// zeroing fresh ones, which slowed the H200 machine's reads from
-    /// 2.3–2.6 GB/s to 1.3–1.6 (`scripts/bench/disk_read.py`: "reused"
-    /// against "fresh"). Each unit that takes moved pages becomes a mapping
-    /// of its own in the kernel's eyes: callers open a bank only where the
-    /// units are few enough (the streamer's `MAX_RECYCLED_RANGES`). An error where the
-    /// address space cannot be reserved (then evictions release as before).
-    pub fn open_bank(&self, cap: u64) -> io::Result<()> {
+    /// Keeps up to `cap` bytes of evicted units' pages, in at most
+    /// `max_runs` runs, for the loads that follow ([`StreamRegion::retire`],
+    /// [`StreamRegion::adopt`]): an O_DIRECT read into pages already present
+    /// skips faulting in and zeroing fresh ones, which slowed the H200
+    /// machine's reads from 2.3–2.6 GB/s to 1.3–1.6
+    /// (`scripts/bench/disk_read.py`: "reused" against "fresh"). Each move
+    /// splits the kernel's mapping of the region where it begins and ends,
+    /// and a process may hold only `vm.max_map_count` mappings: moves stop
+    /// making new split points where the process would keep fewer than
+    /// [`MAPPING_RESERVE`] for everything else (then evictions release as
+    /// before). Returns how many split points moves may make; an error where
+    /// the address space cannot be reserved or `/proc` cannot say.
+    pub fn open_bank(&self, cap: u64, max_runs: usize) -> io::Result<usize> {
+        let room = mapping_room()
+            .ok_or_else(|| io::Error::other("/proc does not say how many mappings are free"))?;
+        // The bank's own: one per run held, and a piece left by each.
+        let bank = 2 * max_runs as u64 + 1;
+        let most = room.saturating_sub(MAPPING_RESERVE + bank) as usize;
+        self.open_bank_with(cap, max_runs, most)?;
+        Ok(most)
+    }
+
+    /// [`StreamRegion::open_bank`] with room for `most_splits` split points.
+    fn open_bank_with(&self, cap: u64, max_runs: usize, most_splits: usize) -> io::Result<()> {
         let cap = page_ceil(cap.max(PAGE));
-        // SAFETY: a fresh private anonymous mapping, no fixed address.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                cap as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base =
-            NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let base = map_anonymous(None, cap)?;
         // A bank this one replaces is unmapped as it drops.
         *self.bank() = Some(Bank {
             base,
             cap,
             runs: Vec::new(),
+            max_runs,
+            pieces: false,
+            splits: BTreeSet::new(),
+            most_splits,
         });
         Ok(())
     }
@@ -211,13 +299,18 @@ impl StreamRegion {
         }
         let len = b - a;
         let mut bank = self.bank();
-        if let Some(bank) = bank.as_mut().filter(|k| k.fill() + len <= k.cap) {
+        let fits = |k: &&mut Bank| {
+            k.fill() + len <= k.cap && k.runs.len() < k.max_runs && k.may_split(a, b)
+        };
+        if let Some(bank) = bank.as_mut().filter(fits) {
             let fill = bank.fill();
+            bank.pieces = true;
             // SAFETY: `[a, b)` is page aligned inside the region, unpinned;
             // `[fill, fill + len)` is free room in the bank.
             let from = unsafe { self.base.as_ptr().add(a as usize) };
             if unsafe { move_pages(from, bank.at(fill), len as usize) } {
                 bank.runs.push((fill, len));
+                bank.split(a, b);
                 return;
             }
         }
@@ -241,6 +334,9 @@ impl StreamRegion {
                 break;
             };
             let take = len.min(b - done);
+            if !bank.may_split(done, done + take) {
+                break;
+            }
             // The run's top `take` bytes: within one mapping, as mremap needs.
             let from = offset + len - take;
             // SAFETY: `[done, done + take)` is page aligned inside the region
@@ -249,6 +345,7 @@ impl StreamRegion {
             if !unsafe { move_pages(bank.at(from), to, take as usize) } {
                 break;
             }
+            bank.split(done, done + take);
             if take == len {
                 bank.runs.pop();
             } else {
@@ -261,24 +358,32 @@ impl StreamRegion {
 
     /// Releases whatever pages the bank still holds (a load took fewer than
     /// its evictions gave up): the bank holds pages only between an
-    /// eviction and the load it made room for.
+    /// eviction and the load it made room for. A bank pages moved through
+    /// is mapped whole again, its pieces gone.
     pub fn drain_bank(&self) {
-        let mut bank = self.bank();
-        let Some(bank) = bank.as_mut() else {
+        let mut slot = self.bank();
+        let Some(bank) = slot.as_mut() else {
             return;
         };
-        let fill = bank.fill();
-        if fill > 0 {
-            // SAFETY: `[0, fill)` lies inside the bank; its pages are no one's.
+        bank.runs.clear();
+        // Over the bank's own mapping: frees its pages as it replaces it.
+        if std::mem::take(&mut bank.pieces) && map_anonymous(Some(bank.base), bank.cap).is_err() {
+            // A failed MAP_FIXED may have unmapped part of it, where another
+            // mapping may come: release what is left, never unmap or move
+            // pages there again (recycling ends).
+            // SAFETY: `[0, cap)` is the bank's range; no one uses its pages.
             unsafe {
                 libc::madvise(
                     bank.base.as_ptr() as *mut c_void,
-                    fill as usize,
+                    bank.cap as usize,
                     libc::MADV_DONTNEED,
                 );
             }
+            std::mem::forget(slot.take());
+            tracing::warn!(
+                "the stream bank could not be mapped again: evicted pages are released from now on"
+            );
         }
-        bank.runs.clear();
     }
 
     pub fn base(&self) -> *mut u8 {
@@ -909,7 +1014,7 @@ mod tests {
     fn an_evicted_units_pages_back_the_next_load_and_the_rest_are_released() {
         let (path, file) = paged_file(64);
         let region = StreamRegion::reserve(64 * PAGE).unwrap();
-        region.open_bank(16 * PAGE).unwrap();
+        region.open_bank(16 * PAGE, 4).unwrap();
         // Unit Y: pages 2..10 (its first and last page shared with neighbours).
         let (y0, y1) = (2 * PAGE - 100, 10 * PAGE + 100);
         region.read_from(&file, y0, y1).unwrap();
@@ -951,10 +1056,117 @@ mod tests {
         assert_eq!(region.resident_bytes(), 4 * PAGE);
         assert_eq!(region.adopt(16 * PAGE, 20 * PAGE), (16 * PAGE, 16 * PAGE));
         // A bank of two pages: four do not fit, and are released.
-        region.open_bank(2 * PAGE).unwrap();
+        region.open_bank(2 * PAGE, 4).unwrap();
         region.retire(4 * PAGE, 8 * PAGE);
         assert_eq!(region.resident_bytes(), 0);
         assert_eq!(region.adopt(16 * PAGE, 20 * PAGE), (16 * PAGE, 16 * PAGE));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// The kernel's mappings of this process that begin inside `[lo, hi)`.
+    fn mappings_within(lo: usize, hi: usize) -> usize {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once('-'))
+            .filter_map(|(from, _)| usize::from_str_radix(from, 16).ok())
+            .filter(|from| (lo..hi).contains(from))
+            .count()
+    }
+
+    #[test]
+    fn moves_stop_at_the_split_points_the_process_has_room_for() {
+        let (path, file) = paged_file(33);
+        let region = StreamRegion::reserve(33 * PAGE).unwrap();
+        // Room for two split points: one range's ends.
+        region.open_bank_with(8 * PAGE, 4, 2).unwrap();
+        region.read_from(&file, 0, 12 * PAGE).unwrap();
+        region.retire(0, 4 * PAGE);
+        assert_eq!(region.resident_bytes(), 8 * PAGE, "moved to the bank");
+        // Moving 8..12 would split the region at two new points: released.
+        region.retire(8 * PAGE, 12 * PAGE);
+        assert_eq!(region.resident_bytes(), 4 * PAGE);
+        // Into new points, refused; back into the same range's, taken.
+        assert_eq!(region.adopt(16 * PAGE, 20 * PAGE), (16 * PAGE, 16 * PAGE));
+        assert_eq!(region.adopt(0, 4 * PAGE), (0, 4 * PAGE));
+        assert_eq!(region.resident_bytes(), 8 * PAGE);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn recycling_splits_the_region_only_at_its_ranges_ends() {
+        // A layer's three expert tensors of 3, 2 and 5 pages an expert,
+        // each holding its 8 experts end to end, over 4 layers, with a
+        // page of other tensors between layers: a unit is (layer, expert)
+        // with one range per tensor.
+        let (experts, layers, sizes) = (8u64, 4u64, [3u64, 2, 5]);
+        let layer_pages = 1 + experts * sizes.iter().sum::<u64>();
+        let pages = layers * layer_pages;
+        let (path, file) = paged_file(pages);
+        let region = StreamRegion::reserve(pages * PAGE).unwrap();
+        let unit = |u: u64| -> Vec<(u64, u64)> {
+            let (layer, expert) = (u / experts, u % experts);
+            let mut start = layer * layer_pages + 1;
+            sizes
+                .iter()
+                .map(|&n| {
+                    let a = start + expert * n;
+                    start += experts * n;
+                    (a * PAGE, (a + n) * PAGE)
+                })
+                .collect()
+        };
+        let all: Vec<(u64, u64)> = (0..layers * experts).flat_map(unit).collect();
+        let points = recycling_split_points(&all);
+        // A layer's tensors end to end: a point per range and one more.
+        assert_eq!(points as u64, layers * (sizes.len() as u64 * experts + 1));
+        region.open_bank_with(20 * PAGE, 6, points).unwrap();
+        let (lo, hi) = (
+            region.base() as usize,
+            region.base() as usize + region.len(),
+        );
+        let before = mappings_within(lo, hi);
+        // Twelve of 32 units resident; each load evicts one, chosen by an
+        // LCG, the streamer's way: its ranges retired last first, the new
+        // unit's adopted first to last.
+        let mut resident: Vec<u64> = (0..12).collect();
+        let mut seed = 7u64;
+        let (mut loads, mut whole) = (0, 0);
+        for _ in 0..400 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let next = (seed >> 33) % (layers * experts);
+            if resident.contains(&next) {
+                continue;
+            }
+            let victim = resident.remove((seed >> 40) as usize % resident.len());
+            for (a, b) in unit(victim).into_iter().rev() {
+                region.retire(a, b);
+            }
+            let ranges = unit(next);
+            let adopted: Vec<(u64, u64)> =
+                ranges.iter().map(|&(a, b)| region.adopt(a, b)).collect();
+            region.drain_bank();
+            loads += 1;
+            whole += (adopted == ranges) as u32;
+            for &(a, b) in &ranges {
+                region.read_from(&file, a, b).unwrap();
+                assert_eq!(byte(&region, a), (a / PAGE + 1) as u8);
+                assert_eq!(byte(&region, b - 1), (b / PAGE) as u8);
+            }
+            resident.push(next);
+        }
+        // Every load took a whole unit of pages, each range its own.
+        assert!(loads > 100, "{loads}");
+        assert_eq!(whole, loads);
+        // The region's mappings: one more than its split points at most.
+        let after = mappings_within(lo, hi);
+        assert!(after > before, "moves split the region");
+        assert!(
+            after <= points + 1,
+            "{after} mappings for {points} split points"
+        );
         std::fs::remove_file(path).unwrap();
     }
 }

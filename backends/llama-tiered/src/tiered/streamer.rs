@@ -42,7 +42,7 @@ use super::coact::Coactivation;
 use super::pinning::Registered;
 use super::placement::{Mode, Placement, Tier};
 use crate::llama::device::HostPinning;
-use crate::llama::{EvalHook, Node, StreamRegion, PAGE};
+use crate::llama::{recycling_split_points, EvalHook, Node, StreamRegion, PAGE};
 use hypura_gguf::GgufFile;
 
 /// `(layer, expert)`; dense units use expert 0.
@@ -423,15 +423,32 @@ impl Streamer {
             *per_layer.entry(*layer).or_insert(0) += u.bytes;
         }
         let minimum = per_layer.values().copied().max().unwrap_or(0);
-        let ranges: usize = units.values().map(|u| u.ranges.len()).sum();
         // `HYPURA_STREAM_RECYCLE=0` releases evicted pages as before: for
         // measuring what recycling is worth on a machine, in one run.
         let recycle = std::env::var("HYPURA_STREAM_RECYCLE").map_or(true, |v| v != "0");
-        if recycle && ranges <= MAX_RECYCLED_RANGES {
+        if recycle {
             // Room for a layer's evictions: the most one request makes.
             let unit_most = units.values().map(|u| u.bytes).max().unwrap_or(0);
-            if let Err(e) = region.open_bank(minimum + unit_most) {
-                tracing::warn!("evicted pages are released, not reused: {e}");
+            let mut layer_ranges: HashMap<u32, usize> = HashMap::new();
+            for ((layer, _), u) in &units {
+                *layer_ranges.entry(*layer).or_insert(0) += u.ranges.len();
+            }
+            let unit_ranges = units.values().map(|u| u.ranges.len()).max().unwrap_or(0);
+            let max_runs = layer_ranges.values().copied().max().unwrap_or(0) + unit_ranges;
+            let ranges: Vec<(u64, u64)> = units
+                .values()
+                .flat_map(|u| u.ranges.iter().copied())
+                .collect();
+            let wanted = recycling_split_points(&ranges);
+            match region.open_bank(minimum + unit_most, max_runs) {
+                Ok(most) if most < wanted => tracing::info!(
+                    "evicted pages back later loads only within {most} of the {wanted} mapping splits \
+                     recycling them everywhere takes (vm.max_map_count leaves no more)"
+                ),
+                Ok(most) => tracing::debug!(
+                    "evicted pages back later loads: {wanted} mapping splits of {most} free"
+                ),
+                Err(e) => tracing::warn!("evicted pages are released, not reused: {e}"),
             }
         }
         if budget_bytes < minimum {
@@ -1704,7 +1721,11 @@ impl Streamer {
             unit.residency = Residency::Absent;
             let wasted = std::mem::take(&mut unit.prefetched);
             let (bytes, ranges) = (unit.bytes, unit.ranges.clone());
-            for (a, b) in ranges {
+            // Last range first: the bank hands out its runs last in, first
+            // out, so a load of a unit shaped alike (a layer's experts all
+            // are) takes each range's pages whole from the same tensor's,
+            // splitting the region's mapping only at the ranges' ends.
+            for (a, b) in ranges.into_iter().rev() {
                 self.region.retire(a, b);
             }
             state.cache_bytes -= bytes;
@@ -1869,14 +1890,6 @@ fn unpin_thread(state: &mut State) {
 
 /// Largest read issued for a unit, bytes (a page multiple).
 pub const READ_CHUNK_BYTES: u64 = 1 << 20;
-/// Most file ranges of streamed units (a unit has one per expert tensor)
-/// for which evicted pages are moved to the units loaded next instead of
-/// released ([`StreamRegion::retire`]): each range that takes moved pages
-/// becomes a mapping of its own, and a process has 65,530 by default
-/// (`vm.max_map_count`) for everything. The Mixtral-8x7B shape has 768;
-/// Qwen3-30B-A3B's 18,432 release as before.
-pub const MAX_RECYCLED_RANGES: usize = 8192;
-
 /// Bytes of the whole pages of `[a, b)` (rounded out to pages, as
 /// [`StreamRegion::read_from`] counts a read) inside `ranges` (page
 /// aligned, disjoint).
