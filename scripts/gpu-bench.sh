@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense vsloop nsysdense batched vsserver cached
-#                                     exact bigmodel vsmixtral vsmixprompt qwenmodel vsqwenprompt table; pack; the full-size Mixtral shape under
+#                                     exact bigmodel vsmixtral vsmixprompt qwenmodel vsqwenprompt qwenrecycle table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
 #                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
 #
@@ -855,16 +855,6 @@ vsqwenprompt() {
   # tokens 10 (0.34 GB less read each pass). PROMPT_SIZES: groups, one load each.
   CG=$cg hb_prompts "qwen3-routed${CASE_TAG:-}" "${PROMPT_SIZES:-512,1 2048}" "$MOEQWEN" \
     --gpu-budget 4GiB --ram-budget 8GiB
-  # QWEN_RECYCLE_AB=1: as MIX_RECYCLE_AB above, on this shape (its 18,432
-  # ranges recycle since the mapping budget replaced the 8,192-range cap).
-  if [ "${QWEN_RECYCLE_AB:-0}" = 1 ]; then
-    local rc
-    for rc in 0 1; do
-      drop_caches
-      HYPURA_STREAM_RECYCLE=$rc CG=$cg hb "qwen3-routed-recycle$rc-pp1" "$MOEQWEN" --gpu-budget 4GiB \
-        --ram-budget 8GiB --context 521 --prompt-tokens 1 --tokens "${MIX_TOKENS:-8}"
-    done
-  fi
   if [ "${PROMPT_PINNED:-0}" = 1 ]; then
     drop_caches
     HYPURA_PIN_STREAM=1 CG=$cg hb qwen3-routed-pp512-pinned "$MOEQWEN" --gpu-budget 4GiB \
@@ -875,6 +865,22 @@ vsqwenprompt() {
   for n in ${QWENP_NCMOE:-40}; do
     drop_caches
     lb "qwen3-routed-ncmoe$n" "$cg" "$MOEQWEN" -ngl 99 --n-cpu-moe "$n" "${args[@]}"
+  done
+}
+
+# qwenrecycle: the Qwen3 shape's decode from a 1-token prompt with evicted pages
+# released (HYPURA_STREAM_RECYCLE=0), then moved to the next load, on the same
+# disk minutes apart, as MIX_RECYCLE_AB does for Mixtral: its 18,432 unit ranges
+# recycle since the mapping room replaced the 8,192-range cap (session 28).
+qwenrecycle() {
+  qwenmodel || return 1
+  [ -f "$MOEQWEN" ] || return 0
+  local cg=${QWEN_LB_MAX:-8902123520} rc
+  for rc in 0 1; do
+    late "qwenrecycle $rc" && return 0
+    drop_caches
+    HYPURA_STREAM_RECYCLE=$rc CG=$cg hb "qwen3-routed-recycle$rc-pp1" "$MOEQWEN" --gpu-budget 4GiB \
+      --ram-budget 8GiB --context 521 --prompt-tokens 1 --tokens "${MIX_TOKENS:-8}"
   done
 }
 
