@@ -55,11 +55,12 @@ struct Bank {
     /// `(offset in the bank, bytes)` of each run held, bottom first, each
     /// starting where the one below ends.
     runs: Vec<(u64, u64)>,
-    /// Most runs held at once: each splits the bank's mapping until it is
-    /// drained ([`StreamRegion::drain_bank`] maps it whole again).
+    /// Most runs held at once.
     max_runs: usize,
-    /// Whether pages moved through the bank since it was last mapped whole.
-    pieces: bool,
+    /// Split points moves made in the bank's own mapping since it was last
+    /// mapped whole: two a run moved in, one a run's top moved out
+    /// ([`StreamRegion::drain_bank`] maps it whole again past `2 × max_runs`).
+    pieces: usize,
     /// Region offsets where a move began or ended: the kernel's mappings of
     /// the region are split there and nowhere else (moved pages keep their
     /// old place's identity, so neighbours do not merge), one mapping more
@@ -115,8 +116,9 @@ pub fn mapping_room() -> Option<u64> {
 
 /// Split points recycling gives the region when it moves pages in and out
 /// of every range of `ranges` (the units' file ranges): their whole pages'
-/// distinct ends. Adjacent ranges share one (a tensor's experts lie end to
-/// end), so the Qwen3-30B-A3B shape's 18,432 ranges need about 18,600.
+/// distinct ends. Adjacent ranges share one where their boundary falls on
+/// a page; the Qwen3-30B-A3B shape's expert slices do not start on pages,
+/// so its 18,432 ranges make 36,864.
 pub fn recycling_split_points(ranges: &[(u64, u64)]) -> usize {
     let mut points: Vec<u64> = ranges
         .iter()
@@ -251,8 +253,9 @@ impl StreamRegion {
     pub fn open_bank(&self, cap: u64, max_runs: usize) -> io::Result<usize> {
         let room = mapping_room()
             .ok_or_else(|| io::Error::other("/proc does not say how many mappings are free"))?;
-        // The bank's own: one per run held, and a piece left by each.
-        let bank = 2 * max_runs as u64 + 1;
+        // The bank's own: the `2 × max_runs` pieces it may carry between
+        // remaps, and three for each run one load moves in and out.
+        let bank = 5 * max_runs as u64 + 1;
         let most = room.saturating_sub(MAPPING_RESERVE + bank) as usize;
         self.open_bank_with(cap, max_runs, most)?;
         Ok(most)
@@ -268,7 +271,7 @@ impl StreamRegion {
             cap,
             runs: Vec::new(),
             max_runs,
-            pieces: false,
+            pieces: 0,
             splits: BTreeSet::new(),
             most_splits,
         });
@@ -280,6 +283,15 @@ impl StreamRegion {
     /// neighbour, are not among them.
     fn whole_pages(&self, start: u64, end: u64) -> (u64, u64) {
         (page_ceil(start), page_floor(end).min(self.len as u64))
+    }
+
+    /// The bank's address range, for tests that count its mappings.
+    #[cfg(test)]
+    fn bank_range(&self) -> Option<(usize, usize)> {
+        let bank = self.bank();
+        let bank = bank.as_ref()?;
+        let base = bank.base.as_ptr() as usize;
+        Some((base, base + bank.cap as usize))
     }
 
     fn bank(&self) -> std::sync::MutexGuard<'_, Option<Bank>> {
@@ -304,13 +316,13 @@ impl StreamRegion {
         };
         if let Some(bank) = bank.as_mut().filter(fits) {
             let fill = bank.fill();
-            bank.pieces = true;
             // SAFETY: `[a, b)` is page aligned inside the region, unpinned;
             // `[fill, fill + len)` is free room in the bank.
             let from = unsafe { self.base.as_ptr().add(a as usize) };
             if unsafe { move_pages(from, bank.at(fill), len as usize) } {
                 bank.runs.push((fill, len));
                 bank.split(a, b);
+                bank.pieces += 2;
                 return;
             }
         }
@@ -346,6 +358,7 @@ impl StreamRegion {
                 break;
             }
             bank.split(done, done + take);
+            bank.pieces += 1;
             if take == len {
                 bank.runs.pop();
             } else {
@@ -358,27 +371,34 @@ impl StreamRegion {
 
     /// Releases whatever pages the bank still holds (a load took fewer than
     /// its evictions gave up): the bank holds pages only between an
-    /// eviction and the load it made room for. A bank pages moved through
-    /// is mapped whole again, its pieces gone.
+    /// eviction and the load it made room for. A bank moves have split into
+    /// `2 × max_runs` pieces is mapped whole again.
     pub fn drain_bank(&self) {
         let mut slot = self.bank();
         let Some(bank) = slot.as_mut() else {
             return;
         };
+        let fill = bank.fill();
         bank.runs.clear();
-        // Over the bank's own mapping: frees its pages as it replaces it.
-        if std::mem::take(&mut bank.pieces) && map_anonymous(Some(bank.base), bank.cap).is_err() {
-            // A failed MAP_FIXED may have unmapped part of it, where another
-            // mapping may come: release what is left, never unmap or move
-            // pages there again (recycling ends).
-            // SAFETY: `[0, cap)` is the bank's range; no one uses its pages.
+        if fill > 0 {
+            // SAFETY: `[0, fill)` lies inside the bank; its pages are no one's.
             unsafe {
                 libc::madvise(
                     bank.base.as_ptr() as *mut c_void,
-                    bank.cap as usize,
+                    fill as usize,
                     libc::MADV_DONTNEED,
                 );
             }
+        }
+        if bank.pieces < 2 * bank.max_runs {
+            return;
+        }
+        // Empty now: mapped whole again over itself, its pieces gone.
+        bank.pieces = 0;
+        if map_anonymous(Some(bank.base), bank.cap).is_err() {
+            // A failed MAP_FIXED may have unmapped part of it, where another
+            // mapping may come: never unmap or move pages there again
+            // (recycling ends).
             std::mem::forget(slot.take());
             tracing::warn!(
                 "the stream bank could not be mapped again: evicted pages are released from now on"
@@ -1094,6 +1114,32 @@ mod tests {
     }
 
     #[test]
+    fn a_load_takes_a_runs_top_pages_and_the_bank_stays_in_few_pieces() {
+        let (path, file) = paged_file(130);
+        let region = StreamRegion::reserve(130 * PAGE).unwrap();
+        region.open_bank_with(128 * PAGE, 2, usize::MAX).unwrap();
+        let (b0, b1) = region.bank_range().unwrap();
+        for i in 0..120u64 {
+            // A run of 1 to 60 pages moved in, its top part moved out: the
+            // bank's mapping is split at offsets that vary (here the kernel
+            // merges the pieces back; `drain_bank` maps it whole again
+            // where a kernel does not).
+            let len = 1 + (i * 37) % 60;
+            region.read_from(&file, 0, len * PAGE).unwrap();
+            region.retire(0, len * PAGE);
+            let take = 1 + (i * 13) % len;
+            let to = 64 * PAGE;
+            assert_eq!(region.adopt(to, to + take * PAGE), (to, to + take * PAGE));
+            assert_eq!(byte(&region, to), (len - take + 1) as u8);
+            region.drain_bank();
+            region.release(to, to + take * PAGE);
+            let bank = mappings_within(b0, b1);
+            assert!(bank <= 5 * 2 + 1, "{bank} bank mappings after {i}");
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn recycling_splits_the_region_only_at_its_ranges_ends() {
         // A layer's three expert tensors of 3, 2 and 5 pages an expert,
         // each holding its 8 experts end to end, over 4 layers, with a
@@ -1167,6 +1213,10 @@ mod tests {
             after <= points + 1,
             "{after} mappings for {points} split points"
         );
+        // The bank's own, mapped whole again as moves split it.
+        let (b0, b1) = region.bank_range().unwrap();
+        let bank = mappings_within(b0, b1);
+        assert!((1..=5 * 6 + 1).contains(&bank), "{bank} bank mappings");
         std::fs::remove_file(path).unwrap();
     }
 }
