@@ -114,6 +114,14 @@ pub fn mapping_room() -> Option<u64> {
     Some(max.saturating_sub(held))
 }
 
+/// The address a mapping's line of `/proc/self/maps` or `smaps` starts
+/// at (`from-to perms ...`); `None` for smaps' other lines.
+fn mapping_start(line: &str) -> Option<usize> {
+    let (range, _) = line.split_once(' ')?;
+    let (from, _) = range.split_once('-')?;
+    usize::from_str_radix(from, 16).ok()
+}
+
 /// Split points recycling gives the region when it moves pages in and out
 /// of every range of `ranges` (the units' file ranges): their whole pages'
 /// distinct ends. Adjacent ranges share one where their boundary falls on
@@ -531,13 +539,9 @@ impl StreamRegion {
         let mut inside = false;
         let mut kib = 0;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((from, _)) = range.split_once('-') {
-                    if let Ok(from) = usize::from_str_radix(from, 16) {
-                        inside = (lo..hi).contains(&from);
-                        continue;
-                    }
-                }
+            if let Some(from) = mapping_start(line) {
+                inside = (lo..hi).contains(&from);
+                continue;
             }
             if let Some(kb) = line.strip_prefix("Rss:").filter(|_| inside) {
                 kib += kb
@@ -1088,8 +1092,7 @@ mod tests {
         std::fs::read_to_string("/proc/self/maps")
             .unwrap()
             .lines()
-            .filter_map(|l| l.split_once('-'))
-            .filter_map(|(from, _)| usize::from_str_radix(from, 16).ok())
+            .filter_map(mapping_start)
             .filter(|from| (lo..hi).contains(from))
             .count()
     }

@@ -418,23 +418,22 @@ impl Streamer {
                 unit.bytes += slice;
             }
         }
-        let mut per_layer: HashMap<u32, u64> = HashMap::new();
+        // Per layer: its units' bytes and file ranges.
+        let mut per_layer: HashMap<u32, (u64, usize)> = HashMap::new();
         for ((layer, _), u) in &units {
-            *per_layer.entry(*layer).or_insert(0) += u.bytes;
+            let sums = per_layer.entry(*layer).or_insert((0, 0));
+            sums.0 += u.bytes;
+            sums.1 += u.ranges.len();
         }
-        let minimum = per_layer.values().copied().max().unwrap_or(0);
+        let minimum = per_layer.values().map(|l| l.0).max().unwrap_or(0);
         // `HYPURA_STREAM_RECYCLE=0` releases evicted pages as before: for
         // measuring what recycling is worth on a machine, in one run.
         let recycle = std::env::var("HYPURA_STREAM_RECYCLE").map_or(true, |v| v != "0");
         if recycle {
             // Room for a layer's evictions: the most one request makes.
             let unit_most = units.values().map(|u| u.bytes).max().unwrap_or(0);
-            let mut layer_ranges: HashMap<u32, usize> = HashMap::new();
-            for ((layer, _), u) in &units {
-                *layer_ranges.entry(*layer).or_insert(0) += u.ranges.len();
-            }
             let unit_ranges = units.values().map(|u| u.ranges.len()).max().unwrap_or(0);
-            let max_runs = layer_ranges.values().copied().max().unwrap_or(0) + unit_ranges;
+            let max_runs = per_layer.values().map(|l| l.1).max().unwrap_or(0) + unit_ranges;
             let ranges: Vec<(u64, u64)> = units
                 .values()
                 .flat_map(|u| u.ranges.iter().copied())
