@@ -868,10 +868,13 @@ vsqwenprompt() {
   done
 }
 
-# qwenrecycle: the Qwen3 shape's decode from a 1-token prompt with evicted pages
-# released (HYPURA_STREAM_RECYCLE=0), then moved to the next load, on the same
-# disk minutes apart, as MIX_RECYCLE_AB does for Mixtral: its 18,432 unit ranges
-# recycle since the mapping room replaced the 8,192-range cap (session 28).
+# qwenrecycle: the Qwen3 shape's decode after a 512-token prompt with evicted
+# pages released (HYPURA_STREAM_RECYCLE=0), then moved to the next load, on the
+# same disk minutes apart, as MIX_RECYCLE_AB does for Mixtral: its 18,432 unit
+# ranges recycle since the mapping room replaced the 8,192-range cap (session
+# 28). The prompt fills the stream cache first: after a 1-token prompt, 16
+# tokens read 37 MB each into a cache of 8.3 GB that never filled, so nothing
+# was evicted and both arms measured the same thing (session 29).
 qwenrecycle() {
   qwenmodel || return 1
   [ -f "$MOEQWEN" ] || return 0
@@ -879,8 +882,8 @@ qwenrecycle() {
   for rc in 0 1; do
     late "qwenrecycle $rc" && return 0
     drop_caches
-    HYPURA_STREAM_RECYCLE=$rc CG=$cg hb "qwen3-routed-recycle$rc-pp1" "$MOEQWEN" --gpu-budget 4GiB \
-      --ram-budget 8GiB --context 521 --prompt-tokens 1 --tokens "${MIX_TOKENS:-8}"
+    HYPURA_STREAM_RECYCLE=$rc CG=$cg hb "qwen3-routed-recycle$rc-pp512" "$MOEQWEN" --gpu-budget 4GiB \
+      --ram-budget 8GiB --context 529 --prompt-tokens 512 --tokens "${MIX_TOKENS:-8}" --repetitions 1
   done
 }
 

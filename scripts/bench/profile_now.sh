@@ -1,11 +1,35 @@
-# Sourced by scripts/gpu-bench.sh and scripts/gpu-agent.sh (they define `log` and W).
+# Sourced by scripts/gpu-bench.sh and scripts/gpu-agent.sh (they define `log`, H and W).
 # profile_now MODEL TAG: with PROFILE_NOW=1, PROFILE becomes PROFILE_BASE with its
 # disk measured now on MODEL, as the streamer reads (scripts/bench/profile_now.py):
 # the planner then predicts this run's disk, not another day's (a virtual disk
 # drifts by a third within minutes). Without PROFILE_NOW=1, nothing changes.
+#
+# PROFILE_BASE is this machine's own `hypura profile` (CPU, RAM, GPU and
+# host-to-GPU rates), measured once per work folder, unless PROFILE_MACHINE=0:
+# the device tool lends H100 and H200 machines of different hosts, and a
+# saved profile describes another one. Session 29's run on an H100 host with
+# the H200 host's profile (CPU Q4_K 57 GB/s where that host measured 86,
+# pageable copies 6.0 GB/s where it measured 7.4) predicted every prompt
+# 19-28% slow. The profile took 9 s there.
 PROFILE_BASE=${PROFILE_BASE:-${PROFILE:-$PWD/config/profiles/h200-measured.json}}
+machine_profile() {
+  [ "${PROFILE_MACHINE:-1}" = 1 ] || return 0
+  local p=$W/profile-machine.json
+  if [ ! -s "$p" ]; then
+    if "$H" profile --json --refresh --path "$W" >"$p.part" 2>>"$W/stderr.txt"; then
+      mv "$p.part" "$p"
+      log "machine profile: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); g=(d.get("gpus") or [{}])[0]; print(json.dumps({"cpu": d["cpu"], "ram_gbps": d["ram"]["read_gbps"], "gpu": g.get("description"), "pinned_gbps": g.get("host_to_device_pinned_gbps"), "pageable_gbps": g.get("host_to_device_pageable_gbps")}))' "$p")"
+    else
+      rm -f "$p.part"
+      log "machine profile failed: the base stays $PROFILE_BASE"
+      return 1
+    fi
+  fi
+  PROFILE_BASE=$p
+}
 profile_now() {
   [ "${PROFILE_NOW:-0}" = 1 ] || return 0
+  machine_profile
   local out=$W/profile-now-$2.json line
   if line=$(python3 scripts/bench/profile_now.py "$PROFILE_BASE" "$1" "$out"); then
     log "profile now ($2): $line"
