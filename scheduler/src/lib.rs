@@ -10,12 +10,14 @@
 //!   [`plan::plan`] is the one function every placement comes from.
 //! - [`gpu`]: the GPU tier by rule (`-ngl N`, a byte budget) and llama.cpp's `n_gpu_layers`.
 //! - [`cost`]: the decode cost model the planner prices plans with.
+//! - [`popularity`]: how unevenly a model's router chose its experts, as measured.
 //! - [`budget`]: one memory budget across models: admission, promotion, demotion.
 
 pub mod budget;
 pub mod cost;
 pub mod gpu;
 pub mod plan;
+pub mod popularity;
 pub mod profile;
 pub mod roles;
 pub mod size;

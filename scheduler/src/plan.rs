@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::{self, Bottleneck, Overlap, Prediction, Rates, TokenTraffic};
 pub use crate::gpu::GpuShare;
+use crate::popularity::ExpertPopularity;
 use crate::profile::HardwareProfile;
 use crate::roles::{classify, layer_index, TensorRole};
 use crate::size::format_bytes;
@@ -349,6 +350,9 @@ pub struct PlanRequest<'a> {
     pub facts: ModelFacts,
     pub profile: &'a HardwareProfile,
     pub settings: PlanSettings,
+    /// The model's measured expert popularity, once it has run (an MoE's
+    /// decode is then priced by its own routing); `None`: never run, or dense.
+    pub popularity: Option<&'a ExpertPopularity>,
 }
 
 /// Bytes of weights per tier.
@@ -692,13 +696,27 @@ fn streamed(req: &PlanRequest, mode: Mode, gpu_layers: &BTreeSet<u32>) -> Stream
 
 /// The streamed traffic of a cache of `cache_bytes`: (hit rate, bytes read
 /// per token, slots, units read per token). Experts: a token's experts are
-/// the token before's in [`DECODE_EXPERT_REUSE`] of its choices (resident:
-/// just used), the rest as if uniform, hitting the cached share. (No
-/// popularity prior: the cache does not learn a router's popularity in a
-/// short decode, and a Zipf prior promised the H200's Qwen3 decodes +64%
-/// to +108%.) Dense: layers are used in a cycle and the streamer evicts
-/// the layer needed last, so `S` slots give `S − 1` hits per token.
-fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64, f64) {
+/// the token before's in a share `r` of its choices (resident: just used),
+/// and the rest hit the cache with the chance `g` that a choice falls on a
+/// cached expert: `hit = r + (1 − r) g`.
+/// - The model's popularity unknown (never run): `g` is the cached share
+///   `f` and `r` is [`DECODE_EXPERT_REUSE`], which stands for popularity and
+///   overlap together.
+/// - Known ([`ExpertPopularity`]): `g = f + `[`POPULARITY_CONVERGENCE`]` ×
+///   (top − f)`, where `top` is the share of choices the popular `f` of the
+///   experts take, and `r` is [`KNOWN_POPULARITY_REUSE`]. The cache holds
+///   the popular experts only in part: a decode that follows a prompt has
+///   not converged to them (the whole `top` promised the H200's Qwen3
+///   decodes +64% to +108%).
+///
+/// Dense: layers are used in a cycle and the streamer evicts the layer
+/// needed last, so `S` slots give `S − 1` hits per token.
+fn stream_traffic(
+    s: &Streamed,
+    mode: Mode,
+    cache_bytes: u64,
+    popularity: Option<&ExpertPopularity>,
+) -> (f64, f64, u64, f64) {
     if s.bytes == 0 {
         return (1.0, 0.0, 0, 0.0);
     }
@@ -706,7 +724,14 @@ fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64,
     match mode {
         Mode::ExpertStreaming => {
             let share = (cache_bytes as f64 / s.bytes as f64).min(1.0);
-            let hit = DECODE_EXPERT_REUSE + (1.0 - DECODE_EXPERT_REUSE) * share;
+            let (reuse, cached) = match popularity {
+                Some(p) => (
+                    KNOWN_POPULARITY_REUSE,
+                    share + POPULARITY_CONVERGENCE * (p.top_share(share) - share),
+                ),
+                None => (DECODE_EXPERT_REUSE, share),
+            };
+            let hit = reuse + (1.0 - reuse) * cached;
             let read = s.touched * (1.0 - hit);
             (hit, read, slots, read / s.unit_bytes.max(1) as f64)
         }
@@ -741,6 +766,22 @@ fn stream_traffic(s: &Streamed, mode: Mode, cache_bytes: u64) -> (f64, f64, u64,
 /// fits closer than ±17%). `hypura bench --routing` measures a model's own
 /// overlap.
 pub const DECODE_EXPERT_REUSE: f64 = 0.35;
+
+/// With the model's popularity known, the share of a decoded token's
+/// experts found resident as the token before's ([`stream_traffic`]), and
+/// how far the cache has gone from holding a uniform `f` of the experts
+/// toward holding the popular `f`. Fitted on the bytes a token read in
+/// session 29's H100 run (which matched session 27's on the H200: the bytes
+/// are the routing's and the cache's, not the machine's): the Qwen3-30B-A3B
+/// shape at a cached share of 0.642 read 126–142 MB a token (hit 0.83–0.84;
+/// the popular 0.642 of its experts take 0.922 of the choices in its
+/// measured counts), the Mixtral shape at 0.694 read 948–991 MB (hit 0.79;
+/// top 0.781). Checked on dev at a share of 0.44, not fitted there: a
+/// 24-layer Qwen3 cut read 134.8 MB a token (101–152 over four decodes),
+/// predicted 144.5 (187 with [`DECODE_EXPERT_REUSE`] alone), and an 8-layer
+/// Mixtral cut 650.4 MB, predicted 646.6 (572).
+pub const KNOWN_POPULARITY_REUSE: f64 = 0.17;
+pub const POPULARITY_CONVERGENCE: f64 = 0.58;
 
 /// GPU↔CPU hand-overs per token when `on_gpu[i]` items are on the GPU:
 /// the token walks embedding (CPU) → each layer's attention → its FFN → output.
@@ -960,7 +1001,8 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
         {
             return Some(None);
         }
-        let (hit, nvme, slots, misses) = stream_traffic(&s, mode, cache.min(s.bytes));
+        let (hit, nvme, slots, misses) =
+            stream_traffic(&s, mode, cache.min(s.bytes), req.popularity);
         let traffic = TokenTraffic {
             gpu_bytes: gpu_touched,
             ram_bytes: ram_touched + embedding_touched + s.touched,
@@ -1273,6 +1315,7 @@ mod tests {
                 context_tokens: 4096,
                 ..Default::default()
             },
+            popularity: None,
         }
     }
 
@@ -1287,14 +1330,45 @@ mod tests {
             unit_share: 0.2,
             touched: 200.0,
         };
-        let (hit, read, slots, misses) = stream_traffic(&s, Mode::ExpertStreaming, 400);
+        let (hit, read, slots, misses) = stream_traffic(&s, Mode::ExpertStreaming, 400, None);
         let want = DECODE_EXPERT_REUSE + (1.0 - DECODE_EXPERT_REUSE) * 0.4;
         assert!((hit - want).abs() < 1e-12);
         assert!((read - 200.0 * (1.0 - want)).abs() < 1e-9);
         assert_eq!(slots, 40);
         assert!((misses - read / 10.0).abs() < 1e-12);
         // A cache holding every expert misses nothing.
-        assert_eq!(stream_traffic(&s, Mode::ExpertStreaming, 1000).0, 1.0);
+        assert_eq!(stream_traffic(&s, Mode::ExpertStreaming, 1000, None).0, 1.0);
+    }
+
+    #[test]
+    fn a_known_popular_router_hits_more_and_a_uniform_one_as_its_reuse_says() {
+        let s = Streamed {
+            bytes: 1000,
+            per_layer: BTreeMap::new(),
+            layer_bytes: 100,
+            layers: 10,
+            unit_bytes: 10,
+            unit_share: 0.2,
+            touched: 200.0,
+        };
+        // Uniform, measured: the cached share, with the smaller reuse.
+        let uniform = ExpertPopularity::from_selections(&vec![vec![100; 10]; 4]).unwrap();
+        let (hit, ..) = stream_traffic(&s, Mode::ExpertStreaming, 400, Some(&uniform));
+        let want = KNOWN_POPULARITY_REUSE + (1.0 - KNOWN_POPULARITY_REUSE) * 0.4;
+        assert!((hit - want).abs() < 1e-12);
+        // Skewed: the top 4 of 10 experts take 0.8 of the choices; the cache
+        // is priced part of the way from 0.4 toward 0.8.
+        let skewed =
+            ExpertPopularity::from_selections(&[vec![300, 200, 200, 100, 50, 50, 50, 25, 25, 0]])
+                .unwrap();
+        assert!((skewed.top_share(0.4) - 0.8).abs() < 1e-12);
+        let (hit, read, ..) = stream_traffic(&s, Mode::ExpertStreaming, 400, Some(&skewed));
+        let cached = 0.4 + POPULARITY_CONVERGENCE * 0.4;
+        let want = KNOWN_POPULARITY_REUSE + (1.0 - KNOWN_POPULARITY_REUSE) * cached;
+        assert!((hit - want).abs() < 1e-12);
+        assert!((read - 200.0 * (1.0 - want)).abs() < 1e-9);
+        let (unknown, ..) = stream_traffic(&s, Mode::ExpertStreaming, 400, None);
+        assert!(hit > unknown, "{hit} against {unknown}");
     }
 
     #[test]

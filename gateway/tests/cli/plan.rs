@@ -607,3 +607,69 @@ fn served_plans_price_the_servers_placement_and_prompt_pass() {
         "{err}"
     );
 }
+
+/// A model that has run is priced by the routing its streamer measured (the
+/// co-activation counts saved in the cache directory): skewed counts raise
+/// the decode's predicted hit rate over the never-run model's, uniform ones
+/// lower it (the reuse that stood in for popularity goes), and too few
+/// tokens change nothing.
+#[test]
+fn a_model_that_ran_is_priced_by_its_measured_routing() {
+    use llama_tiered::tiered::coact::{stats_path, Coactivation};
+    let model = mixtral();
+    let cache = scratch().join("popularity-cache");
+    let offset = hypura_gguf::GgufFile::open(&model).unwrap().data_offset();
+    let counts_at = stats_path(&model, offset, Some(&cache)).unwrap();
+    let hit = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_hypura"))
+            .args([
+                "inspect",
+                model.to_str().unwrap(),
+                "--plan",
+                "--json",
+                "--profile",
+            ])
+            .arg(h200())
+            .args([
+                "--gpu-budget",
+                "8GiB",
+                "--ram-budget",
+                "12GiB",
+                "--context",
+                "2048",
+            ])
+            .env("HYPURA_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(plan["mode"], "expert-streaming", "{plan}");
+        plan["expected_hit_rate"].as_f64().unwrap()
+    };
+    let never_run = hit();
+    // Every pair of layers: expert a then b, weighted w[a] × w[b].
+    let save = |w: [u32; 8], scale: u32| {
+        let mut c = Coactivation::new(32, 8);
+        for table in c.counts.iter_mut().take(31) {
+            for a in 0..8 {
+                for b in 0..8 {
+                    table[a * 8 + b] = w[a] * w[b] * scale;
+                }
+            }
+        }
+        c.save(&counts_at).unwrap();
+    };
+    save([16, 8, 4, 2, 1, 1, 1, 1], 10);
+    let skewed = hit();
+    save([1; 8], 100);
+    let uniform = hit();
+    save([1, 0, 0, 0, 0, 0, 0, 0], 1);
+    let too_few = hit();
+    assert!(skewed > never_run + 0.02, "{skewed} against {never_run}");
+    assert!(uniform < never_run, "{uniform} against {never_run}");
+    assert_eq!(too_few, never_run);
+}

@@ -33,6 +33,46 @@ impl Coactivation {
         self.counts.iter().flatten().map(|&c| c as u64).sum()
     }
 
+    /// `selections[l][e]`: the times expert `e` of layer `l` was chosen, as
+    /// the counts say when every token chooses `n_used` experts a layer: the
+    /// pairs from layer `l` to the next (row sums) or from the layer before
+    /// to `l` (column sums), whichever saw more tokens (a layer whose
+    /// neighbour is not streamed has only one of them).
+    pub fn selections(&self, n_used: u32) -> Vec<Vec<u64>> {
+        let n = self.n_experts as usize;
+        let n_used = u64::from(n_used.max(1));
+        let from = |table: &[u32]| -> Vec<u64> {
+            (0..n)
+                .map(|a| {
+                    table[a * n..(a + 1) * n]
+                        .iter()
+                        .map(|&c| u64::from(c))
+                        .sum()
+                })
+                .collect()
+        };
+        let to = |table: &[u32]| -> Vec<u64> {
+            (0..n)
+                .map(|b| (0..n).map(|a| u64::from(table[a * n + b])).sum())
+                .collect()
+        };
+        (0..self.counts.len())
+            .map(|l| {
+                let rows = from(&self.counts[l]);
+                let cols = match l.checked_sub(1) {
+                    Some(before) => to(&self.counts[before]),
+                    None => vec![0; n],
+                };
+                let best = if cols.iter().sum::<u64>() > rows.iter().sum::<u64>() {
+                    cols
+                } else {
+                    rows
+                };
+                best.into_iter().map(|c| c / n_used).collect()
+            })
+            .collect()
+    }
+
     /// Loads saved statistics of the same shape, if any.
     pub fn load(path: &Path, n_layers: u32, n_experts: u32) -> Option<Coactivation> {
         let saved: Coactivation = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
@@ -91,4 +131,31 @@ pub fn stats_path(
 fn default_cache_dir() -> std::io::Result<PathBuf> {
     hypura_gguf::paths::cache_dir()
         .ok_or_else(|| std::io::Error::other("neither HYPURA_CACHE_DIR nor HOME is set"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selections_count_each_layers_choices_from_the_pairs() {
+        // 3 layers of 2 experts, top-1: three tokens chose (0,1,1), (0,1,0), (1,1,1).
+        let mut c = Coactivation::new(3, 2);
+        for t in [[0, 1, 1], [0, 1, 0], [1, 1, 1]] {
+            for l in 0..2 {
+                c.counts[l][t[l] * 2 + t[l + 1]] += 1;
+            }
+        }
+        assert_eq!(c.selections(1), vec![vec![2, 1], vec![0, 3], vec![1, 2]]);
+        // Top-2 counts each token's pairs twice over: halved.
+        let doubled = Coactivation {
+            counts: c
+                .counts
+                .iter()
+                .map(|t| t.iter().map(|x| x * 2).collect())
+                .collect(),
+            ..c.clone()
+        };
+        assert_eq!(doubled.selections(2), c.selections(1));
+    }
 }

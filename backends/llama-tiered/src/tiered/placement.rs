@@ -2,6 +2,7 @@
 use std::collections::BTreeMap;
 
 use hypura_scheduler::plan::{self, ModelFacts, Plan, PlanRequest, PlanSettings, PlanTensor};
+use hypura_scheduler::popularity::ExpertPopularity;
 use hypura_scheduler::profile::HardwareProfile;
 use serde::Serialize;
 
@@ -132,13 +133,28 @@ pub fn plan_file(
     let invalid = crate::error::EngineError::InvalidArgument;
     let (tensors, facts) =
         plan_inputs(file).map_err(|e| invalid(format!("{}: {e}", file.path().display())))?;
+    let popularity = measured_popularity(file, &facts);
     let request = PlanRequest {
         tensors: &tensors,
         facts,
         profile,
         settings,
+        popularity: popularity.as_ref(),
     };
     Ok(plan::plan(&request)?)
+}
+
+/// The expert popularity an MoE's earlier runs measured: the co-activation
+/// counts its streamer saved in the default cache directory, where it keeps
+/// them ([`super::coact`]); `None` for a dense model, one never streamed, or
+/// too few tokens seen ([`ExpertPopularity::from_selections`]).
+fn measured_popularity(file: &GgufFile, facts: &ModelFacts) -> Option<ExpertPopularity> {
+    if facts.n_expert == 0 {
+        return None;
+    }
+    let path = super::coact::stats_path(file.path(), file.data_offset(), None).ok()?;
+    let counts = super::coact::Coactivation::load(&path, facts.n_layer, facts.n_expert)?;
+    ExpertPopularity::from_selections(&counts.selections(facts.n_expert_used))
 }
 
 /// What the planner needs from a GGUF: its tensors and model facts, from the
