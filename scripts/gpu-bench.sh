@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-bench.sh STEP...     (steps: build models smoke dense moe serve gpudefault profile plan bench summary;
 #                                     beside llama.cpp's own tools: tools vsdense vsloop nsysdense batched vsserver cached
-#                                     exact bigmodel vsmixtral vsmixprompt qwenmodel vsqwenprompt qwenrecycle table; pack; the full-size Mixtral shape under
+#                                     exact bigmodel vsmixtral vsmixprompt qwenmodel vsqwenprompt qwenrecycle routingseed table; pack; the full-size Mixtral shape under
 #                                     `hypura serve`'s budget: servemix; host memory inside the RAM budget: hostmem,
 #                                     and what a cgroup holds at the peak: hostmemwatch; the engine's GPU tests: gputest)
 #
@@ -885,6 +885,28 @@ qwenrecycle() {
     HYPURA_STREAM_RECYCLE=$rc CG=$cg hb "qwen3-routed-recycle$rc-pp512" "$MOEQWEN" --gpu-budget 4GiB \
       --ram-budget 8GiB --context 529 --prompt-tokens 512 --tokens "${MIX_TOKENS:-8}" --repetitions 1
   done
+}
+
+# routingseed: each MoE shape decodes once before the figures (not timed, no
+# record), so that the planner prices it by the expert popularity its streamer
+# measured, as it does a served model that has run (session 29): the streamer
+# saves a decode's co-activation counts in the cache directory, and the planner
+# trusts them from 16 choices an expert a layer (`MIN_SELECTIONS_PER_EXPERT`):
+# 64 tokens for Mixtral's 8 experts (top-2), 256 for Qwen3's 128 (top-8).
+# Both shapes' budgets as their figures'; the cache directory is the same.
+routingseed() {
+  local spec model gpu ram tokens
+  qwenmodel || true
+  for spec in "$MOEMIX|8GiB|12GiB|${SEED_MIX_TOKENS:-80}" "$MOEQWEN|4GiB|8GiB|${SEED_QWEN_TOKENS:-288}"; do
+    IFS='|' read -r model gpu ram tokens <<<"$spec"
+    [ -f "$model" ] || { log "routingseed: no $model"; continue; }
+    late "routingseed $model" && return 0
+    log "routingseed: $tokens tokens of $(basename "$model")"
+    "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} --gpu-budget "$gpu" \
+      --ram-budget "$ram" --context $((tokens + 16)) --prompt-tokens 1 --tokens "$tokens" \
+      --repetitions 1 --no-warmup >/dev/null 2>>"$W/err.txt" || log "routingseed failed: $model"
+  done
+  ls -la "${HYPURA_CACHE_DIR:-$HOME/.cache/hypura}/coactivation" 2>&1 | tee -a "$OUT/log.txt"
 }
 
 # One table: hypura beside llama-bench per case, with ratios.
