@@ -1319,9 +1319,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_decode_hits_the_token_befores_experts_and_the_cached_share_of_the_rest() {
-        let s = Streamed {
+    /// 10 streamed layers of 10 experts of 10 bytes; a token uses 2 a layer.
+    fn ten_layers_of_experts() -> Streamed {
+        Streamed {
             bytes: 1000,
             per_layer: BTreeMap::new(),
             layer_bytes: 100,
@@ -1329,7 +1329,12 @@ mod tests {
             unit_bytes: 10,
             unit_share: 0.2,
             touched: 200.0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_decode_hits_the_token_befores_experts_and_the_cached_share_of_the_rest() {
+        let s = ten_layers_of_experts();
         let (hit, read, slots, misses) = stream_traffic(&s, Mode::ExpertStreaming, 400, None);
         let want = DECODE_EXPERT_REUSE + (1.0 - DECODE_EXPERT_REUSE) * 0.4;
         assert!((hit - want).abs() < 1e-12);
@@ -1342,15 +1347,7 @@ mod tests {
 
     #[test]
     fn a_known_popular_router_hits_more_and_a_uniform_one_as_its_reuse_says() {
-        let s = Streamed {
-            bytes: 1000,
-            per_layer: BTreeMap::new(),
-            layer_bytes: 100,
-            layers: 10,
-            unit_bytes: 10,
-            unit_share: 0.2,
-            touched: 200.0,
-        };
+        let s = ten_layers_of_experts();
         // Uniform, measured: the cached share, with the smaller reuse.
         let uniform = ExpertPopularity::from_selections(&vec![vec![100; 10]; 4]).unwrap();
         let (hit, ..) = stream_traffic(&s, Mode::ExpertStreaming, 400, Some(&uniform));

@@ -19,10 +19,15 @@ fn h200() -> PathBuf {
 }
 
 fn hypura(args: &[&str]) -> Output {
+    // Never the user's cached profile: every plan here names its profile.
+    hypura_in(&scratch().join("cache"), args)
+}
+
+/// `hypura ARGS` with `cache` as its cache directory.
+fn hypura_in(cache: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hypura"))
         .args(args)
-        // Never the user's cached profile: every plan here names its profile.
-        .env("HYPURA_CACHE_DIR", scratch().join("cache"))
+        .env("HYPURA_CACHE_DIR", cache)
         .output()
         .expect("run hypura")
 }
@@ -620,27 +625,25 @@ fn a_model_that_ran_is_priced_by_its_measured_routing() {
     let cache = scratch().join("popularity-cache");
     let offset = hypura_gguf::GgufFile::open(&model).unwrap().data_offset();
     let counts_at = stats_path(&model, offset, Some(&cache)).unwrap();
+    let (model_arg, profile) = (model.to_str().unwrap(), h200());
     let hit = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_hypura"))
-            .args([
+        let out = hypura_in(
+            &cache,
+            &[
                 "inspect",
-                model.to_str().unwrap(),
+                model_arg,
                 "--plan",
                 "--json",
                 "--profile",
-            ])
-            .arg(h200())
-            .args([
+                profile.to_str().unwrap(),
                 "--gpu-budget",
                 "8GiB",
                 "--ram-budget",
                 "12GiB",
                 "--context",
                 "2048",
-            ])
-            .env("HYPURA_CACHE_DIR", &cache)
-            .output()
-            .unwrap();
+            ],
+        );
         assert!(
             out.status.success(),
             "{}",
