@@ -778,8 +778,8 @@ pub const DECODE_EXPERT_REUSE: f64 = 0.35;
 /// measured counts), the Mixtral shape at 0.694 read 948–991 MB (hit 0.79;
 /// top 0.781). Checked on dev at a share of 0.44, not fitted there: a
 /// 24-layer Qwen3 cut read 134.8 MB a token (101–152 over four decodes),
-/// predicted 144.5 (187 with [`DECODE_EXPERT_REUSE`] alone), and an 8-layer
-/// Mixtral cut 650.4 MB, predicted 646.6 (572).
+/// predicted 144.6 (186.8 with [`DECODE_EXPERT_REUSE`] alone), and an
+/// 8-layer Mixtral cut 650.4 MB, predicted 645.0 (572.1).
 pub const KNOWN_POPULARITY_REUSE: f64 = 0.17;
 pub const POPULARITY_CONVERGENCE: f64 = 0.58;
 

@@ -31,16 +31,15 @@ impl ExpertPopularity {
     pub fn from_selections(selections: &[Vec<u64>]) -> Option<ExpertPopularity> {
         let layers: Vec<Vec<f64>> = selections
             .iter()
-            .filter(|counts| {
+            .filter_map(|counts| {
                 let total: u64 = counts.iter().sum();
-                !counts.is_empty() && total >= MIN_SELECTIONS_PER_EXPERT * counts.len() as u64
-            })
-            .map(|counts| {
-                let total: u64 = counts.iter().sum();
+                if counts.is_empty() || total < MIN_SELECTIONS_PER_EXPERT * counts.len() as u64 {
+                    return None;
+                }
                 let mut shares: Vec<f64> =
                     counts.iter().map(|&c| c as f64 / total as f64).collect();
                 shares.sort_by(|a, b| b.total_cmp(a));
-                shares
+                Some(shares)
             })
             .collect();
         (!layers.is_empty()).then_some(ExpertPopularity { layers })
