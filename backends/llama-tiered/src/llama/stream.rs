@@ -161,7 +161,24 @@ fn map_anonymous(at: Option<NonNull<u8>>, len: u64) -> io::Result<NonNull<u8>> {
     if ptr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: the mapping just made.
+    unsafe { no_huge_pages(ptr, len as usize) };
     NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("mmap returned NULL"))
+}
+
+/// Keeps transparent huge pages out of `[ptr, ptr + len)`. The stream
+/// cache counts, releases and moves memory a 4 KiB page at a time: where
+/// the kernel hands out huge pages unasked (`transparent_hugepage=always`,
+/// the default of some distributions), a read into a few pages faults in a
+/// whole 2 MiB one, and a release of part of it frees nothing until the
+/// kernel splits it, so the cache would hold more than its budget says.
+/// Best effort: a kernel without huge pages refuses, and has none to give.
+///
+/// # Safety
+/// `[ptr, ptr + len)` is a mapping of this process.
+unsafe fn no_huge_pages(ptr: *mut c_void, len: usize) {
+    // SAFETY: as the caller guarantees; the advice changes no byte.
+    unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
 }
 
 impl Drop for Bank {
@@ -235,6 +252,7 @@ impl StreamRegion {
                 libc::munmap(ptr, len + 2 * guard);
                 return Err(err);
             }
+            no_huge_pages(inner as *mut c_void, len);
             inner
         };
         let base = NonNull::new(base).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
@@ -1032,6 +1050,41 @@ mod tests {
     fn byte(region: &StreamRegion, offset: u64) -> u8 {
         // SAFETY: `offset` lies inside the region; plain memory.
         unsafe { *region.base().add(offset as usize) }
+    }
+
+    /// Whether every mapping starting in `[lo, hi)` has `flag` among its
+    /// `VmFlags` in `/proc/self/smaps`, and there is at least one.
+    fn mappings_have_flag(lo: usize, hi: usize, flag: &str) -> bool {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        let mut seen = 0;
+        for line in smaps.lines() {
+            if let Some(from) = mapping_start(line) {
+                inside = (lo..hi).contains(&from);
+            } else if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
+                if !flags.split_whitespace().any(|f| f == flag) {
+                    return false;
+                }
+                seen += 1;
+            }
+        }
+        seen > 0
+    }
+
+    #[test]
+    fn the_region_and_its_bank_never_take_huge_pages() {
+        // `nh`: MADV_NOHUGEPAGE, kept by the pieces moves split off.
+        let (path, file) = paged_file(16);
+        let region = StreamRegion::reserve(16 * PAGE).unwrap();
+        region.open_bank(16 * PAGE, 4).unwrap();
+        region.read_from(&file, 0, 8 * PAGE).unwrap();
+        region.retire(0, 4 * PAGE);
+        region.adopt(8 * PAGE, 12 * PAGE);
+        let lo = region.base() as usize;
+        assert!(mappings_have_flag(lo, lo + region.len(), "nh"));
+        let (bank_lo, bank_hi) = region.bank_range().unwrap();
+        assert!(mappings_have_flag(bank_lo, bank_hi, "nh"));
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

@@ -711,8 +711,13 @@ impl Streamer {
     }
 
     /// Bytes of the STREAM region actually in memory (from the kernel), for
-    /// checking the accounting.
+    /// checking the accounting. Read under the state lock, which every
+    /// eviction and load holds while it moves pages: the kernel hands out
+    /// `smaps` a few mappings a read, so pages a load moved from a part of
+    /// the region already counted into one not yet counted were counted
+    /// twice (a CI run saw one 1.6 MB layer too many).
     pub fn region_resident_bytes(&self) -> u64 {
+        let _moves = self.lock();
         self.region.resident_bytes()
     }
 
