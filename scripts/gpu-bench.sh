@@ -894,6 +894,11 @@ qwenrecycle() {
 # trusts them from 16 choices an expert a layer (`MIN_SELECTIONS_PER_EXPERT`):
 # 64 tokens for Mixtral's 8 experts (top-2), 256 for Qwen3's 128 (top-8).
 # Both shapes' budgets as their figures'; the cache directory is the same.
+# The streamer also saves the rates it read at, a decode's and a prompt pass's
+# (`reads/KEY.json`), and the planner prices the shape's later runs on this
+# machine by them, not by the profile's probe (session 30: the streamer reads
+# faster inside a decode than any probe outside one), hence the 512-token
+# prompt before the decode.
 routingseed() {
   local spec model gpu ram tokens
   qwenmodel || true
@@ -903,10 +908,12 @@ routingseed() {
     late "routingseed $model" && return 0
     log "routingseed: $tokens tokens of $(basename "$model")"
     "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} --gpu-budget "$gpu" \
-      --ram-budget "$ram" --context $((tokens + 16)) --prompt-tokens 1 --tokens "$tokens" \
+      --ram-budget "$ram" --context $((tokens + 528)) --prompt-tokens 512 --tokens "$tokens" \
       --repetitions 1 --no-warmup >/dev/null 2>>"$W/err.txt" || log "routingseed failed: $model"
   done
-  ls -la "${HYPURA_CACHE_DIR:-$HOME/.cache/hypura}/coactivation" 2>&1 | tee -a "$OUT/log.txt"
+  local cache=${HYPURA_CACHE_DIR:-$HOME/.cache/hypura}
+  ls -la "$cache/coactivation" 2>&1 | tee -a "$OUT/log.txt"
+  head -c 2000 "$cache"/reads/*.json 2>&1 | tee -a "$OUT/log.txt"
 }
 
 # One table: hypura beside llama-bench per case, with ratios.

@@ -6,7 +6,8 @@
 //!   matrix × vector rate;
 //! - `ram_seconds` = weight bytes the CPU reads (RAM-resident tensors and the
 //!   stream cache) ÷ `min(cpu.q4k_matvec_gbps, ram.read_gbps)`;
-//! - `nvme_seconds` = bytes read from the model file ÷ the disk rate ([`disk_gbps`])
+//! - `nvme_seconds` = bytes read from the model file ÷ the disk rate ([`disk_gbps`],
+//!   or the rate the model's streamer measured here: [`Rates::with_measured_reads`])
 //!   + layers with a unit read × [`MISS_SECONDS`];
 //! - `pcie_seconds` = hand-overs between GPU and CPU × ([`CROSSING_SECONDS`] +
 //!   activation bytes ÷ the pinned host→device rate);
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 use crate::profile::{DiskProfile, HardwareProfile};
+use crate::reads::MeasuredReads;
 
 /// Fixed cost of one decoded token outside the weight reads (graph build,
 /// sampling, the decode call), seconds.
@@ -170,6 +172,13 @@ pub struct Rates {
     /// (`cpu.q4k_prompt_gflops`; 0: not measured).
     #[serde(default)]
     pub cpu_prompt_gflops: f64,
+    /// `disk_gbps` is the rate this model's decodes read at here
+    /// ([`Rates::with_measured_reads`]), not the profile's.
+    #[serde(default)]
+    pub disk_from_runs: bool,
+    /// `disk_sequential_gbps` is the rate this model's prompt passes read at here.
+    #[serde(default)]
+    pub disk_sequential_from_runs: bool,
 }
 
 impl Rates {
@@ -185,7 +194,28 @@ impl Rates {
             pcie_gbps: gpu.map_or(0.0, |g| g.host_to_device_pinned_gbps),
             pageable_gbps: gpu.map_or(0.0, |g| g.host_to_device_pageable_gbps),
             cpu_prompt_gflops: profile.cpu.q4k_prompt_gflops,
+            disk_from_runs: false,
+            disk_sequential_from_runs: false,
         }
+    }
+
+    /// These rates with the disk's taken from what the model's streamer
+    /// measured on this machine, phase by phase, where it read enough
+    /// ([`crate::reads`]): decode reads price the decode and warm prompt
+    /// passes, prompt passes' reads a cold pass.
+    pub fn with_measured_reads(mut self, reads: Option<&MeasuredReads>) -> Rates {
+        let Some(reads) = reads else {
+            return self;
+        };
+        if let Some(gbps) = reads.decode.gbps() {
+            self.disk_gbps = gbps;
+            self.disk_from_runs = true;
+        }
+        if let Some(gbps) = reads.prompt.gbps() {
+            self.disk_sequential_gbps = gbps;
+            self.disk_sequential_from_runs = true;
+        }
+        self
     }
 }
 
@@ -545,7 +575,39 @@ mod tests {
             pcie_gbps: 50.0,
             pageable_gbps: 6.0,
             cpu_prompt_gflops: 0.0,
+            disk_from_runs: false,
+            disk_sequential_from_runs: false,
         }
+    }
+
+    #[test]
+    fn a_models_measured_reads_replace_the_probes_disk_phase_by_phase() {
+        use crate::reads::{MeasuredReads, ReadTotals};
+        let decoded = MeasuredReads {
+            decode: ReadTotals {
+                bytes: 5e9,
+                seconds: 2.0,
+            },
+            // Too little to trust: the probe's sequential rate stays.
+            prompt: ReadTotals {
+                bytes: 5e8,
+                seconds: 0.1,
+            },
+        };
+        let r = rates().with_measured_reads(Some(&decoded));
+        assert_eq!((r.disk_gbps, r.disk_from_runs), (2.5, true));
+        assert_eq!(
+            (r.disk_sequential_gbps, r.disk_sequential_from_runs),
+            (2.0, false)
+        );
+        assert_eq!(rates().with_measured_reads(None), rates());
+        // The decode's reads then take the measured time.
+        let t = TokenTraffic {
+            nvme_bytes: 1e9,
+            ..Default::default()
+        };
+        let p = predict(&t, &r, Overlap::OnDemand);
+        assert!((p.nvme_seconds - 0.4).abs() < 1e-12, "{p:?}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! - [`gpu`]: the GPU tier by rule (`-ngl N`, a byte budget) and llama.cpp's `n_gpu_layers`.
 //! - [`cost`]: the decode cost model the planner prices plans with.
 //! - [`popularity`]: how unevenly a model's router chose its experts, as measured.
+//! - [`reads`]: how fast a model's streamer read its file on this machine, as measured.
 //! - [`budget`]: one memory budget across models: admission, promotion, demotion.
 
 pub mod budget;
@@ -19,5 +20,6 @@ pub mod gpu;
 pub mod plan;
 pub mod popularity;
 pub mod profile;
+pub mod reads;
 pub mod roles;
 pub mod size;

@@ -30,6 +30,7 @@ use crate::cost::{self, Bottleneck, Overlap, Prediction, Rates, TokenTraffic};
 pub use crate::gpu::GpuShare;
 use crate::popularity::ExpertPopularity;
 use crate::profile::HardwareProfile;
+use crate::reads::MeasuredReads;
 use crate::roles::{classify, layer_index, TensorRole};
 use crate::size::format_bytes;
 
@@ -353,6 +354,10 @@ pub struct PlanRequest<'a> {
     /// The model's measured expert popularity, once it has run (an MoE's
     /// decode is then priced by its own routing); `None`: never run, or dense.
     pub popularity: Option<&'a ExpertPopularity>,
+    /// How fast the model's streamer read its file on this machine, once it
+    /// has streamed (its disk rates then replace the profile's); `None`:
+    /// never streamed here.
+    pub reads: Option<&'a MeasuredReads>,
 }
 
 /// Bytes of weights per tier.
@@ -951,7 +956,7 @@ fn best_of_mode(req: &PlanRequest, mode: Mode, gpu_budget: u64, ram_budget: u64)
     // KV of layers without attention tensors (unusual) stays in RAM.
     let kv_unplaced =
         kv_total - kv_per_layer * items.iter().filter(|i| i.kv_bytes > 0).count() as u64;
-    let rates = Rates::from_profile(req.profile);
+    let rates = Rates::from_profile(req.profile).with_measured_reads(req.reads);
     let overlap = match mode {
         Mode::FullResident => Overlap::None,
         Mode::ExpertStreaming => Overlap::OnDemand,
@@ -1316,6 +1321,7 @@ mod tests {
                 ..Default::default()
             },
             popularity: None,
+            reads: None,
         }
     }
 

@@ -474,7 +474,7 @@ fn promotion_fills_the_cache_and_demotion_drops_it_without_changing_tokens() {
 }
 
 #[test]
-fn coactivation_statistics_survive_a_restart() {
+fn coactivation_statistics_and_read_rates_survive_a_restart() {
     let cache = temp_path("coact-restart");
     // Its own model file, so no other test's statistics are found under its key.
     let path =
@@ -491,11 +491,19 @@ fn coactivation_statistics_survive_a_restart() {
     greedy_trace(&first, 8, &mut |_| {});
     let learned = first.streamer.as_ref().unwrap().coactivation();
     assert!(learned.total() > 0);
+    let read = first.stats().measured_reads();
+    assert!(
+        read.decode.bytes > 0.0 && read.decode.seconds > 0.0,
+        "{read:?}"
+    );
     drop(first); // saves
     let saved = std::fs::read_dir(cache.join("coactivation"))
         .unwrap()
         .count();
     assert_eq!(saved, 1, "one statistics file saved");
+    let reads_at =
+        llama_tiered::tiered::reads::path(path, file.data_offset(), Some(&cache)).unwrap();
+    assert_eq!(llama_tiered::tiered::reads::load(&reads_at), Some(read));
     let again = TieredModel::load(path, &params).unwrap();
     assert_eq!(
         again.streamer.as_ref().unwrap().coactivation(),
@@ -503,6 +511,8 @@ fn coactivation_statistics_survive_a_restart() {
         "restart starts warm"
     );
     drop(again);
+    // A run that read nothing leaves the rates as they were.
+    assert_eq!(llama_tiered::tiered::reads::load(&reads_at), Some(read));
     std::fs::remove_dir_all(&cache).ok();
     std::fs::remove_file(path).ok();
 }

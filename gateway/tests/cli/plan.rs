@@ -676,3 +676,86 @@ fn a_model_that_ran_is_priced_by_its_measured_routing() {
     assert!(uniform < never_run, "{uniform} against {never_run}");
     assert_eq!(too_few, never_run);
 }
+
+/// A model that has streamed on this machine is priced by the rates its
+/// streamer read at (saved in the cache directory), phase by phase; a plan
+/// for another machine's profile keeps that profile's disk.
+#[test]
+fn a_model_streamed_here_is_priced_by_its_measured_reads() {
+    use hypura_scheduler::reads::{MeasuredReads, ReadTotals};
+    use llama_tiered::tiered::reads;
+    let model = mixtral();
+    let cache = scratch().join("reads-cache");
+    // The H200 profile, as if it had been measured on this machine.
+    let here = llama_tiered::hwprobe::estimated();
+    let mut profile: Value = serde_json::from_slice(&std::fs::read(h200()).unwrap()).unwrap();
+    profile["host"] = here.host.into();
+    profile["cpu"]["model"] = here.cpu.model.into();
+    profile["cpu"]["threads"] = here.cpu.threads.into();
+    profile["ram"]["total_bytes"] = here.ram.total_bytes.into();
+    let this_machine = scratch().join("h200-here.json");
+    std::fs::write(&this_machine, profile.to_string()).unwrap();
+    let plan = |profile: &Path| -> Value {
+        let out = hypura_in(
+            &cache,
+            &[
+                "inspect",
+                model.to_str().unwrap(),
+                "--plan",
+                "--json",
+                "--profile",
+                profile.to_str().unwrap(),
+                "--gpu-budget",
+                "8GiB",
+                "--ram-budget",
+                "12GiB",
+                "--context",
+                "2048",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let never_streamed = plan(&this_machine);
+    assert_eq!(never_streamed["mode"], "expert-streaming");
+    assert_eq!(never_streamed["rates_gbps"]["disk_from_runs"], false);
+
+    let offset = hypura_gguf::GgufFile::open(&model).unwrap().data_offset();
+    let run = MeasuredReads {
+        decode: ReadTotals {
+            bytes: 12e9,
+            seconds: 3.0,
+        },
+        prompt: ReadTotals {
+            bytes: 6e9,
+            seconds: 2.0,
+        },
+    };
+    reads::save_run(&reads::path(&model, offset, Some(&cache)).unwrap(), run).unwrap();
+    let streamed = plan(&this_machine);
+    let rates = &streamed["rates_gbps"];
+    assert_eq!(rates["disk_gbps"], 4.0, "{rates}");
+    assert_eq!(rates["disk_sequential_gbps"], 3.0, "{rates}");
+    assert_eq!(rates["disk_from_runs"], true);
+    assert_eq!(rates["disk_sequential_from_runs"], true);
+    // The fixture's disk reads 1.25 GB/s: 3.2× faster reads, a faster decode.
+    let speed = |p: &Value| p["predicted_tokens_per_second"].as_f64().unwrap();
+    assert!(
+        speed(&streamed) > 1.5 * speed(&never_streamed),
+        "{} against {}",
+        speed(&streamed),
+        speed(&never_streamed)
+    );
+
+    // Planning for another machine: its profile's disk, whatever ran here.
+    let elsewhere = plan(&h200());
+    assert_eq!(
+        elsewhere["rates_gbps"]["disk_gbps"],
+        never_streamed["rates_gbps"]["disk_gbps"]
+    );
+    assert_eq!(elsewhere["rates_gbps"]["disk_from_runs"], false);
+}

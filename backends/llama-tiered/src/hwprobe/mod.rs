@@ -320,7 +320,7 @@ pub fn default_read_queue_depth() -> u32 {
         .unwrap_or(DEFAULT_READ_QUEUE_DEPTH)
 }
 
-/// This machine's sizes (threads, RAM from `/proc/meminfo`, the GPUs ggml
+/// This machine's name, CPU model and sizes (threads, RAM from `/proc/meminfo`, the GPUs ggml
 /// sees) at conservative assumed speeds, in a few milliseconds: what the
 /// planner uses until a measured profile exists
 /// ([`HardwareProfile::estimated`]).
@@ -334,7 +334,26 @@ pub fn estimated() -> HardwareProfile {
         .into_iter()
         .map(|d| GpuProfile::estimated(d.name, d.description, d.total_bytes, d.free_bytes))
         .collect();
-    HardwareProfile::estimated(read_hostname(), threads, ram_total, ram_available, gpus)
+    let mut profile =
+        HardwareProfile::estimated(read_hostname(), threads, ram_total, ram_available, gpus);
+    profile.cpu.model = read_cpu_model();
+    profile
+}
+
+/// Whether `profile` was measured on this machine: the same host name, CPU
+/// model, logical CPUs and RAM. What the streamer measured here (its read
+/// rates) then applies to a plan made with it; a profile of another machine
+/// (`--profile`, planning for the GPU machine on a laptop) gets none of it.
+pub fn describes_this_machine(profile: &HardwareProfile) -> bool {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let ram_total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| parse_meminfo(&text))
+        .map_or(0, |(total, _)| total);
+    profile.host == read_hostname()
+        && profile.cpu.model == read_cpu_model()
+        && profile.cpu.threads == threads
+        && profile.ram.total_bytes == ram_total
 }
 
 /// Measures this machine now; `disk_path` must be an existing directory.

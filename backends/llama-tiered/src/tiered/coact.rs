@@ -108,6 +108,19 @@ pub fn stats_path(
     data_offset: u64,
     cache_dir: Option<&Path>,
 ) -> std::io::Result<PathBuf> {
+    model_stats_path("coactivation", model, data_offset, cache_dir)
+}
+
+/// Where a model's statistics of `kind` are kept: `kind/KEY.json` under
+/// `cache_dir`, else the default cache directory, KEY a hash of the file's
+/// header and size (so a file moved or linked keeps its statistics, and a
+/// changed one starts afresh).
+pub fn model_stats_path(
+    kind: &str,
+    model: &Path,
+    data_offset: u64,
+    cache_dir: Option<&Path>,
+) -> std::io::Result<PathBuf> {
     let dir = match cache_dir {
         Some(dir) => dir.to_path_buf(),
         None => default_cache_dir()?,
@@ -125,7 +138,7 @@ pub fn stats_path(
         .take(16)
         .map(|b| format!("{b:02x}"))
         .collect();
-    Ok(dir.join("coactivation").join(format!("{key}.json")))
+    Ok(dir.join(kind).join(format!("{key}.json")))
 }
 
 fn default_cache_dir() -> std::io::Result<PathBuf> {

@@ -4,6 +4,7 @@
 //! - [`placement`]: tier per tensor and the mode it implies.
 //! - [`streamer`]: the residency cache, reads and statistics.
 //! - [`coact`]: expert co-activation statistics, persisted per model file.
+//! - [`reads`]: the rate the streamer read each model's file at, persisted per model file.
 //! - [`footprint`]: what a streamed model costs in memory, from its header.
 //! - [`host`]: a plan that charges everything a load holds in host RAM.
 //! - [`routing`]: records the experts a MoE's routers chose (bench, tests).
@@ -13,6 +14,7 @@ pub mod gpu;
 pub mod host;
 pub mod pinning;
 pub mod placement;
+pub mod reads;
 pub mod routing;
 pub mod streamer;
 
@@ -302,6 +304,10 @@ impl TieredModel {
                 Ok(stats) => streamer.persist_coactivation(stats),
                 Err(e) => tracing::warn!("co-activation statistics will not persist: {e}"),
             }
+        }
+        match reads::path(path, gguf.data_offset(), params.cache_dir.as_deref()) {
+            Ok(at) => streamer.persist_reads(at),
+            Err(e) => tracing::warn!("the stream's read rates will not persist: {e}"),
         }
         if let Some(plan) = &params.plan {
             streamer.set_initial_prefetch_depth(plan.prefetch_depth_layers);

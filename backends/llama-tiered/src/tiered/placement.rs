@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use hypura_scheduler::plan::{self, ModelFacts, Plan, PlanRequest, PlanSettings, PlanTensor};
 use hypura_scheduler::popularity::ExpertPopularity;
 use hypura_scheduler::profile::HardwareProfile;
+use hypura_scheduler::reads::MeasuredReads;
 use serde::Serialize;
 
 // The planner owns these; re-exported so engine code keeps its paths.
@@ -134,14 +135,27 @@ pub fn plan_file(
     let (tensors, facts) =
         plan_inputs(file).map_err(|e| invalid(format!("{}: {e}", file.path().display())))?;
     let popularity = measured_popularity(file, &facts);
+    let reads = measured_reads(file, profile);
     let request = PlanRequest {
         tensors: &tensors,
         facts,
         profile,
         settings,
         popularity: popularity.as_ref(),
+        reads: reads.as_ref(),
     };
     Ok(plan::plan(&request)?)
+}
+
+/// The rates the model's streamer read its file at on this machine, as it
+/// saved them in the default cache directory ([`super::reads`]); `None`
+/// for a model never streamed here, or a plan for another machine's
+/// profile.
+fn measured_reads(file: &GgufFile, profile: &HardwareProfile) -> Option<MeasuredReads> {
+    if !crate::hwprobe::describes_this_machine(profile) {
+        return None;
+    }
+    super::reads::load(&super::reads::path(file.path(), file.data_offset(), None).ok()?)
 }
 
 /// The expert popularity an MoE's earlier runs measured: the co-activation

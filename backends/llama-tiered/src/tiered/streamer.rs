@@ -36,6 +36,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::ThreadId;
 use std::time::Instant;
 
+use hypura_scheduler::reads::{MeasuredReads, ReadTotals};
 use serde::Serialize;
 
 use super::coact::Coactivation;
@@ -217,6 +218,23 @@ enum Residency {
 }
 
 impl StreamStats {
+    /// The reads as the planner prices them ([`hypura_scheduler::reads`]):
+    /// the prompt passes' and the rest (decodes, and a dense model's every
+    /// read).
+    pub fn measured_reads(&self) -> MeasuredReads {
+        let prompt = &self.prompt_stream;
+        MeasuredReads {
+            decode: ReadTotals {
+                bytes: self.nvme_bytes_read.saturating_sub(prompt.nvme_bytes_read) as f64,
+                seconds: (self.read_seconds - prompt.read_seconds).max(0.0),
+            },
+            prompt: ReadTotals {
+                bytes: prompt.nvme_bytes_read as f64,
+                seconds: prompt.read_seconds,
+            },
+        }
+    }
+
     /// What happened between `earlier` and this snapshot (e.g. one token:
     /// take a snapshot after each decode). Gauges (cache bytes, peak, budget)
     /// keep this snapshot's value; rates are recomputed for the interval.
@@ -282,6 +300,8 @@ struct State {
     coact: Coactivation,
     /// Where `coact` is loaded from and saved to (on drop).
     coact_path: Option<PathBuf>,
+    /// Where the reads' totals go when the streamer is dropped.
+    reads_path: Option<PathBuf>,
     /// The previous request's layer and units (for co-activation counts).
     last_request: Option<(u32, Vec<u32>)>,
     /// Moving averages: seconds to read one unit, seconds between requests.
@@ -491,6 +511,7 @@ impl Streamer {
                 stream_layers: per_layer.len() as u32,
                 coact,
                 coact_path: None,
+                reads_path: None,
                 last_request: None,
                 read_seconds_per_unit: 0.0,
                 compute_seconds_per_layer: 0.0,
@@ -678,6 +699,12 @@ impl Streamer {
             state.coact = saved;
         }
         state.coact_path = Some(path);
+    }
+
+    /// Adds this streamer's reads to the totals saved at `path` when it is
+    /// dropped ([`super::reads`]).
+    pub fn persist_reads(&self, path: PathBuf) {
+        self.lock().reads_path = Some(path);
     }
 
     /// Co-activation counts gathered so far (including loaded ones).
@@ -1849,6 +1876,14 @@ impl Drop for Streamer {
         let layers: Vec<u32> = state.registered.layers().collect();
         for layer in layers {
             self.unregister_layer(&mut state, layer);
+        }
+        if let Some(path) = &state.reads_path {
+            let run = state.stats.measured_reads();
+            if run.decode.bytes + run.prompt.bytes > 0.0 {
+                if let Err(e) = super::reads::save_run(path, run) {
+                    tracing::warn!("could not save read rates to {}: {e}", path.display());
+                }
+            }
         }
         if let Some(path) = &state.coact_path {
             if state.coact.total() > 0 {

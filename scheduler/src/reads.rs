@@ -1,0 +1,104 @@
+//! How fast a model's streamer read its file on this machine, as measured
+//! while it ran.
+//!
+//! The profile's disk probe and the streamer do not see the same disk. On
+//! the virtual disks of the GPU machines and the development machine, the
+//! streamer inside a decode read faster than any probe outside one: the
+//! H100 machine's decodes and prompt passes 16–54% above the probe run
+//! seconds before (session 29), the development machine's Mixtral decode
+//! 2.5–2.9 GB/s where the profile, fio and the streamer's own reader timed
+//! alone measured 0.8–1.6 at any block size, depth or destination (session
+//! 30; `/proc/diskstats` confirmed the bytes), which put the planner's
+//! decode 50% slow. A streamer therefore saves what it measured (`reads/KEY.json`
+//! in the cache directory, beside the co-activation counts), and the
+//! planner prices a model that has streamed by its own reads; a model never
+//! streamed here is priced by the profile.
+use serde::{Deserialize, Serialize};
+
+/// Bytes a phase must have read before its rate is trusted: a few
+/// thousand of the streamer's 1 MiB reads, seconds of reading.
+pub const MIN_MEASURED_READ_BYTES: f64 = 1e9;
+
+/// The weight of earlier runs' totals against a new run's when they are
+/// combined ([`MeasuredReads::after`]): the disk drifts (a virtual disk by a
+/// third within minutes), so recent runs count most.
+pub const EARLIER_RUNS_WEIGHT: f64 = 0.5;
+
+/// Bytes read and the seconds reading them took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReadTotals {
+    pub bytes: f64,
+    pub seconds: f64,
+}
+
+impl ReadTotals {
+    /// The rate, GB/s, once [`MIN_MEASURED_READ_BYTES`] were read.
+    pub fn gbps(&self) -> Option<f64> {
+        (self.bytes >= MIN_MEASURED_READ_BYTES && self.seconds > 0.0)
+            .then(|| self.bytes / self.seconds / 1e9)
+    }
+
+    fn after(self, run: ReadTotals) -> ReadTotals {
+        ReadTotals {
+            bytes: self.bytes * EARLIER_RUNS_WEIGHT + run.bytes,
+            seconds: self.seconds * EARLIER_RUNS_WEIGHT + run.seconds,
+        }
+    }
+}
+
+/// A model's streamed reads on this machine, by phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredReads {
+    /// A decode's reads: each token's misses, and what prefetch read for it.
+    pub decode: ReadTotals,
+    /// Prompt passes' reads: whole layers in file order, read ahead.
+    pub prompt: ReadTotals,
+}
+
+impl MeasuredReads {
+    /// These totals (earlier runs') combined with one more run's, the
+    /// earlier weighed by [`EARLIER_RUNS_WEIGHT`].
+    pub fn after(self, run: MeasuredReads) -> MeasuredReads {
+        MeasuredReads {
+            decode: self.decode.after(run.decode),
+            prompt: self.prompt.after(run.prompt),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn totals(gb: f64, seconds: f64) -> ReadTotals {
+        ReadTotals {
+            bytes: gb * 1e9,
+            seconds,
+        }
+    }
+
+    #[test]
+    fn a_rate_is_trusted_from_a_gigabyte_read() {
+        assert_eq!(totals(0.9, 0.3).gbps(), None);
+        assert_eq!(totals(3.0, 1.5).gbps(), Some(2.0));
+        assert_eq!(totals(3.0, 0.0).gbps(), None);
+    }
+
+    #[test]
+    fn a_new_run_outweighs_the_earlier_ones() {
+        let earlier = MeasuredReads {
+            decode: totals(8.0, 8.0),
+            prompt: totals(2.0, 1.0),
+        };
+        let run = MeasuredReads {
+            decode: totals(4.0, 1.0),
+            prompt: ReadTotals::default(),
+        };
+        let both = earlier.after(run);
+        // (4 + 4) GB in (4 + 1) s: the new run's 4 GB/s pulls the earlier 1 to 1.6.
+        assert_eq!(both.decode, totals(8.0, 5.0));
+        assert_eq!(both.decode.gbps(), Some(1.6));
+        // A phase the run did not read keeps the earlier rate.
+        assert_eq!(both.prompt.gbps(), Some(2.0));
+    }
+}
