@@ -8,7 +8,8 @@
 //!   stream cache) ÷ `min(cpu.q4k_matvec_gbps, ram.read_gbps)`;
 //! - `nvme_seconds` = bytes read from the model file ÷ the disk rate ([`disk_gbps`],
 //!   or the rate the model's streamer measured here: [`Rates::with_measured_reads`])
-//!   + layers with a unit read × [`MISS_SECONDS`];
+//!   + layers with a unit read × [`MISS_SECONDS`] (or, measured, a layer
+//!   request's wait beyond its reads);
 //! - `pcie_seconds` = hand-overs between GPU and CPU × ([`CROSSING_SECONDS`] +
 //!   activation bytes ÷ the pinned host→device rate);
 //! - `overhead_seconds` = [`TOKEN_OVERHEAD_SECONDS`] + layers × [`LAYER_OVERHEAD_SECONDS`]
@@ -179,6 +180,11 @@ pub struct Rates {
     /// `disk_sequential_gbps` is the rate this model's prompt passes read at here.
     #[serde(default)]
     pub disk_sequential_from_runs: bool,
+    /// Fixed seconds of each layer whose units are read in a decode:
+    /// [`MISS_SECONDS`], or what the model's decodes waited here a layer
+    /// request beyond their reads ([`Rates::with_measured_reads`]).
+    #[serde(default)]
+    pub miss_seconds: f64,
 }
 
 impl Rates {
@@ -196,6 +202,7 @@ impl Rates {
             cpu_prompt_gflops: profile.cpu.q4k_prompt_gflops,
             disk_from_runs: false,
             disk_sequential_from_runs: false,
+            miss_seconds: MISS_SECONDS,
         }
     }
 
@@ -210,6 +217,13 @@ impl Rates {
         if let Some(gbps) = reads.decode.gbps() {
             self.disk_gbps = gbps;
             self.disk_from_runs = true;
+        }
+        // The measured read seconds hold the first request's latency that
+        // MISS_SECONDS stands for; what the waits held beyond the reads is
+        // a request's own cost (0.23–0.28 ms on the H100 machine's Qwen3
+        // shape, 0.51–0.66 on its Mixtral shape, where MISS_SECONDS says 1).
+        if let Some(request) = reads.decode.request_seconds() {
+            self.miss_seconds = request;
         }
         if let Some(gbps) = reads.prompt.gbps() {
             self.disk_sequential_gbps = gbps;
@@ -297,7 +311,7 @@ pub fn predict(traffic: &TokenTraffic, rates: &Rates, overlap: Overlap) -> Predi
     } else {
         traffic.misses
     };
-    let nvme_seconds = seconds(traffic.nvme_bytes, rates.disk_gbps) + batches * MISS_SECONDS;
+    let nvme_seconds = seconds(traffic.nvme_bytes, rates.disk_gbps) + batches * rates.miss_seconds;
     let crossings = f64::from(traffic.crossings);
     let pcie_seconds = crossings
         * (CROSSING_SECONDS + seconds(traffic.crossing_bytes as f64, rates.pcie_gbps.max(1e-9)));
@@ -577,6 +591,7 @@ mod tests {
             cpu_prompt_gflops: 0.0,
             disk_from_runs: false,
             disk_sequential_from_runs: false,
+            miss_seconds: MISS_SECONDS,
         }
     }
 
@@ -587,15 +602,19 @@ mod tests {
             decode: ReadTotals {
                 bytes: 5e9,
                 seconds: 2.0,
+                layer_requests: 1000.0,
+                stall_seconds: 2.25,
             },
             // Too little to trust: the probe's sequential rate stays.
             prompt: ReadTotals {
                 bytes: 5e8,
                 seconds: 0.1,
+                ..Default::default()
             },
         };
         let r = rates().with_measured_reads(Some(&decoded));
         assert_eq!((r.disk_gbps, r.disk_from_runs), (2.5, true));
+        assert!((r.miss_seconds - 0.25e-3).abs() < 1e-15, "{r:?}");
         assert_eq!(
             (r.disk_sequential_gbps, r.disk_sequential_from_runs),
             (2.0, false)
@@ -604,10 +623,14 @@ mod tests {
         // The decode's reads then take the measured time.
         let t = TokenTraffic {
             nvme_bytes: 1e9,
+            misses: 10.0,
             ..Default::default()
         };
         let p = predict(&t, &r, Overlap::OnDemand);
-        assert!((p.nvme_seconds - 0.4).abs() < 1e-12, "{p:?}");
+        assert!(
+            (p.nvme_seconds - (0.4 + 10.0 * 0.25e-3)).abs() < 1e-12,
+            "{p:?}"
+        );
     }
 
     #[test]

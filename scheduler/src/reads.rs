@@ -24,11 +24,16 @@ pub const MIN_MEASURED_READ_BYTES: f64 = 1e9;
 /// third within minutes), so recent runs count most.
 pub const EARLIER_RUNS_WEIGHT: f64 = 0.5;
 
-/// Bytes read and the seconds reading them took.
+/// Bytes read and the seconds reading them took; and the layers that asked
+/// for units, with the seconds they waited for them (reads included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReadTotals {
     pub bytes: f64,
     pub seconds: f64,
+    #[serde(default)]
+    pub layer_requests: f64,
+    #[serde(default)]
+    pub stall_seconds: f64,
 }
 
 impl ReadTotals {
@@ -38,10 +43,22 @@ impl ReadTotals {
             .then(|| self.bytes / self.seconds / 1e9)
     }
 
+    /// A layer request's wait beyond its reads at [`ReadTotals::gbps`]
+    /// (bookkeeping, evictions, a unit another thread is reading), seconds;
+    /// with the rate it makes the measured waits add up. Trusted with the rate.
+    pub fn request_seconds(&self) -> Option<f64> {
+        self.gbps()?;
+        (self.layer_requests > 0.0)
+            .then(|| ((self.stall_seconds - self.seconds) / self.layer_requests).max(0.0))
+    }
+
     fn after(self, run: ReadTotals) -> ReadTotals {
+        let mix = |earlier: f64, new: f64| earlier * EARLIER_RUNS_WEIGHT + new;
         ReadTotals {
-            bytes: self.bytes * EARLIER_RUNS_WEIGHT + run.bytes,
-            seconds: self.seconds * EARLIER_RUNS_WEIGHT + run.seconds,
+            bytes: mix(self.bytes, run.bytes),
+            seconds: mix(self.seconds, run.seconds),
+            layer_requests: mix(self.layer_requests, run.layer_requests),
+            stall_seconds: mix(self.stall_seconds, run.stall_seconds),
         }
     }
 }
@@ -74,7 +91,35 @@ mod tests {
         ReadTotals {
             bytes: gb * 1e9,
             seconds,
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_requests_wait_beyond_its_reads_makes_the_waits_add_up() {
+        let decode = ReadTotals {
+            layer_requests: 400.0,
+            stall_seconds: 2.2,
+            ..totals(4.0, 2.0)
+        };
+        // 2.2 s of waits: 2 s of reads at 2 GB/s, and 0.5 ms a request.
+        assert!((decode.request_seconds().unwrap() - 0.5e-3).abs() < 1e-12);
+        // Reads overlapped by a prefetch can outlast the waits: never below 0.
+        let overlapped = ReadTotals {
+            stall_seconds: 1.5,
+            ..decode
+        };
+        assert_eq!(overlapped.request_seconds(), Some(0.0));
+        // Untrusted with its rate, or without requests.
+        assert_eq!(
+            ReadTotals {
+                bytes: 1e8,
+                ..decode
+            }
+            .request_seconds(),
+            None
+        );
+        assert_eq!(totals(4.0, 2.0).request_seconds(), None);
     }
 
     #[test]

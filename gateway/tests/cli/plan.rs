@@ -729,10 +729,15 @@ fn a_model_streamed_here_is_priced_by_its_measured_reads() {
         decode: ReadTotals {
             bytes: 12e9,
             seconds: 3.0,
+            // 0.1 ms a request beyond the reads: the planner's fixed cost
+            // of a layer that misses, in place of MISS_SECONDS.
+            layer_requests: 10_000.0,
+            stall_seconds: 4.0,
         },
         prompt: ReadTotals {
             bytes: 6e9,
             seconds: 2.0,
+            ..Default::default()
         },
     };
     reads::save_run(&reads::path(&model, offset, Some(&cache)).unwrap(), run).unwrap();
@@ -742,6 +747,8 @@ fn a_model_streamed_here_is_priced_by_its_measured_reads() {
     assert_eq!(rates["disk_sequential_gbps"], 3.0, "{rates}");
     assert_eq!(rates["disk_from_runs"], true);
     assert_eq!(rates["disk_sequential_from_runs"], true);
+    let miss = rates["miss_seconds"].as_f64().unwrap();
+    assert!((miss - 1e-4).abs() < 1e-12, "{rates}");
     // The fixture's disk reads 1.25 GB/s: 3.2× faster reads, a faster decode.
     let speed = |p: &Value| p["predicted_tokens_per_second"].as_f64().unwrap();
     assert!(

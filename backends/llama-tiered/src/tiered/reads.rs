@@ -47,6 +47,8 @@ mod tests {
             decode: ReadTotals {
                 bytes: 2e9,
                 seconds: 1.0,
+                layer_requests: 100.0,
+                stall_seconds: 1.25,
             },
             prompt: ReadTotals::default(),
         };

@@ -132,6 +132,9 @@ pub struct StreamStats {
     /// router ran, so no expert lookup was made (nor counted above) and no
     /// sync was needed.
     pub resident_layer_skips: u64,
+    /// Layers that asked the streamer for their units (each waited in
+    /// `io_stall_seconds`), decodes' and prompt passes'.
+    pub layer_requests: u64,
     /// Stream cache bytes registered with the GPU's driver now (see
     /// [`super::pinning`]), layers registered so far, and the seconds their
     /// registrations took (on a thread of their own).
@@ -227,10 +230,14 @@ impl StreamStats {
             decode: ReadTotals {
                 bytes: self.nvme_bytes_read.saturating_sub(prompt.nvme_bytes_read) as f64,
                 seconds: (self.read_seconds - prompt.read_seconds).max(0.0),
+                layer_requests: self.layer_requests.saturating_sub(prompt.layer_requests) as f64,
+                stall_seconds: (self.io_stall_seconds - prompt.io_stall_seconds).max(0.0),
             },
             prompt: ReadTotals {
                 bytes: prompt.nvme_bytes_read as f64,
                 seconds: prompt.read_seconds,
+                layer_requests: prompt.layer_requests as f64,
+                stall_seconds: prompt.io_stall_seconds,
             },
         }
     }
@@ -262,6 +269,7 @@ impl StreamStats {
             resident_layer_skips: self
                 .resident_layer_skips
                 .saturating_sub(earlier.resident_layer_skips),
+            layer_requests: self.layer_requests.saturating_sub(earlier.layer_requests),
             registered_bytes: self.registered_bytes,
             registrations: self.registrations.saturating_sub(earlier.registrations),
             register_seconds: (self.register_seconds - earlier.register_seconds).max(0.0),
@@ -889,6 +897,7 @@ impl Streamer {
             state.stats.prompt_stream.layer_requests += 1;
         }
         state.clock += 1;
+        state.stats.layer_requests += 1;
         state.current_layer = layer;
         let clock = state.clock;
         let keys: Vec<UnitKey> = experts
