@@ -8,7 +8,7 @@
 //!   stream cache) ÷ `min(cpu.q4k_matvec_gbps, ram.read_gbps)`;
 //! - `nvme_seconds` = bytes read from the model file ÷ the disk rate ([`disk_gbps`],
 //!   or the rate the model's streamer measured here: [`Rates::with_measured_reads`])
-//!   + layers with a unit read × [`MISS_SECONDS`] (or, measured, a layer
+//!   plus layers with a unit read × [`MISS_SECONDS`] (or, measured, a layer
 //!   request's wait beyond its reads);
 //! - `pcie_seconds` = hand-overs between GPU and CPU × ([`CROSSING_SECONDS`] +
 //!   activation bytes ÷ the pinned host→device rate);
