@@ -11,8 +11,9 @@
 //! 30; `/proc/diskstats` confirmed the bytes), which put the planner's
 //! decode 50% slow. A streamer therefore saves what it measured (`reads/KEY.json`
 //! in the cache directory, beside the co-activation counts), and the
-//! planner prices a model that has streamed by its own reads; a model never
-//! streamed here is priced by the profile.
+//! planner prices a model that has streamed by its own reads (the rate, and
+//! a layer request's wait beyond it); a model never streamed here is priced
+//! by the profile.
 use serde::{Deserialize, Serialize};
 
 /// Bytes a phase must have read before its rate is trusted: a few
