@@ -613,6 +613,37 @@ fn served_plans_price_the_servers_placement_and_prompt_pass() {
     );
 }
 
+/// `inspect MODEL --plan --json` of the Mixtral shape at 8 GiB GPU + 12 GiB
+/// RAM on `profile`, with `cache` as the cache directory (where the
+/// streamer's saved statistics are found): a plan that streams experts.
+fn streamed_mixtral_plan(cache: &Path, model: &Path, profile: &Path) -> Value {
+    let out = hypura_in(
+        cache,
+        &[
+            "inspect",
+            model.to_str().unwrap(),
+            "--plan",
+            "--json",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--gpu-budget",
+            "8GiB",
+            "--ram-budget",
+            "12GiB",
+            "--context",
+            "2048",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["mode"], "expert-streaming", "{plan}");
+    plan
+}
+
 /// A model that has run is priced by the routing its streamer measured (the
 /// co-activation counts saved in the cache directory): skewed counts raise
 /// the decode's predicted hit rate over the never-run model's, uniform ones
@@ -625,32 +656,8 @@ fn a_model_that_ran_is_priced_by_its_measured_routing() {
     let cache = scratch().join("popularity-cache");
     let offset = hypura_gguf::GgufFile::open(&model).unwrap().data_offset();
     let counts_at = stats_path(&model, offset, Some(&cache)).unwrap();
-    let (model_arg, profile) = (model.to_str().unwrap(), h200());
     let hit = || {
-        let out = hypura_in(
-            &cache,
-            &[
-                "inspect",
-                model_arg,
-                "--plan",
-                "--json",
-                "--profile",
-                profile.to_str().unwrap(),
-                "--gpu-budget",
-                "8GiB",
-                "--ram-budget",
-                "12GiB",
-                "--context",
-                "2048",
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(plan["mode"], "expert-streaming", "{plan}");
+        let plan = streamed_mixtral_plan(&cache, &model, &h200());
         plan["expected_hit_rate"].as_f64().unwrap()
     };
     let never_run = hit();
@@ -695,33 +702,8 @@ fn a_model_streamed_here_is_priced_by_its_measured_reads() {
     profile["ram"]["total_bytes"] = here.ram.total_bytes.into();
     let this_machine = scratch().join("h200-here.json");
     std::fs::write(&this_machine, profile.to_string()).unwrap();
-    let plan = |profile: &Path| -> Value {
-        let out = hypura_in(
-            &cache,
-            &[
-                "inspect",
-                model.to_str().unwrap(),
-                "--plan",
-                "--json",
-                "--profile",
-                profile.to_str().unwrap(),
-                "--gpu-budget",
-                "8GiB",
-                "--ram-budget",
-                "12GiB",
-                "--context",
-                "2048",
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let plan = |profile: &Path| streamed_mixtral_plan(&cache, &model, profile);
     let never_streamed = plan(&this_machine);
-    assert_eq!(never_streamed["mode"], "expert-streaming");
     assert_eq!(never_streamed["rates_gbps"]["disk_from_runs"], false);
 
     let offset = hypura_gguf::GgufFile::open(&model).unwrap().data_offset();
