@@ -325,11 +325,8 @@ pub fn default_read_queue_depth() -> u32 {
 /// planner uses until a measured profile exists
 /// ([`HardwareProfile::estimated`]).
 pub fn estimated() -> HardwareProfile {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    let (ram_total, ram_available) = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| parse_meminfo(&text))
-        .unwrap_or((0, 0));
+    let threads = logical_cpus();
+    let (ram_total, ram_available) = read_meminfo();
     let gpus = crate::llama::gpu_devices()
         .into_iter()
         .map(|d| GpuProfile::estimated(d.name, d.description, d.total_bytes, d.free_bytes))
@@ -345,15 +342,24 @@ pub fn estimated() -> HardwareProfile {
 /// rates) then applies to a plan made with it; a profile of another machine
 /// (`--profile`, planning for the GPU machine on a laptop) gets none of it.
 pub fn describes_this_machine(profile: &HardwareProfile) -> bool {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    let ram_total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| parse_meminfo(&text))
-        .map_or(0, |(total, _)| total);
     profile.host == read_hostname()
         && profile.cpu.model == read_cpu_model()
-        && profile.cpu.threads == threads
-        && profile.ram.total_bytes == ram_total
+        && profile.cpu.threads == logical_cpus()
+        && profile.ram.total_bytes == read_meminfo().0
+}
+
+/// Logical CPUs this process may run on.
+fn logical_cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as u32
+}
+
+/// `(MemTotal, MemAvailable)` of this machine, bytes (zeros where
+/// `/proc/meminfo` says nothing).
+fn read_meminfo() -> (u64, u64) {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| parse_meminfo(&text))
+        .unwrap_or((0, 0))
 }
 
 /// Measures this machine now; `disk_path` must be an existing directory.
@@ -362,7 +368,7 @@ pub fn measure(disk_path: &Path, effort: Effort) -> Result<HardwareProfile, Prof
     let disk_path = resolve_dir(disk_path)?;
     // First, before anything else grows this process.
     let host_overhead = host::measure_overhead()?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let threads = logical_cpus();
     let matvec = MatvecSpec {
         min_weight_bytes: amounts.matvec_weight_bytes,
         runs: amounts.matvec_runs,

@@ -88,16 +88,22 @@ impl Coactivation {
 
     /// Writes atomically (temp file + rename).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(self).map_err(std::io::Error::other)?,
-        )?;
-        std::fs::rename(tmp, path)
+        save_json(path, self)
     }
+}
+
+/// Writes `value` as JSON to `path` atomically (a temp file beside it,
+/// renamed over it), creating its folder: a model's statistics files.
+pub fn save_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(value).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(tmp, path)
 }
 
 /// Where the statistics of the model file `model` (whose header is

@@ -21,16 +21,7 @@ pub fn load(path: &Path) -> Option<MeasuredReads> {
 /// Adds one run's reads to the saved totals ([`MeasuredReads::after`]) and
 /// writes them atomically (temp file + rename).
 pub fn save_run(path: &Path, run: MeasuredReads) -> std::io::Result<()> {
-    let totals = load(path).unwrap_or_default().after(run);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec(&totals).map_err(std::io::Error::other)?,
-    )?;
-    std::fs::rename(tmp, path)
+    super::coact::save_json(path, &load(path).unwrap_or_default().after(run))
 }
 
 #[cfg(test)]
