@@ -177,9 +177,17 @@ pub struct Rates {
     /// ([`Rates::with_measured_reads`]), not the profile's.
     #[serde(default)]
     pub disk_from_runs: bool,
-    /// `disk_sequential_gbps` is the rate this model's prompt passes read at here.
+    /// `disk_sequential_gbps` is the rate this model's prompt passes read at
+    /// here while its stream cache filled.
     #[serde(default)]
     pub disk_sequential_from_runs: bool,
+    /// The disk rate of a prompt pass's reads once the cache is full (into
+    /// the pages of the units it evicts): the decode's rate, or what this
+    /// model's passes read at here ([`Rates::with_measured_reads`]).
+    #[serde(default)]
+    pub disk_pass_gbps: f64,
+    #[serde(default)]
+    pub disk_pass_from_runs: bool,
     /// Fixed seconds of each layer whose units are read in a decode:
     /// [`MISS_SECONDS`], or what the model's decodes waited here a layer
     /// request beyond their reads ([`Rates::with_measured_reads`]).
@@ -192,24 +200,29 @@ impl Rates {
     pub fn from_profile(profile: &HardwareProfile) -> Rates {
         let gpu = profile.gpus.first();
         let cpu = profile.cpu.q4k_matvec_gbps.min(profile.ram.read_gbps);
+        let disk = disk_gbps(&profile.disk);
         Rates {
             gpu_gbps: gpu.map_or(0.0, |g| g.q4k_matvec_gbps),
             cpu_gbps: cpu,
-            disk_gbps: disk_gbps(&profile.disk),
+            disk_gbps: disk,
             disk_sequential_gbps: streaming_reads(&profile.disk, u64::MAX).fold(0.0, f64::max),
             pcie_gbps: gpu.map_or(0.0, |g| g.host_to_device_pinned_gbps),
             pageable_gbps: gpu.map_or(0.0, |g| g.host_to_device_pageable_gbps),
             cpu_prompt_gflops: profile.cpu.q4k_prompt_gflops,
             disk_from_runs: false,
             disk_sequential_from_runs: false,
+            disk_pass_gbps: disk,
+            disk_pass_from_runs: false,
             miss_seconds: MISS_SECONDS,
         }
     }
 
     /// These rates with the disk's taken from what the model's streamer
     /// measured on this machine, phase by phase, where it read enough
-    /// ([`crate::reads`]): decode reads price the decode and warm prompt
-    /// passes, prompt passes' reads a cold pass.
+    /// ([`crate::reads`]): decode reads price the decode, prompt passes'
+    /// reads into a full cache the passes' reads into a full cache (the
+    /// decode's rate where they read too little), and their reads into a
+    /// filling cache a cold pass's.
     pub fn with_measured_reads(mut self, reads: Option<&MeasuredReads>) -> Rates {
         let Some(reads) = reads else {
             return self;
@@ -217,6 +230,7 @@ impl Rates {
         if let Some(gbps) = reads.decode.gbps() {
             self.disk_gbps = gbps;
             self.disk_from_runs = true;
+            self.disk_pass_gbps = gbps;
         }
         // The measured read seconds hold the first request's latency that
         // MISS_SECONDS stands for; what the waits held beyond the reads is
@@ -226,6 +240,10 @@ impl Rates {
             self.miss_seconds = request;
         }
         if let Some(gbps) = reads.prompt.gbps() {
+            self.disk_pass_gbps = gbps;
+            self.disk_pass_from_runs = true;
+        }
+        if let Some(gbps) = reads.cold_prompt.gbps() {
             self.disk_sequential_gbps = gbps;
             self.disk_sequential_from_runs = true;
         }
@@ -524,21 +542,29 @@ pub fn predict_prompt(
             tokens - pass * (passes - 1)
         };
         // A cold pass reads every expert of every layer, each layer one
-        // sequential run; a warm one the experts the cache lacks, scattered.
-        let (lacking, gbps) = if cold && i == 0 {
+        // sequential run, into fresh pages until the cache is full and into
+        // evicted units' after; a warm one the experts the cache lacks.
+        let pass_gbps = if rates.disk_pass_gbps > 0.0 {
+            rates.disk_pass_gbps
+        } else {
+            rates.disk_gbps
+        };
+        let read_seconds_all = if cold && i == 0 {
             let sequential = rates.disk_sequential_gbps;
-            let gbps = if sequential > 0.0 {
+            let fill_gbps = if sequential > 0.0 {
                 sequential
             } else {
                 rates.disk_gbps
             };
-            (traffic.stream_bytes, gbps)
+            let fill = traffic.stream_bytes.min(traffic.stream_cache_bytes);
+            seconds(fill as f64, fill_gbps)
+                + seconds((traffic.stream_bytes - fill) as f64, pass_gbps)
         } else {
-            (pass_read_bytes(traffic), rates.disk_gbps)
+            seconds(pass_read_bytes(traffic) as f64, pass_gbps)
         };
         // A pass reads the lacking units its tokens chose.
         let share = pass_unit_share(traffic.unit_choice_share, n);
-        let read = seconds(lacking as f64 * share, gbps);
+        let read = read_seconds_all * share;
         // Below llama.cpp's offload threshold a pass computes host weights
         // where they lie, token by token, as a decode does.
         let batched = n >= PROMPT_BATCH_TOKENS;
@@ -591,6 +617,8 @@ mod tests {
             cpu_prompt_gflops: 0.0,
             disk_from_runs: false,
             disk_sequential_from_runs: false,
+            disk_pass_gbps: 1.0,
+            disk_pass_from_runs: false,
             miss_seconds: MISS_SECONDS,
         }
     }
@@ -605,8 +633,14 @@ mod tests {
                 layer_requests: 1000.0,
                 stall_seconds: 2.25,
             },
-            // Too little to trust: the probe's sequential rate stays.
+            // Too little to trust: a pass into a full cache reads at the
+            // decode's rate, a filling one at the probe's sequential rate.
             prompt: ReadTotals {
+                bytes: 5e8,
+                seconds: 0.1,
+                ..Default::default()
+            },
+            cold_prompt: ReadTotals {
                 bytes: 5e8,
                 seconds: 0.1,
                 ..Default::default()
@@ -614,11 +648,34 @@ mod tests {
         };
         let r = rates().with_measured_reads(Some(&decoded));
         assert_eq!((r.disk_gbps, r.disk_from_runs), (2.5, true));
+        assert_eq!((r.disk_pass_gbps, r.disk_pass_from_runs), (2.5, false));
         assert!((r.miss_seconds - 0.25e-3).abs() < 1e-15, "{r:?}");
         assert_eq!(
             (r.disk_sequential_gbps, r.disk_sequential_from_runs),
             (2.0, false)
         );
+        // Passes that read enough are priced by their own rates, each phase
+        // by its own: into a full cache, and into a filling one.
+        let passed = MeasuredReads {
+            prompt: ReadTotals {
+                bytes: 6e9,
+                seconds: 2.0,
+                ..Default::default()
+            },
+            cold_prompt: ReadTotals {
+                bytes: 3e9,
+                seconds: 2.0,
+                ..Default::default()
+            },
+            ..decoded
+        };
+        let p = rates().with_measured_reads(Some(&passed));
+        assert_eq!((p.disk_gbps, p.disk_pass_gbps), (2.5, 3.0));
+        assert_eq!(
+            (p.disk_sequential_gbps, p.disk_sequential_from_runs),
+            (1.5, true)
+        );
+        assert!(p.disk_pass_from_runs);
         assert_eq!(rates().with_measured_reads(None), rates());
         // The decode's reads then take the measured time.
         let t = TokenTraffic {
@@ -814,10 +871,20 @@ mod tests {
         assert!((whole.read_seconds - read).abs() < 1e-9);
         assert!((whole.compute_seconds - 4.0 * one.compute_seconds).abs() < 1e-9);
         assert!(whole.seconds < four.seconds / 2.0);
-        // A cold cache lacks every streamed byte in its first pass only,
-        // read at the sequential rate.
+        // A cold cache lacks every streamed byte in its first pass only:
+        // the 12 GB that fill the cache at the sequential rate, the other 6
+        // at the pass rate.
         let cold = predict_prompt(&t, &r, 1024, 512, true);
-        assert!((cold.read_seconds - (18.0 / 2.0 + read)).abs() < 1e-9);
+        assert!((cold.read_seconds - (12.0 / 2.0 + 6.0 / 1.0 + read)).abs() < 1e-9);
+        // Passes into a full cache read at their own rate where measured.
+        let measured = Rates {
+            disk_pass_gbps: 2.0,
+            ..r
+        };
+        let warm = predict_prompt(&t, &measured, 512, 512, false);
+        assert!((warm.read_seconds - read / 2.0).abs() < 1e-9);
+        let cold = predict_prompt(&t, &measured, 1024, 512, true);
+        assert!((cold.read_seconds - (12.0 / 2.0 + 6.0 / 2.0 + read / 2.0)).abs() < 1e-9);
     }
 
     #[test]

@@ -14,6 +14,12 @@
 //! planner prices a model that has streamed by its own reads (the rate, and
 //! a layer request's wait beyond it); a model never streamed here is priced
 //! by the profile.
+//!
+//! A prompt pass reads at two rates: into fresh pages while the stream
+//! cache fills (a model's first pass), and faster into the pages of the
+//! units it evicts once full (session 31, H100: Qwen3's first passes
+//! 1.70–1.78 GB/s against 2.34–2.50 for later ones in the same minutes,
+//! Mixtral's 1.44–1.79 against 1.84–2.20). Each is saved and priced apart.
 use serde::{Deserialize, Serialize};
 
 /// Bytes a phase must have read before its rate is trusted: a few
@@ -69,8 +75,12 @@ impl ReadTotals {
 pub struct MeasuredReads {
     /// A decode's reads: each token's misses, and what prefetch read for it.
     pub decode: ReadTotals,
-    /// Prompt passes' reads: whole layers in file order, read ahead.
+    /// Prompt passes' reads once the stream cache has filled (into the
+    /// pages of the units they evict): whole layers in file order, read ahead.
     pub prompt: ReadTotals,
+    /// Prompt passes' reads while the cache fills (into fresh pages).
+    #[serde(default)]
+    pub cold_prompt: ReadTotals,
 }
 
 impl MeasuredReads {
@@ -80,6 +90,7 @@ impl MeasuredReads {
         MeasuredReads {
             decode: self.decode.after(run.decode),
             prompt: self.prompt.after(run.prompt),
+            cold_prompt: self.cold_prompt.after(run.cold_prompt),
         }
     }
 }
@@ -135,10 +146,12 @@ mod tests {
         let earlier = MeasuredReads {
             decode: totals(8.0, 8.0),
             prompt: totals(2.0, 1.0),
+            cold_prompt: totals(3.0, 2.0),
         };
         let run = MeasuredReads {
             decode: totals(4.0, 1.0),
-            prompt: ReadTotals::default(),
+            cold_prompt: totals(1.5, 0.5),
+            ..Default::default()
         };
         let both = earlier.after(run);
         // (4 + 4) GB in (4 + 1) s: the new run's 4 GB/s pulls the earlier 1 to 1.6.
@@ -146,5 +159,16 @@ mod tests {
         assert_eq!(both.decode.gbps(), Some(1.6));
         // A phase the run did not read keeps the earlier rate.
         assert_eq!(both.prompt.gbps(), Some(2.0));
+        // Each phase by its own totals: (1.5 + 1.5) GB in (1 + 0.5) s.
+        assert_eq!(both.cold_prompt.gbps(), Some(2.0));
+    }
+
+    #[test]
+    fn a_file_saved_before_the_cold_phase_reads_as_none_measured() {
+        let old = r#"{"decode":{"bytes":4e9,"seconds":2.0},"prompt":{"bytes":2e9,"seconds":1.0}}"#;
+        let reads: MeasuredReads = serde_json::from_str(old).unwrap();
+        assert_eq!(reads.prompt.gbps(), Some(2.0));
+        assert_eq!(reads.cold_prompt, ReadTotals::default());
+        assert_eq!(reads.cold_prompt.gbps(), None);
     }
 }

@@ -179,6 +179,10 @@ struct PhaseStream {
     resident_layer_skips: u64,
     /// Bytes the streamer's read-ahead of a prompt's next layer read.
     read_ahead_bytes: u64,
+    /// A prompt's reads while the stream cache filled (into fresh pages),
+    /// and their seconds.
+    cold_bytes: u64,
+    cold_read_seconds: f64,
     /// Bytes evicted for a prompt's reads, and of those, from layers the
     /// pass had not reached yet.
     evicted_bytes: u64,
@@ -203,6 +207,8 @@ impl PhaseStream {
         self.recycled_bytes += s.recycled_bytes;
         self.resident_layer_skips += s.resident_layer_skips;
         self.read_ahead_bytes += s.prompt_stream.read_ahead_bytes;
+        self.cold_bytes += s.prompt_stream.cold_bytes_read;
+        self.cold_read_seconds += s.prompt_stream.cold_read_seconds;
         self.evicted_bytes += s.prompt_stream.evicted_bytes;
         self.evicted_ahead_bytes += s.prompt_stream.evicted_ahead_bytes;
         self.registrations += s.registrations;
@@ -466,6 +472,10 @@ impl Run<'_> {
             json!(per_prompt(m.prompt_stream.evicted_bytes as f64));
         report["prompt_stream"]["evicted_ahead_bytes"] =
             json!(per_prompt(m.prompt_stream.evicted_ahead_bytes as f64));
+        report["prompt_stream"]["cold_bytes"] =
+            json!(per_prompt(m.prompt_stream.cold_bytes as f64));
+        report["prompt_stream"]["cold_read_seconds"] =
+            json!(per_prompt(m.prompt_stream.cold_read_seconds));
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
             return Ok(());

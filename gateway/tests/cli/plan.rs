@@ -721,13 +721,20 @@ fn a_model_streamed_here_is_priced_by_its_measured_reads() {
             seconds: 2.0,
             ..Default::default()
         },
+        cold_prompt: ReadTotals {
+            bytes: 5e9,
+            seconds: 2.5,
+            ..Default::default()
+        },
     };
     reads::save_run(&reads::path(&model, offset, Some(&cache)).unwrap(), run).unwrap();
     let streamed = plan(&this_machine);
     let rates = &streamed["rates_gbps"];
     assert_eq!(rates["disk_gbps"], 4.0, "{rates}");
-    assert_eq!(rates["disk_sequential_gbps"], 3.0, "{rates}");
+    assert_eq!(rates["disk_pass_gbps"], 3.0, "{rates}");
+    assert_eq!(rates["disk_sequential_gbps"], 2.0, "{rates}");
     assert_eq!(rates["disk_from_runs"], true);
+    assert_eq!(rates["disk_pass_from_runs"], true);
     assert_eq!(rates["disk_sequential_from_runs"], true);
     let miss = rates["miss_seconds"].as_f64().unwrap();
     assert!((miss - 1e-4).abs() < 1e-12, "{rates}");

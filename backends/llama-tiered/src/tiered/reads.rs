@@ -41,7 +41,7 @@ mod tests {
                 layer_requests: 100.0,
                 stall_seconds: 1.25,
             },
-            prompt: ReadTotals::default(),
+            ..Default::default()
         };
         save_run(&at, run).unwrap();
         assert_eq!(load(&at), Some(run));

@@ -98,6 +98,8 @@ struct Claim {
     claim_seconds: f64,
     /// Bytes of their pages populated ahead of the read (counted arrived).
     populated: Option<u64>,
+    /// Claimed before the cache's first eviction: read into fresh pages.
+    filling: bool,
 }
 
 /// Counters of one model's streaming, cumulative since load.
@@ -160,6 +162,12 @@ pub struct PromptStreamStats {
     pub read_ahead_bytes: u64,
     /// Seconds spent in those reads (request and read-ahead summed).
     pub read_seconds: f64,
+    /// Of those bytes and seconds, the reads made while the cache filled
+    /// (before its first eviction): into fresh pages, which read slower
+    /// than the evicted units' pages later passes reuse (see
+    /// [`hypura_scheduler::reads`]).
+    pub cold_bytes_read: u64,
+    pub cold_read_seconds: f64,
     /// `nvme_bytes_read / read_seconds`, in GB/s.
     pub read_gbps: f64,
     /// Time prompt chunks' decoding threads waited for reads.
@@ -189,6 +197,8 @@ impl PromptStreamStats {
                 .read_ahead_bytes
                 .saturating_sub(earlier.read_ahead_bytes),
             read_seconds,
+            cold_bytes_read: self.cold_bytes_read.saturating_sub(earlier.cold_bytes_read),
+            cold_read_seconds: (self.cold_read_seconds - earlier.cold_read_seconds).max(0.0),
             read_gbps: gbps(nvme_bytes_read, read_seconds),
             io_stall_seconds: (self.io_stall_seconds - earlier.io_stall_seconds).max(0.0),
             expert_hits: self.expert_hits.saturating_sub(earlier.expert_hits),
@@ -222,10 +232,11 @@ enum Residency {
 
 impl StreamStats {
     /// The reads as the planner prices them ([`hypura_scheduler::reads`]):
-    /// the prompt passes' and the rest (decodes, and a dense model's every
-    /// read).
+    /// the prompt passes' into a full cache and into a filling one, and
+    /// the rest (decodes, and a dense model's every read).
     pub fn measured_reads(&self) -> MeasuredReads {
         let prompt = &self.prompt_stream;
+        let cold_seconds = prompt.cold_read_seconds.min(prompt.read_seconds);
         MeasuredReads {
             decode: ReadTotals {
                 bytes: self.nvme_bytes_read.saturating_sub(prompt.nvme_bytes_read) as f64,
@@ -234,10 +245,17 @@ impl StreamStats {
                 stall_seconds: (self.io_stall_seconds - prompt.io_stall_seconds).max(0.0),
             },
             prompt: ReadTotals {
-                bytes: prompt.nvme_bytes_read as f64,
-                seconds: prompt.read_seconds,
+                bytes: prompt
+                    .nvme_bytes_read
+                    .saturating_sub(prompt.cold_bytes_read) as f64,
+                seconds: prompt.read_seconds - cold_seconds,
                 layer_requests: prompt.layer_requests as f64,
                 stall_seconds: prompt.io_stall_seconds,
+            },
+            cold_prompt: ReadTotals {
+                bytes: prompt.cold_bytes_read as f64,
+                seconds: cold_seconds,
+                ..Default::default()
             },
         }
     }
@@ -979,6 +997,7 @@ impl Streamer {
             }
             state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+        let filling = state.stats.evictions == 0;
         state.cache_bytes += needed;
         state.loading_bytes += needed;
         state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
@@ -1026,6 +1045,9 @@ impl Streamer {
             if prompt {
                 state.stats.prompt_stream.read_seconds += read_seconds;
             }
+            if prompt && filling {
+                state.stats.prompt_stream.cold_read_seconds += read_seconds;
+            }
             let per_unit = read_seconds / misses.len() as f64;
             state.read_seconds_per_unit = ema(state.read_seconds_per_unit, per_unit);
             match result {
@@ -1033,6 +1055,9 @@ impl Streamer {
                     state.stats.nvme_bytes_read += bytes;
                     if prompt {
                         state.stats.prompt_stream.nvme_bytes_read += bytes;
+                    }
+                    if prompt && filling {
+                        state.stats.prompt_stream.cold_bytes_read += bytes;
                     }
                     for (key, _, _) in &misses {
                         state.units.get_mut(key).expect("exists").residency = Residency::Resident;
@@ -1215,6 +1240,7 @@ impl Streamer {
             ranges,
             claim_seconds: started.elapsed().as_secs_f64(),
             populated: None,
+            filling: state.stats.evictions == 0,
         })
     }
 
@@ -1230,6 +1256,7 @@ impl Streamer {
             ranges,
             claim_seconds,
             populated,
+            filling,
             ..
         } = claim;
         let read_started = Instant::now();
@@ -1240,6 +1267,9 @@ impl Streamer {
         let read_seconds = read_started.elapsed().as_secs_f64();
         state.stats.read_seconds += read_seconds;
         state.stats.prompt_stream.read_seconds += read_seconds;
+        if filling {
+            state.stats.prompt_stream.cold_read_seconds += read_seconds;
+        }
         state.loading_bytes -= bytes;
         tracing::debug!(
             target: PASS_TRACE,
@@ -1256,6 +1286,9 @@ impl Streamer {
                 state.stats.nvme_bytes_read += n;
                 state.stats.prompt_stream.nvme_bytes_read += n;
                 state.stats.prompt_stream.read_ahead_bytes += n;
+                if filling {
+                    state.stats.prompt_stream.cold_bytes_read += n;
+                }
                 for key in &taken {
                     state.units.get_mut(key).expect("exists").residency = Residency::Resident;
                 }
@@ -2182,6 +2215,43 @@ mod tests {
         assert!((layer..layer + 8 * PAGE).contains(&p.read_ahead_bytes));
         assert!(!whole(0) && whole(2) && whole(3));
         streamer.decode_done();
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_passs_reads_count_as_cold_until_the_cache_first_evicts() {
+        let (streamer, path) = tiny_streamer("cold", Some(3));
+        let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
+        let layer = streamer.minimum_budget_bytes();
+        let about = |bytes: u64, layers: u64| {
+            (layers * layer..layers * (layer + 8 * PAGE) + 1).contains(&bytes)
+        };
+        // A first pass fills the cache with layers 0 to 2 (fresh pages),
+        // then evicts for layer 3.
+        for l in 0..4 {
+            streamer.ensure(l, &every, 64);
+        }
+        streamer.decode_done();
+        let p = streamer.stats().prompt_stream;
+        assert!(about(p.cold_bytes_read, 3), "{p:?}");
+        assert!(about(p.nvme_bytes_read - p.cold_bytes_read, 1), "{p:?}");
+        assert!(p.cold_read_seconds > 0.0 && p.cold_read_seconds < p.read_seconds);
+        // A second pass reads only into the pages of what it evicts.
+        for l in 0..4 {
+            streamer.ensure(l, &every, 64);
+        }
+        streamer.decode_done();
+        let q = streamer.stats().prompt_stream;
+        assert_eq!(q.cold_bytes_read, p.cold_bytes_read);
+        assert!(q.nvme_bytes_read > p.nvme_bytes_read);
+        // The planner sees the two apart.
+        let reads = streamer.stats().measured_reads();
+        assert_eq!(reads.cold_prompt.bytes, q.cold_bytes_read as f64);
+        assert_eq!(
+            reads.prompt.bytes,
+            (q.nvme_bytes_read - q.cold_bytes_read) as f64
+        );
+        assert_eq!(reads.cold_prompt.seconds, q.cold_read_seconds);
         let _ = std::fs::remove_file(path);
     }
 
