@@ -901,7 +901,8 @@ qwenrecycle() {
 # prompt before the decode: a cold pass, whose reads fill the cache (fresh
 # pages) and then reuse evicted units' pages, the two rates the planner
 # prices prompt passes by. Each seed runs the plan of its shape's figures
-# (this machine's profile now, the figures' context), so that what it
+# (this machine's profile now, the figures' context, or Qwen3's smallest
+# that holds the seed's 800 tokens), so that what it
 # measured is what they read: session 31's seed ran the H200 profile and a
 # shorter context, and its Mixtral decode read 2.66 GB/s where the figures
 # a minute later read 2.08-2.18.
@@ -909,7 +910,7 @@ routingseed() {
   local spec model gpu ram tokens context tag saved=${PROFILE:-}
   qwenmodel || true
   for spec in "$MOEMIX|8GiB|12GiB|${SEED_MIX_TOKENS:-80}|2065|mixtral" \
-    "$MOEQWEN|4GiB|8GiB|${SEED_QWEN_TOKENS:-288}|800|qwen3"; do
+    "$MOEQWEN|4GiB|8GiB|${SEED_QWEN_TOKENS:-288}|816|qwen3"; do
     IFS='|' read -r model gpu ram tokens context tag <<<"$spec"
     [ -f "$model" ] || { log "routingseed: no $model"; continue; }
     late "routingseed $model" && return 0
@@ -917,7 +918,8 @@ routingseed() {
     log "routingseed: $tokens tokens of $(basename "$model")"
     "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} --gpu-budget "$gpu" \
       --ram-budget "$ram" --context "$context" --prompt-tokens 512 --tokens "$tokens" \
-      --repetitions 1 --no-warmup >/dev/null 2>>"$W/err.txt" || log "routingseed failed: $model"
+      --repetitions 1 --no-warmup >/dev/null 2>"$W/seed-err.txt" ||
+      log "routingseed failed: $model: $(grep -v DEBUG "$W/seed-err.txt" | tail -n 2)"
     PROFILE=$saved
   done
   local cache=${HYPURA_CACHE_DIR:-$HOME/.cache/hypura}
