@@ -219,10 +219,10 @@ impl Rates {
 
     /// These rates with the disk's taken from what the model's streamer
     /// measured on this machine, phase by phase, where it read enough
-    /// ([`crate::reads`]): decode reads price the decode, prompt passes'
-    /// reads into a full cache the passes' reads into a full cache (the
-    /// decode's rate where they read too little), and their reads into a
-    /// filling cache a cold pass's.
+    /// ([`crate::reads`]), each phase by its own reads: the decode by the
+    /// decode's; a pass's reads into a full cache by the passes' reads into
+    /// a full cache (else by the decode's); a cold pass's reads that fill
+    /// the cache by the passes' reads into a filling one.
     pub fn with_measured_reads(mut self, reads: Option<&MeasuredReads>) -> Rates {
         let Some(reads) = reads else {
             return self;
@@ -549,7 +549,7 @@ pub fn predict_prompt(
         } else {
             rates.disk_gbps
         };
-        let read_seconds_all = if cold && i == 0 {
+        let lacking_seconds = if cold && i == 0 {
             let sequential = rates.disk_sequential_gbps;
             let fill_gbps = if sequential > 0.0 {
                 sequential
@@ -564,7 +564,7 @@ pub fn predict_prompt(
         };
         // A pass reads the lacking units its tokens chose.
         let share = pass_unit_share(traffic.unit_choice_share, n);
-        let read = read_seconds_all * share;
+        let read = lacking_seconds * share;
         // Below llama.cpp's offload threshold a pass computes host weights
         // where they lie, token by token, as a decode does.
         let batched = n >= PROMPT_BATCH_TOKENS;
