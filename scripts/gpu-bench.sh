@@ -898,9 +898,10 @@ qwenrecycle() {
 # (`reads/KEY.json`), and the planner prices the shape's later runs on this
 # machine by them, not by the profile's probe (session 30: the streamer reads
 # faster inside a decode than any probe outside one), hence the 512-token
-# prompt before the decode: a cold pass, whose reads fill the cache (fresh
-# pages) and then reuse evicted units' pages, the two rates the planner
-# prices prompt passes by. Each seed runs the plan of its shape's figures
+# prompt before the decode, twice (the warm-up's): a cold pass and a warm
+# one, whose rates the planner prices those passes by (session 31: a
+# model's first pass reads slower than later ones, and neither reads at the
+# decode's rate). Each seed runs the plan of its shape's figures
 # (this machine's profile now, the figures' context, or Qwen3's smallest
 # that holds the seed's 800 tokens), so that what it
 # measured is what they read: session 31's first seed ran the H200 profile
@@ -919,7 +920,7 @@ routingseed() {
     log "routingseed: $tokens tokens of $(basename "$model")"
     "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} --gpu-budget "$gpu" \
       --ram-budget "$ram" --context "$context" --prompt-tokens 512 --tokens "$tokens" \
-      --repetitions 1 --no-warmup >/dev/null 2>"$W/seed-err.txt" ||
+      --repetitions 1 >/dev/null 2>"$W/seed-err.txt" ||
       log "routingseed failed: $model: $(grep -v DEBUG "$W/seed-err.txt" | tail -n 2)"
     PROFILE=$saved
   done

@@ -177,13 +177,13 @@ pub struct Rates {
     /// ([`Rates::with_measured_reads`]), not the profile's.
     #[serde(default)]
     pub disk_from_runs: bool,
-    /// `disk_sequential_gbps` is the rate this model's prompt passes read at
-    /// here while its stream cache filled.
+    /// `disk_sequential_gbps` is the rate this model's cold prompt passes
+    /// (its first, from an empty cache) read at here.
     #[serde(default)]
     pub disk_sequential_from_runs: bool,
-    /// The disk rate of a prompt pass's reads once the cache is full (into
-    /// the pages of the units it evicts): the decode's rate, or what this
-    /// model's passes read at here ([`Rates::with_measured_reads`]).
+    /// The disk rate of a warm prompt pass's reads (any pass but a model's
+    /// first): the decode's rate, or what this model's warm passes read at
+    /// here ([`Rates::with_measured_reads`]).
     #[serde(default)]
     pub disk_pass_gbps: f64,
     #[serde(default)]
@@ -220,9 +220,8 @@ impl Rates {
     /// These rates with the disk's taken from what the model's streamer
     /// measured on this machine, phase by phase, where it read enough
     /// ([`crate::reads`]), each phase by its own reads: the decode by the
-    /// decode's; a pass's reads into a full cache by the passes' reads into
-    /// a full cache (else by the decode's); a cold pass's reads that fill
-    /// the cache by the passes' reads into a filling one.
+    /// decode's, a warm prompt pass by warm passes' (else by the decode's),
+    /// a cold pass by cold passes'.
     pub fn with_measured_reads(mut self, reads: Option<&MeasuredReads>) -> Rates {
         let Some(reads) = reads else {
             return self;
@@ -542,29 +541,17 @@ pub fn predict_prompt(
             tokens - pass * (passes - 1)
         };
         // A cold pass reads every expert of every layer, each layer one
-        // sequential run, into fresh pages until the cache is full and into
-        // evicted units' after; a warm one the experts the cache lacks.
-        let pass_gbps = if rates.disk_pass_gbps > 0.0 {
-            rates.disk_pass_gbps
+        // sequential run; a warm one the experts the cache lacks. Each at
+        // its own rate.
+        let (lacking, gbps) = if cold && i == 0 {
+            (traffic.stream_bytes, rates.disk_sequential_gbps)
         } else {
-            rates.disk_gbps
+            (pass_read_bytes(traffic), rates.disk_pass_gbps)
         };
-        let lacking_seconds = if cold && i == 0 {
-            let sequential = rates.disk_sequential_gbps;
-            let fill_gbps = if sequential > 0.0 {
-                sequential
-            } else {
-                rates.disk_gbps
-            };
-            let fill = traffic.stream_bytes.min(traffic.stream_cache_bytes);
-            seconds(fill as f64, fill_gbps)
-                + seconds((traffic.stream_bytes - fill) as f64, pass_gbps)
-        } else {
-            seconds(pass_read_bytes(traffic) as f64, pass_gbps)
-        };
+        let gbps = if gbps > 0.0 { gbps } else { rates.disk_gbps };
         // A pass reads the lacking units its tokens chose.
         let share = pass_unit_share(traffic.unit_choice_share, n);
-        let read = lacking_seconds * share;
+        let read = seconds(lacking as f64 * share, gbps);
         // Below llama.cpp's offload threshold a pass computes host weights
         // where they lie, token by token, as a decode does.
         let batched = n >= PROMPT_BATCH_TOKENS;
@@ -633,8 +620,8 @@ mod tests {
                 layer_requests: 1000.0,
                 stall_seconds: 2.25,
             },
-            // Too little to trust: a pass into a full cache reads at the
-            // decode's rate, a filling one at the probe's sequential rate.
+            // Too little to trust: a warm pass reads at the decode's rate,
+            // a cold one at the probe's sequential rate.
             prompt: ReadTotals {
                 bytes: 5e8,
                 seconds: 0.1,
@@ -654,8 +641,8 @@ mod tests {
             (r.disk_sequential_gbps, r.disk_sequential_from_runs),
             (2.0, false)
         );
-        // Passes that read enough are priced by their own rates, each phase
-        // by its own: into a full cache, and into a filling one.
+        // Passes that read enough are priced by their own rates, warm and
+        // cold apart.
         let passed = MeasuredReads {
             prompt: ReadTotals {
                 bytes: 6e9,
@@ -871,20 +858,19 @@ mod tests {
         assert!((whole.read_seconds - read).abs() < 1e-9);
         assert!((whole.compute_seconds - 4.0 * one.compute_seconds).abs() < 1e-9);
         assert!(whole.seconds < four.seconds / 2.0);
-        // A cold cache lacks every streamed byte in its first pass only:
-        // the 12 GB that fill the cache at the sequential rate, the other 6
-        // at the pass rate.
+        // A cold cache lacks every streamed byte in its first pass only,
+        // read at the cold passes' (sequential) rate.
         let cold = predict_prompt(&t, &r, 1024, 512, true);
-        assert!((cold.read_seconds - (12.0 / 2.0 + 6.0 / 1.0 + read)).abs() < 1e-9);
-        // Passes into a full cache read at their own rate where measured.
+        assert!((cold.read_seconds - (18.0 / 2.0 + read)).abs() < 1e-9);
+        // Warm passes read at their own rate where measured.
         let measured = Rates {
-            disk_pass_gbps: 2.0,
+            disk_pass_gbps: 4.0,
             ..r
         };
         let warm = predict_prompt(&t, &measured, 512, 512, false);
-        assert!((warm.read_seconds - read / 2.0).abs() < 1e-9);
+        assert!((warm.read_seconds - read / 4.0).abs() < 1e-9);
         let cold = predict_prompt(&t, &measured, 1024, 512, true);
-        assert!((cold.read_seconds - (12.0 / 2.0 + 6.0 / 2.0 + read / 2.0)).abs() < 1e-9);
+        assert!((cold.read_seconds - (18.0 / 2.0 + read / 4.0)).abs() < 1e-9);
     }
 
     #[test]

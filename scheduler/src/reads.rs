@@ -15,11 +15,13 @@
 //! a layer request's wait beyond it); a model never streamed here is priced
 //! by the profile.
 //!
-//! A prompt pass reads at two rates: into fresh pages while the stream
-//! cache fills (a model's first pass), and faster into the pages of the
-//! units it evicts once full (session 31, H100: Qwen3's first passes
-//! 1.70–1.78 GB/s against 2.34–2.50 for later ones in the same minutes,
-//! Mixtral's 1.44–1.79 against 1.84–2.20). Each is saved and priced apart.
+//! A model's first prompt pass (cold: begun before the stream cache's
+//! first eviction) reads slower than later ones, which neither the decode's
+//! rate nor the probe's says (session 31: on an H100 machine, Qwen3's first
+//! passes 1.70–1.78 GB/s against 2.34–2.50 for later ones in the same
+//! minutes and 1.85 for its decode; Mixtral's 1.44–1.79 against 1.84–2.20;
+//! on the development machine 0.24 against 1.79–1.91). Cold and warm
+//! passes are saved and priced apart.
 use serde::{Deserialize, Serialize};
 
 /// Bytes a phase must have read before its rate is trusted: a few
@@ -75,10 +77,11 @@ impl ReadTotals {
 pub struct MeasuredReads {
     /// A decode's reads: each token's misses, and what prefetch read for it.
     pub decode: ReadTotals,
-    /// Prompt passes' reads once the stream cache has filled (into the
-    /// pages of the units they evict): whole layers in file order, read ahead.
+    /// Warm prompt passes' reads (every pass but cold ones): whole layers
+    /// in file order, read ahead.
     pub prompt: ReadTotals,
-    /// Prompt passes' reads while the cache fills (into fresh pages).
+    /// Cold prompt passes' reads: passes begun before the cache's first
+    /// eviction (a model's first pass).
     #[serde(default)]
     pub cold_prompt: ReadTotals,
 }

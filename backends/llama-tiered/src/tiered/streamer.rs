@@ -98,8 +98,8 @@ struct Claim {
     claim_seconds: f64,
     /// Bytes of their pages populated ahead of the read (counted arrived).
     populated: Option<u64>,
-    /// Claimed before the cache's first eviction: read into fresh pages.
-    filling: bool,
+    /// Claimed for a cold pass ([`State::cold_pass`]).
+    cold: bool,
 }
 
 /// Counters of one model's streaming, cumulative since load.
@@ -162,10 +162,9 @@ pub struct PromptStreamStats {
     pub read_ahead_bytes: u64,
     /// Seconds spent in those reads (request and read-ahead summed).
     pub read_seconds: f64,
-    /// Of those bytes and seconds, the reads made while the cache filled
-    /// (before its first eviction): into fresh pages, which read slower
-    /// than the evicted units' pages later passes reuse (see
-    /// [`hypura_scheduler::reads`]).
+    /// Of those bytes and seconds, the reads of cold passes: passes begun
+    /// before the cache's first eviction (a model's first), which read
+    /// slower than later ones (see [`hypura_scheduler::reads`]).
     pub cold_bytes_read: u64,
     pub cold_read_seconds: f64,
     /// `nvme_bytes_read / read_seconds`, in GB/s.
@@ -232,8 +231,8 @@ enum Residency {
 
 impl StreamStats {
     /// The reads as the planner prices them ([`hypura_scheduler::reads`]):
-    /// the prompt passes' into a full cache and into a filling one, and
-    /// the rest (decodes, and a dense model's every read).
+    /// warm prompt passes', cold ones', and the rest (decodes, and a dense
+    /// model's every read).
     pub fn measured_reads(&self) -> MeasuredReads {
         let prompt = &self.prompt_stream;
         let cold_seconds = prompt.cold_read_seconds.min(prompt.read_seconds);
@@ -346,6 +345,9 @@ struct State {
     /// last layer of a chunk routes only the tokens whose output is asked
     /// for, and is still the chunk's.
     prompt_threads: HashSet<ThreadId>,
+    /// The prompt pass under way began before the cache's first eviction
+    /// (a model's first pass): its reads count as cold.
+    cold_pass: bool,
     /// Most bytes of units held at once; changed by [`Streamer::set_cache_budget`].
     budget_bytes: u64,
     /// The process's memory limit, if one is kept ([`Streamer::set_host_limit`]).
@@ -546,6 +548,7 @@ impl Streamer {
                 current_layer: 0,
                 pinned: HashMap::new(),
                 prompt_threads: HashSet::new(),
+                cold_pass: false,
                 budget_bytes,
                 host_limit_bytes: None,
                 host_other_bytes: 0,
@@ -911,7 +914,13 @@ impl Streamer {
             && (rows >= PROMPT_UBATCH_TOKENS
                 || state.prompt_threads.contains(&std::thread::current().id()));
         if prompt {
-            state.prompt_threads.insert(std::thread::current().id());
+            // A pass starts with a thread's first chunk request, or where
+            // the layers start again (the next chunk of the same decode).
+            let started = state.prompt_threads.insert(std::thread::current().id())
+                || layer < state.current_layer;
+            if started {
+                state.cold_pass = state.stats.evictions == 0;
+            }
             state.stats.prompt_stream.layer_requests += 1;
         }
         state.clock += 1;
@@ -997,7 +1006,7 @@ impl Streamer {
             }
             state = self.loaded.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        let filling = state.stats.evictions == 0;
+        let cold = prompt && state.cold_pass;
         state.cache_bytes += needed;
         state.loading_bytes += needed;
         state.stats.cache_peak_bytes = state.stats.cache_peak_bytes.max(state.cache_bytes);
@@ -1045,7 +1054,7 @@ impl Streamer {
             if prompt {
                 state.stats.prompt_stream.read_seconds += read_seconds;
             }
-            if prompt && filling {
+            if cold {
                 state.stats.prompt_stream.cold_read_seconds += read_seconds;
             }
             let per_unit = read_seconds / misses.len() as f64;
@@ -1056,7 +1065,7 @@ impl Streamer {
                     if prompt {
                         state.stats.prompt_stream.nvme_bytes_read += bytes;
                     }
-                    if prompt && filling {
+                    if cold {
                         state.stats.prompt_stream.cold_bytes_read += bytes;
                     }
                     for (key, _, _) in &misses {
@@ -1240,7 +1249,7 @@ impl Streamer {
             ranges,
             claim_seconds: started.elapsed().as_secs_f64(),
             populated: None,
-            filling: state.stats.evictions == 0,
+            cold: state.cold_pass,
         })
     }
 
@@ -1256,7 +1265,7 @@ impl Streamer {
             ranges,
             claim_seconds,
             populated,
-            filling,
+            cold,
             ..
         } = claim;
         let read_started = Instant::now();
@@ -1267,7 +1276,7 @@ impl Streamer {
         let read_seconds = read_started.elapsed().as_secs_f64();
         state.stats.read_seconds += read_seconds;
         state.stats.prompt_stream.read_seconds += read_seconds;
-        if filling {
+        if cold {
             state.stats.prompt_stream.cold_read_seconds += read_seconds;
         }
         state.loading_bytes -= bytes;
@@ -1286,7 +1295,7 @@ impl Streamer {
                 state.stats.nvme_bytes_read += n;
                 state.stats.prompt_stream.nvme_bytes_read += n;
                 state.stats.prompt_stream.read_ahead_bytes += n;
-                if filling {
+                if cold {
                     state.stats.prompt_stream.cold_bytes_read += n;
                 }
                 for key in &taken {
@@ -2219,31 +2228,35 @@ mod tests {
     }
 
     #[test]
-    fn a_passs_reads_count_as_cold_until_the_cache_first_evicts() {
+    fn a_first_passs_reads_count_as_cold_and_later_passes_warm() {
         let (streamer, path) = tiny_streamer("cold", Some(3));
         let every: Vec<u32> = (0..streamer.lock().n_experts).collect();
         let layer = streamer.minimum_budget_bytes();
         let about = |bytes: u64, layers: u64| {
             (layers * layer..layers * (layer + 8 * PAGE) + 1).contains(&bytes)
         };
-        // A first pass fills the cache with layers 0 to 2 (fresh pages),
-        // then evicts for layer 3.
+        // A first pass fills the cache with layers 0 to 2, then evicts for
+        // layer 3: all of it is cold.
         for l in 0..4 {
             streamer.ensure(l, &every, 64);
         }
         streamer.decode_done();
         let p = streamer.stats().prompt_stream;
-        assert!(about(p.cold_bytes_read, 3), "{p:?}");
-        assert!(about(p.nvme_bytes_read - p.cold_bytes_read, 1), "{p:?}");
-        assert!(p.cold_read_seconds > 0.0 && p.cold_read_seconds < p.read_seconds);
-        // A second pass reads only into the pages of what it evicts.
-        for l in 0..4 {
-            streamer.ensure(l, &every, 64);
+        assert!(about(p.cold_bytes_read, 4), "{p:?}");
+        assert_eq!(p.cold_bytes_read, p.nvme_bytes_read);
+        assert_eq!(p.cold_read_seconds, p.read_seconds);
+        // The next pass, begun after an eviction, is warm; so is a pass
+        // that starts again at layer 0 on the same thread (the next chunk
+        // of one decode).
+        for _ in 0..2 {
+            for l in 0..4 {
+                streamer.ensure(l, &every, 64);
+            }
         }
         streamer.decode_done();
         let q = streamer.stats().prompt_stream;
         assert_eq!(q.cold_bytes_read, p.cold_bytes_read);
-        assert!(q.nvme_bytes_read > p.nvme_bytes_read);
+        assert!(q.nvme_bytes_read - q.cold_bytes_read >= 2 * layer, "{q:?}");
         // The planner sees the two apart.
         let reads = streamer.stats().measured_reads();
         assert_eq!(reads.cold_prompt.bytes, q.cold_bytes_read as f64);
