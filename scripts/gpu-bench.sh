@@ -903,8 +903,8 @@ qwenrecycle() {
 # model's first pass reads slower than later ones, and neither reads at the
 # decode's rate). Each seed runs the plan of its shape's figures
 # (this machine's profile now, the figures' context, or Qwen3's smallest
-# that holds the seed's 800 tokens), so that what it
-# measured is what they read: session 31's first seed ran the H200 profile
+# that holds the seed's 512 + 288 tokens), so that what it measured is
+# what they read: session 31's first seed ran the H200 profile
 # and a shorter context, and its Mixtral decode read 2.66 GB/s where the
 # figures a minute later read 2.08-2.18; under the figures' plan, 1.67
 # against 1.68-1.77.

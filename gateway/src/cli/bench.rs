@@ -179,8 +179,8 @@ struct PhaseStream {
     resident_layer_skips: u64,
     /// Bytes the streamer's read-ahead of a prompt's next layer read.
     read_ahead_bytes: u64,
-    /// A prompt's reads while the stream cache filled (into fresh pages),
-    /// and their seconds.
+    /// Of a prompt's reads, those of cold passes (begun before the stream
+    /// cache's first eviction), and their seconds.
     cold_bytes: u64,
     cold_read_seconds: f64,
     /// Bytes evicted for a prompt's reads, and of those, from layers the

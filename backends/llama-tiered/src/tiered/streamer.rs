@@ -248,6 +248,9 @@ impl StreamStats {
                     .nvme_bytes_read
                     .saturating_sub(prompt.cold_bytes_read) as f64,
                 seconds: prompt.read_seconds - cold_seconds,
+                // Cold passes' requests and waits too: the planner prices
+                // no pass by them ([`ReadTotals::request_seconds`] is the
+                // decode's).
                 layer_requests: prompt.layer_requests as f64,
                 stall_seconds: prompt.io_stall_seconds,
             },
