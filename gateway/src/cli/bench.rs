@@ -137,10 +137,12 @@ struct Measured {
     stream: PhaseStream,
     /// Streaming over the timed prompts only.
     prompt_stream: PhaseStream,
-    /// Bytes read from the model file during each decode step after the
-    /// prompt, the mean over the repetitions: how the stream cache moves
-    /// from the prompt's pass to the decode's working set.
-    step_nvme_bytes: Vec<f64>,
+    /// Each decode step after the prompt, the mean over the repetitions:
+    /// bytes read from the model file (how the stream cache moves from the
+    /// prompt's pass to the decode's working set), seconds, and seconds
+    /// stalled on reads (so a slow decode shows which steps, and whether
+    /// the disk is why).
+    steps: StepSeries,
     /// Tokens per pass of the graph over the prompt (llama.cpp's `n_ubatch`).
     n_ubatch: u32,
     /// The stream cache's budget against the process, read after the warm-up.
@@ -428,7 +430,9 @@ impl Run<'_> {
                 "hit_rate": hit_rate,
                 "read_gbps": m.stream.read_gbps(),
                 "io_stall_seconds_per_token": m.stream.io_stall_seconds / f64::from(m.decode_tokens_total()),
-                "step_nvme_bytes": m.step_nvme_bytes,
+                "step_nvme_bytes": m.steps.nvme_bytes,
+                "step_seconds": m.steps.seconds,
+                "step_stall_seconds": m.steps.stall_seconds,
                 "resident_layer_skips_per_token": per_token(m.stream.resident_layer_skips),
                 "prefetch_hits_per_token": per_token(m.stream.prefetch_hits),
                 "prefetch_wasted_bytes_per_token": per_token(m.stream.prefetch_wasted_bytes),
@@ -684,7 +688,7 @@ fn measure(
             decode_seconds,
             stream: streams.decode,
             prompt_stream: streams.prompt,
-            step_nvme_bytes: streams.steps.iter().map(|&b| b as f64 / reps).collect(),
+            steps: streams.steps.mean(reps),
             n_ubatch: ctx.n_ubatch(),
             fit,
             device_argmax,
@@ -719,8 +723,42 @@ fn prompt_tokens(model: &llama_tiered::llama::Model, n: usize) -> anyhow::Result
 struct Streams {
     prompt: PhaseStream,
     decode: PhaseStream,
-    /// Bytes read during each decode step, summed over the repetitions.
-    steps: Vec<u64>,
+    /// Each decode step's, summed over the repetitions.
+    steps: StepSeries,
+}
+
+/// Per decode step: bytes read, seconds, seconds stalled on reads.
+#[derive(Default, Clone, Debug, PartialEq)]
+struct StepSeries {
+    nvme_bytes: Vec<f64>,
+    seconds: Vec<f64>,
+    stall_seconds: Vec<f64>,
+}
+
+impl StepSeries {
+    /// Adds one run's steps, step by step.
+    fn add(&mut self, run: &StepSeries) {
+        for (total, one) in [
+            (&mut self.nvme_bytes, &run.nvme_bytes),
+            (&mut self.seconds, &run.seconds),
+            (&mut self.stall_seconds, &run.stall_seconds),
+        ] {
+            total.resize(one.len().max(total.len()), 0.0);
+            for (t, x) in total.iter_mut().zip(one) {
+                *t += x;
+            }
+        }
+    }
+
+    /// The sums over `runs` repetitions as means.
+    fn mean(&self, runs: f64) -> StepSeries {
+        let each = |v: &Vec<f64>| v.iter().map(|x| x / runs).collect();
+        StepSeries {
+            nvme_bytes: each(&self.nvme_bytes),
+            seconds: each(&self.seconds),
+            stall_seconds: each(&self.stall_seconds),
+        }
+    }
 }
 
 /// From an empty KV cache: the prompt of each of `n` sequences in one
@@ -756,12 +794,13 @@ fn run_once(
     // Each step's reads, where the model streams: nothing is sampled inside
     // the timed loop of a model that reads no file.
     let streamed = streams.as_ref().is_some_and(|(t, _)| t.streamer.is_some());
-    let mut step_bytes = Vec::with_capacity(tokens as usize);
-    let mut last_read = after_prompt
+    let mut steps = StepSeries::default();
+    let mut last = after_prompt
         .as_ref()
         .filter(|_| streamed)
-        .map(|s| s.nvme_bytes_read);
+        .map(|s| (s.nvme_bytes_read, s.io_stall_seconds));
     let started = Instant::now();
+    let mut step_started = started;
     let mut step = Batch::new(n as usize);
     for k in 0..tokens {
         step.clear();
@@ -772,11 +811,19 @@ fn run_once(
         for (seq, token) in next.iter_mut().enumerate() {
             *token = greedy_token(ctx, seq as i32)?;
         }
-        if let (Some((tiered, _)), Some(last)) = (&streams, last_read.as_mut()) {
-            // The counter only: cheap beside a step that reads from disk.
-            let read = tiered.stats().nvme_bytes_read;
-            step_bytes.push(read.saturating_sub(*last));
-            *last = read;
+        if let (Some((tiered, _)), Some(last)) = (&streams, last.as_mut()) {
+            // The counters only: cheap beside a step that reads from disk.
+            let now = tiered.stats();
+            let ended = Instant::now();
+            steps
+                .nvme_bytes
+                .push(now.nvme_bytes_read.saturating_sub(last.0) as f64);
+            steps.seconds.push((ended - step_started).as_secs_f64());
+            steps
+                .stall_seconds
+                .push((now.io_stall_seconds - last.1).max(0.0));
+            *last = (now.nvme_bytes_read, now.io_stall_seconds);
+            step_started = ended;
         }
     }
     let decode_seconds = started.elapsed().as_secs_f64();
@@ -785,10 +832,7 @@ fn run_once(
     {
         s.prompt.add(&after.since(&before));
         s.decode.add(&tiered.stats().since(&after));
-        s.steps.resize(step_bytes.len().max(s.steps.len()), 0);
-        for (total, b) in s.steps.iter_mut().zip(step_bytes) {
-            *total += b;
-        }
+        s.steps.add(&steps);
     }
     Ok((prompt_seconds, decode_seconds))
 }

@@ -259,6 +259,29 @@ fn check_report(what: &str, r: &Value, mode: &str) {
     ] {
         assert!(r["stream"].get(key).is_some(), "stream.{key} missing: {r}");
     }
+    // A streaming mode's steps: one entry each, whose seconds add up to
+    // the decode's (the loop times each step, and nothing between them).
+    if mode != "full-resident" {
+        let steps = |key: &str| -> Vec<f64> {
+            let v = r["stream"][key]
+                .as_array()
+                .unwrap_or_else(|| panic!("{key}: {r}"));
+            v.iter().map(|x| x.as_f64().unwrap()).collect()
+        };
+        let (bytes, secs, stalls) = (
+            steps("step_nvme_bytes"),
+            steps("step_seconds"),
+            steps("step_stall_seconds"),
+        );
+        assert_eq!((bytes.len(), secs.len(), stalls.len()), (16, 16, 16), "{r}");
+        assert!(secs.iter().all(|&s| s > 0.0), "{r}");
+        assert!(stalls.iter().all(|&s| s >= 0.0), "{r}");
+        let sum: f64 = secs.iter().sum();
+        assert!(
+            (sum - seconds).abs() <= 1e-3 * seconds + 1e-4,
+            "{sum} vs {seconds}: {r}"
+        );
+    }
     // Reported, not asserted: a timed figure on a shared machine.
     eprintln!(
         "{what}: {mode}, predicted {predicted:.1} tok/s, measured {measured:.1} tok/s, error {:+.0}%",
