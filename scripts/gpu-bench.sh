@@ -29,6 +29,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-bench-out}
 W=${GPU_WORK:-/tmp/hypura-gpu}
 T=${THREADS:-$(nproc)}
+# HB_THREADS: `hypura bench`'s threads alone (default $T), for an A/B of
+# hypura's thread count beside an unchanged llama-bench (session 32: with
+# every core computing, Qwen3's streamed decode had steps 3-6x slower
+# outside read stalls).
+HT=${HB_THREADS:-$T}
 N=${N_TOKENS:-64}
 R=${RUNS:-3}
 PROMPT="The history of the city of Paris begins"
@@ -427,7 +432,7 @@ hb() {
   fi
   # HB_ARGS: more `hypura bench` options for every case (e.g. --read-queue-depth 8).
   # shellcheck disable=SC2086
-  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} "$@" ${HB_ARGS:-} >>"$VS" 2>"$W/err.txt" <<'EOF'
+  python3 - "$case" "${wrap[@]}" "$H" bench "$model" --json --threads "$HT" ${PROFILE:+--profile "$PROFILE"} "$@" ${HB_ARGS:-} >>"$VS" 2>"$W/err.txt" <<'EOF'
 import json, os, resource, subprocess, sys
 case, cmd = sys.argv[1], sys.argv[2:]
 r = subprocess.run(cmd, capture_output=True, text=True)
@@ -918,7 +923,7 @@ routingseed() {
     late "routingseed $model" && return 0
     profile_now "$model" "seed-$tag"
     log "routingseed: $tokens tokens of $(basename "$model")"
-    "$H" bench "$model" --json --threads "$T" ${PROFILE:+--profile "$PROFILE"} --gpu-budget "$gpu" \
+    "$H" bench "$model" --json --threads "$HT" ${PROFILE:+--profile "$PROFILE"} --gpu-budget "$gpu" \
       --ram-budget "$ram" --context "$context" --prompt-tokens 512 --tokens "$tokens" \
       --repetitions 1 >/dev/null 2>"$W/seed-err.txt" ||
       log "routingseed failed: $model: $(grep -v DEBUG "$W/seed-err.txt" | tail -n 2)"
