@@ -752,8 +752,9 @@ vsmixtral() {
 # file), 8 GiB GPU + 12 GiB RAM. hypura bench, one load: pp512, pp2048 and a
 # 1-token prompt, each with its decode (PROMPT_SIZES, MIX_TOKENS; a report's
 # `prompt_stream` says how many bytes a prompt read against the streamed
-# bytes, its `n_ubatch` the pass size the planner took, `stream.step_nvme_bytes`
-# what each decode step read);
+# bytes, its `n_ubatch` the pass size the planner took, `stream.step_nvme_bytes`,
+# `step_seconds` and `step_stall_seconds` what each decode step read, took and
+# waited on reads);
 # llama-bench: pp512, pp2048 and decode at each --n-cpu-moe of MIXP_NCMOE
 # (default "22 23": the best at this memory), with its default -ub 512 and
 # with -ub 2048. Both in a cgroup of MIX_LB_MAX (the RAM budget plus the host
