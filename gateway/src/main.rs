@@ -7,6 +7,9 @@
 use clap::Parser;
 
 fn main() {
+    // First: libgomp has read its spin count by now; start again with a
+    // short one unless the user set one (`cli::threads`).
+    hypura::cli::threads::start_with_short_openmp_spin();
     // Before any thread starts (the environment is process-wide):
     // HYPURA_PIN_STREAM=1 lets the stream cache register the layers a
     // prompt pass finds whole with the GPU's driver, so a prompt's copies of

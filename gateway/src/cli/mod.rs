@@ -10,7 +10,7 @@ mod progress;
 mod run;
 mod runner;
 mod serve;
-mod threads;
+pub mod threads;
 
 use clap::{Parser, Subcommand};
 

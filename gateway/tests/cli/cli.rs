@@ -221,3 +221,56 @@ fn serve_refuses_more_slots_than_a_context_holds() {
         stderr(&out)
     );
 }
+
+/// `GOMP_SPINCOUNT` in the environment of the running process `pid`, once
+/// it has one (within 20 s), else `None`.
+fn spin_count_of(pid: u32) -> Option<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let found = environ
+            .split(|&b| b == 0)
+            .find_map(|kv| kv.strip_prefix(b"GOMP_SPINCOUNT="))
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        if found.is_some() {
+            return found;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
+}
+
+/// libgomp reads its spin count as it loads: hypura starts again with a
+/// short one (`cli::threads::OPENMP_SPIN_COUNT`), as the same process,
+/// unless the user set one, which stays.
+#[test]
+fn hypura_runs_with_a_short_openmp_spin_unless_the_user_set_one() {
+    use std::io::Write;
+    let model = smollm2();
+    for (set, expected) in [(None, "3000"), (Some("12345"), "12345")] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hypura"));
+        command
+            .args([
+                "run",
+                model.to_str().unwrap(),
+                "--interactive",
+                "--max-tokens",
+                "1",
+            ])
+            .env_remove("GOMP_SPINCOUNT")
+            .env_remove("OMP_WAIT_POLICY")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        if let Some(v) = set {
+            command.env("GOMP_SPINCOUNT", v);
+        }
+        let mut child = command.spawn().unwrap();
+        let seen = spin_count_of(child.id());
+        // The same process (pid) runs on, and answers.
+        child.stdin.take().unwrap().write_all(b"/bye\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(seen.as_deref(), Some(expected), "{}", stderr(&out));
+    }
+}
