@@ -728,7 +728,7 @@ struct Streams {
 }
 
 /// Per decode step: bytes read, seconds, seconds stalled on reads.
-#[derive(Default, Clone, Debug, PartialEq)]
+#[derive(Default)]
 struct StepSeries {
     nvme_bytes: Vec<f64>,
     seconds: Vec<f64>,
@@ -795,10 +795,7 @@ fn run_once(
     // the timed loop of a model that reads no file.
     let streamed = streams.as_ref().is_some_and(|(t, _)| t.streamer.is_some());
     let mut steps = StepSeries::default();
-    let mut last = after_prompt
-        .as_ref()
-        .filter(|_| streamed)
-        .map(|s| (s.nvme_bytes_read, s.io_stall_seconds));
+    let mut last = after_prompt.clone().filter(|_| streamed);
     let started = Instant::now();
     let mut step_started = started;
     let mut step = Batch::new(n as usize);
@@ -815,14 +812,11 @@ fn run_once(
             // The counters only: cheap beside a step that reads from disk.
             let now = tiered.stats();
             let ended = Instant::now();
-            steps
-                .nvme_bytes
-                .push(now.nvme_bytes_read.saturating_sub(last.0) as f64);
+            let this_step = now.since(last);
+            steps.nvme_bytes.push(this_step.nvme_bytes_read as f64);
             steps.seconds.push((ended - step_started).as_secs_f64());
-            steps
-                .stall_seconds
-                .push((now.io_stall_seconds - last.1).max(0.0));
-            *last = (now.nvme_bytes_read, now.io_stall_seconds);
+            steps.stall_seconds.push(this_step.io_stall_seconds);
+            *last = now;
             step_started = ended;
         }
     }

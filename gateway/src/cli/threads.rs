@@ -88,12 +88,10 @@ fn load_average() -> Option<f64> {
 /// is computed, before they sleep. libgomp's default, 300,000 spins while
 /// the threads fit the cores, keeps every core busy between pieces; a
 /// streamed decode computes its graph in one piece per streamed layer, and
-/// the stream's readers and the hook then wait for cores. On dev (2 cores,
-/// `qwen3-24l.gguf` streaming through a 4 GiB cache, 2 threads), a streamed
-/// decode ran 4.43-4.77 tok/s at the default, 4.95-5.75 at 3,000 spins,
-/// and 5.26-5.84 with no spinning (`OMP_WAIT_POLICY=PASSIVE`); a decode
-/// all in RAM (SmolLM2) ran the same at 3,000 spins (76.5-77.0 against
-/// 76.8-77.0) but 25% slower with none.
+/// the stream's readers and the hook then wait for cores. 3,000 spins made
+/// a streamed decode faster and a decode all in RAM no slower on dev; no
+/// spinning at all cost the resident decode 25% (figures and commands:
+/// docs/design.md, "The compute threads between pieces").
 pub const OPENMP_SPIN_COUNT: &str = "3000";
 
 /// libgomp reads its spin count once, as it loads, from `GOMP_SPINCOUNT`
