@@ -66,7 +66,9 @@ pub const CROSSING_SECONDS: f64 = 15e-6;
 /// 8 tokens decoded from an empty context): the time outside the stream's
 /// stalls, less the modelled compute, came to 0.45 ms a streamed layer on
 /// the Mixtral shape (32 layers, 2 experts of 99 MB used) and 1.1 ms on the
-/// Qwen3-30B-A3B shape (48 layers, 8 of 2.4 MB).
+/// Qwen3-30B-A3B shape (48 layers, 8 of 2.4 MB). With the short OpenMP
+/// spin (session 33, an H100 machine) the same came to 0.30 ms on Qwen3 and
+/// 0.19–0.69 ms on Mixtral in two calls minutes apart: too spread to refit.
 pub const STREAMED_LAYER_SECONDS: f64 = 0.7e-3;
 /// Fraction of the shorter of compute and I/O that does not overlap the
 /// longer one, dense-FFN streaming (k layers read ahead).
