@@ -27,7 +27,25 @@ machine_profile() {
   fi
   PROFILE_BASE=$p
 }
+# settle_disk: waits until SETTLE_S (default 90) seconds have passed since the
+# newest model file in the work folder was written. A virtual disk reads slowly
+# for a while after large writes: on the H100 machine of session 33 the probe
+# read 1.43 GB/s 9 s after 42.8 GB of model files were written, then 1.82-1.99;
+# on the dev machine 0.19 GB/s right after a 16.5 GB write and sync, 1.4-1.6
+# from 30 s on. Rates learnt in those seconds priced the later runs (the
+# planner keeps a model's measured rates), so every measured step waits here.
+settle_disk() {
+  local newest age
+  newest=$(stat -c %Y "$W"/*.gguf 2>/dev/null | sort -n | tail -1)
+  [ -n "$newest" ] || return 0
+  age=$(($(date +%s) - newest))
+  if [ "$age" -lt "${SETTLE_S:-90}" ]; then
+    log "settle: model files written ${age} s ago; waiting $((${SETTLE_S:-90} - age)) s"
+    sleep $((${SETTLE_S:-90} - age))
+  fi
+}
 profile_now() {
+  settle_disk
   [ "${PROFILE_NOW:-0}" = 1 ] || return 0
   machine_profile
   local out=$W/profile-now-$2.json line
