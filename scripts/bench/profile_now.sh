@@ -1,8 +1,10 @@
 # Sourced by scripts/gpu-bench.sh and scripts/gpu-agent.sh (they define `log`, H and W).
-# profile_now MODEL TAG: with PROFILE_NOW=1, PROFILE becomes PROFILE_BASE with its
-# disk measured now on MODEL, as the streamer reads (scripts/bench/profile_now.py):
-# the planner then predicts this run's disk, not another day's (a virtual disk
-# drifts by a third within minutes). Without PROFILE_NOW=1, nothing changes.
+# profile_now MODEL TAG: first waits for the disk to settle after model writes
+# (settle_disk, below); then, with PROFILE_NOW=1, PROFILE becomes PROFILE_BASE
+# with its disk measured now on MODEL, as the streamer reads
+# (scripts/bench/profile_now.py): the planner then predicts this run's disk, not
+# another day's (a virtual disk drifts by a third within minutes). Without
+# PROFILE_NOW=1, PROFILE stays as it is.
 #
 # PROFILE_BASE is this machine's own `hypura profile` (CPU, RAM, GPU and
 # host-to-GPU rates), measured once per work folder, unless PROFILE_MACHINE=0:
@@ -35,13 +37,13 @@ machine_profile() {
 # from 30 s on. Rates learnt in those seconds priced the later runs (the
 # planner keeps a model's measured rates), so every measured step waits here.
 settle_disk() {
-  local newest age
+  local newest wait
   newest=$(stat -c %Y "$W"/*.gguf 2>/dev/null | sort -n | tail -1)
   [ -n "$newest" ] || return 0
-  age=$(($(date +%s) - newest))
-  if [ "$age" -lt "${SETTLE_S:-90}" ]; then
-    log "settle: model files written ${age} s ago; waiting $((${SETTLE_S:-90} - age)) s"
-    sleep $((${SETTLE_S:-90} - age))
+  wait=$((newest + ${SETTLE_S:-90} - $(date +%s)))
+  if [ "$wait" -gt 0 ]; then
+    log "settle: model files written $((${SETTLE_S:-90} - wait)) s ago; waiting $wait s"
+    sleep "$wait"
   fi
 }
 profile_now() {
