@@ -117,9 +117,12 @@ bigmodel() {
   [ -f "$MOEFULL" ] && return 0
   log "models: $MOEFULL"
   echo $BASHPID >"$W/bigmodel.pid"
-  nice -n 19 "$S_BIN" moe --preset mixtral-8x7b -o "$MOEFULL.part" >"$W/synth-big.log" 2>&1 \
-    && mv "$MOEFULL.part" "$MOEFULL"
-  log "models: $(ls -la "$MOEFULL" 2>&1)"
+  # hypura-synth links the build's libraries: build (or unpack a saved one) first.
+  if ! nice -n 19 "$S_BIN" moe --preset mixtral-8x7b -o "$MOEFULL.part" >"$W/synth-big.log" 2>&1; then
+    log "models: hypura-synth failed: $(tail -3 "$W/synth-big.log" | tr '\n' ' ')"
+    return 1
+  fi
+  mv "$MOEFULL.part" "$MOEFULL" && log "models: $(ls -la "$MOEFULL" 2>&1)"
 }
 
 # The disk-tier measurement waits for a Mixtral writer in the background (its 26 GB of
