@@ -73,6 +73,12 @@ pub enum LimitExceeded {
     Time { limit: Duration },
     #[error("it built a value over minijinja's size limit: {0}")]
     Value(String),
+    #[error(
+        "it nested a value deeper than {} levels of lists and maps, or put a namespace in a \
+         namespace",
+        minijinja::value::MAX_NESTING
+    )]
+    Nesting,
 }
 
 impl LimitExceeded {
@@ -93,6 +99,9 @@ impl LimitExceeded {
             return Some(Self::Recursion {
                 limit: limits.recursion_limit,
             });
+        }
+        if detail.contains("may nest at most") {
+            return Some(Self::Nesting);
         }
         for marker in ["is too large", "too many elements"] {
             if detail.contains(marker) {
@@ -173,6 +182,10 @@ fn output_error(limits: &RenderLimits, what: impl Into<String>) -> Error {
     .into_error()
 }
 
+/// Filters and methods whose result nests deeper than what they were given
+/// (`x|batch(1)|batch(1)|…` nests two levels a filter).
+const NESTING_FILTERS: &[&str] = &["batch", "slice", "groupby", "items", "dictsort", "zip"];
+
 /// Charges a value a filter or method built, as the VM charges operators.
 fn charge_value(state: &State, value: &Value) -> Result<(), Error> {
     let fuel = match value.as_str() {
@@ -181,6 +194,29 @@ fn charge_value(state: &State, value: &Value) -> Result<(), Error> {
         None => 0,
     };
     state.consume_fuel(fuel as u64)
+}
+
+/// Bounds the nesting of what a filter or method `name` built, as the VM
+/// bounds the lists and maps it builds (the containers looked at cost fuel);
+/// only for the few that nest deeper than their input.
+fn check_nesting(state: &State, name: &str, value: &Value) -> Result<(), Error> {
+    if !NESTING_FILTERS.contains(&name) {
+        return Ok(());
+    }
+    let mut visited = 0;
+    let left = state.fuel_levels().map_or(u64::MAX, |(_, left)| left);
+    let within = minijinja::value::nesting_within(
+        value,
+        minijinja::value::MAX_NESTING,
+        false,
+        &mut visited,
+        left,
+    );
+    state.consume_fuel(visited)?;
+    if !within {
+        return Err(LimitExceeded::Nesting.into_error());
+    }
+    Ok(())
 }
 
 fn is_collection(value: &Value) -> bool {
@@ -494,6 +530,7 @@ pub(crate) fn add_bounded_filter(
             check_filter(name, &args, &limits)?;
             let rv = filter.call(state, &args)?;
             charge_value(state, &rv)?;
+            check_nesting(state, name, &rv)?;
             Ok(rv)
         },
     );
@@ -513,6 +550,7 @@ pub(crate) fn bound_environment(env: &mut Environment<'static>, limits: RenderLi
         check_method(value, method, args, &limits)?;
         let rv = minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)?;
         charge_value(state, &rv)?;
+        check_nesting(state, method, &rv)?;
         Ok(rv)
     });
 }
@@ -557,6 +595,48 @@ mod tests {
         );
         assert!(is_fuel(&hit), "{hit}");
         assert!(hit.to_string().contains("ran out of fuel (5000000 units"));
+    }
+
+    /// A list nested in itself 500,000 times in a loop, or a namespace put
+    /// in itself, overflowed the render thread's stack when the value was
+    /// printed, serialized, compared or dropped, and the process aborted
+    /// (the gateway's own, for `/api/create`'s template check). Each is
+    /// refused as it is built; this test's thread has Rust's 2 MiB stack.
+    #[test]
+    fn values_nested_without_bound_or_in_themselves_are_refused() {
+        let deep_loop = "{% set ns = namespace(x=[1]) %}{% for j in range(5) %}\
+                         {% for i in range(100000) %}{% set ns.x = STEP %}{% endfor %}\
+                         {% endfor %}{{ ns.x }}";
+        let mut sources: Vec<String> = [
+            "[ns.x]",
+            "{'a': ns.x}",
+            "dict(a=ns.x)",
+            "namespace(a=ns.x)",
+            "ns.x|batch(1)|list",
+            "[ns.x]|map('list')|list",
+            "{'a': ns.x}.items()|list",
+        ]
+        .iter()
+        .map(|step| deep_loop.replace("STEP", step))
+        .collect();
+        sources.push("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}".into());
+        sources.push("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns|tojson }}".into());
+        sources.push(format!("{{{{ [1]{} }}}}", "|batch(1)".repeat(300)));
+        for source in &sources {
+            assert_eq!(limit_hit(source), LimitExceeded::Nesting, "{source}");
+        }
+        // The error names the limit; a value at it is fine.
+        assert!(LimitExceeded::Nesting
+            .to_string()
+            .contains("deeper than 128 levels"));
+        let nested_127 = "{% set ns = namespace(x=1) %}{% for i in range(127) %}\
+                          {% set ns.x = [ns.x] %}{% endfor %}";
+        let at_limit = format!("{nested_127}{{{{ [ns.x] == [ns.x] }}}}{{{{ [ns.x] }}}}");
+        ChatTemplate::new(&at_limit, "", "").unwrap();
+        assert_eq!(
+            limit_hit(&format!("{nested_127}{{{{ [[ns.x]] }}}}")),
+            LimitExceeded::Nesting
+        );
     }
 
     #[test]
@@ -654,11 +734,12 @@ mod tests {
         )));
         let shared = "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}\
                       {% set ns.l = [ns.l, ns.l] %}{% endfor %}";
+        // Each `[ns.l, ns.l]` walks what it holds for its nesting (every
+        // path: 2^i of them), so the doubling now runs out of fuel while it
+        // builds, or its print passes the output cap.
         for print in ["{{ ns.l | tojson }}", "{{ ns.l }}", "{{ ns.l | string }}"] {
-            assert!(
-                is_output(&limit_hit(&format!("{shared}{print}"))),
-                "{print}"
-            );
+            let hit = limit_hit(&format!("{shared}{print}"));
+            assert!(is_output(&hit) || is_fuel(&hit), "{print}: {hit}");
         }
         let concat = limit_hit(&format!("{shared}{{{{ ns.l ~ '' }}}}"));
         assert!(

@@ -109,6 +109,17 @@ pub enum ValidationError {
          give the JSON Schema the reply must follow"
     )]
     MissingResponseSchema,
+    /// Stop sequences past [`MAX_STOP_SEQUENCES`] or [`MAX_STOP_CHARS`]:
+    /// each is looked for after every token.
+    #[error(
+        "{field}: at most {MAX_STOP_SEQUENCES} stop sequences of at most {MAX_STOP_CHARS} \
+         characters each, got {count} (the longest {longest} characters)"
+    )]
+    Stops {
+        field: &'static str,
+        count: usize,
+        longest: usize,
+    },
     /// A schema (in `field`) that is not valid JSON Schema.
     #[error("{field}: invalid JSON Schema: {message}")]
     InvalidSchema { field: String, message: String },
@@ -734,12 +745,35 @@ pub enum StopSpec {
     Many(Vec<String>),
 }
 
+/// Most stop sequences one request may give. OpenAI takes 4 and Ollama sets
+/// no limit; clients send a handful (a template's end markers). Each is
+/// looked for in the reply after every token, so their number and length
+/// bound that work.
+pub const MAX_STOP_SEQUENCES: usize = 32;
+/// The longest stop sequence, in characters.
+pub const MAX_STOP_CHARS: usize = 1024;
+
 impl StopSpec {
     pub fn into_vec(self) -> Vec<String> {
         match self {
             StopSpec::One(s) => vec![s],
             StopSpec::Many(v) => v,
         }
+    }
+
+    /// The stop sequences, refused past [`MAX_STOP_SEQUENCES`] or
+    /// [`MAX_STOP_CHARS`]; `field` names them in the error.
+    pub fn checked(self, field: &'static str) -> Result<Vec<String>, ValidationError> {
+        let stops = self.into_vec();
+        let longest = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+        if stops.len() > MAX_STOP_SEQUENCES || longest > MAX_STOP_CHARS {
+            return Err(ValidationError::Stops {
+                field,
+                count: stops.len(),
+                longest,
+            });
+        }
+        Ok(stops)
     }
 }
 

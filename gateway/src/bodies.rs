@@ -13,7 +13,14 @@
 //! - **its time**: the whole body must arrive within the body timeout of the
 //!   request's head (not of its last byte: a trickle of one byte a second
 //!   would reset a per-read timer forever), else a 408 and the connection
-//!   closed.
+//!   closed;
+//! - **its JSON's shape** ([`JsonShape`]): a JSON body nested deeper than
+//!   [`MAX_JSON_DEPTH`] is a 400 (the runner's frames wrap a request's values
+//!   a few levels deeper, and must stay within serde_json's 128), and one
+//!   whose values, parsed, would take more than the budget is a 413. Parsed,
+//!   each value takes [`PARSED_VALUE_BYTES`], 36 times a `0,` of the body:
+//!   the body holds room for that too, so the bodies in memory bound their
+//!   parsed values as well.
 //!
 //! After a burst of big bodies the memory goes back to the system: large
 //! buffers are mapped, not taken from the heap ([`return_freed_memory`] at
@@ -46,6 +53,13 @@ const FIRST_ROOM_BYTES: usize = 64 * 1024;
 const DRAIN_TOO_LARGE_TIMES: u64 = 4;
 /// A freed body at least this large asks for the heap to be trimmed.
 const TRIM_AFTER_BYTES: usize = 1 << 20;
+/// The deepest a JSON body may nest (objects and arrays).
+pub const MAX_JSON_DEPTH: usize = 100;
+/// What one JSON value of a body may take once parsed into
+/// `serde_json::Value`s: the value, and an object member's key and map entry.
+pub const PARSED_VALUE_BYTES: usize = 2 * std::mem::size_of::<serde_json::Value>();
+/// Bodies at least this large are scanned off the async workers.
+const SCAN_ON_A_THREAD_BYTES: usize = 1 << 20;
 
 /// Bytes of request bodies in memory, all requests together.
 #[derive(Debug)]
@@ -73,6 +87,10 @@ pub enum Refusal {
     TimedOut { timeout: Duration },
     /// The connection broke or the framing was invalid.
     Broken(String),
+    /// Its JSON nests deeper than [`MAX_JSON_DEPTH`].
+    TooDeep { depth: usize },
+    /// Its JSON has more values than the budget holds parsed.
+    TooManyValues { values: usize, limit: usize },
 }
 
 impl std::fmt::Display for Refusal {
@@ -93,6 +111,15 @@ impl std::fmt::Display for Refusal {
                 timeout.as_secs()
             ),
             Refusal::Broken(e) => write!(f, "could not read the request body: {e}"),
+            Refusal::TooDeep { depth } => write!(
+                f,
+                "the request body's JSON nests {depth} levels deep: the limit is {MAX_JSON_DEPTH}"
+            ),
+            Refusal::TooManyValues { values, limit } => write!(
+                f,
+                "the request body's JSON has about {values} values: the limit is {limit} \
+                 ([server] body_memory)"
+            ),
         }
     }
 }
@@ -236,6 +263,26 @@ impl BodyBudget {
             }
             bytes.extend_from_slice(&data);
         }
+        let (bytes, shape) = JsonShape::of_body(bytes).await;
+        if shape.depth > MAX_JSON_DEPTH {
+            return Err(Refusal::TooDeep { depth: shape.depth });
+        }
+        let parsed = shape.values.saturating_mul(PARSED_VALUE_BYTES);
+        if parsed > self.capacity_bytes {
+            return Err(Refusal::TooManyValues {
+                values: shape.values,
+                limit: self.capacity_bytes / PARSED_VALUE_BYTES,
+            });
+        }
+        if parsed > bytes.capacity() {
+            let more = self
+                .take_room(parsed - bytes.capacity(), deadline)
+                .await
+                .ok_or(Refusal::NoRoom {
+                    capacity: self.capacity_bytes,
+                })?;
+            room.merge(more);
+        }
         Ok(Bytes::from_owner(Held {
             bytes,
             _room: room,
@@ -262,6 +309,67 @@ impl BodyBudget {
         if self.trim_due.swap(false, Ordering::Relaxed) {
             trim_heap();
         }
+    }
+}
+
+/// The shape of a JSON text, found in one pass without parsing it: how deep
+/// its objects and arrays nest, and about how many values it holds (one per
+/// object or array and per `,`, plus one). A body that does not begin as a
+/// JSON object or array has no shape (zero, zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JsonShape {
+    pub depth: usize,
+    pub values: usize,
+}
+
+impl JsonShape {
+    pub fn of(text: &[u8]) -> JsonShape {
+        let start = text.iter().position(|b| !b.is_ascii_whitespace());
+        if !matches!(start.map(|i| text[i]), Some(b'{' | b'[')) {
+            return JsonShape::default();
+        }
+        let mut shape = JsonShape {
+            depth: 0,
+            values: 1,
+        };
+        let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+        for &b in text {
+            if in_string {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => {
+                    depth += 1;
+                    shape.depth = shape.depth.max(depth);
+                    shape.values += 1;
+                }
+                b'}' | b']' => depth = depth.saturating_sub(1),
+                b',' => shape.values += 1,
+                _ => {}
+            }
+        }
+        shape
+    }
+
+    /// [`JsonShape::of`] a body's bytes; a large body is scanned on a
+    /// blocking thread (a 32 MiB one takes tens of milliseconds).
+    async fn of_body(bytes: Vec<u8>) -> (Vec<u8>, JsonShape) {
+        if bytes.len() < SCAN_ON_A_THREAD_BYTES {
+            let shape = JsonShape::of(&bytes);
+            return (bytes, shape);
+        }
+        let scan = tokio::task::spawn_blocking(move || {
+            let shape = JsonShape::of(&bytes);
+            (bytes, shape)
+        });
+        scan.await.expect("a JSON scan does not panic")
     }
 }
 
@@ -356,6 +464,60 @@ mod tests {
         assert_eq!(
             budget.read(body(&[b"{}"]), Some(2), false).await.unwrap(),
             "{}"
+        );
+    }
+
+    #[test]
+    fn a_json_shape_counts_outside_strings() {
+        let text = br#" {"a": [0, 0, 0], "b": "[[[,,,\"]]]{"}"#;
+        assert_eq!(
+            JsonShape::of(text),
+            JsonShape {
+                depth: 2,
+                values: 6
+            }
+        );
+        assert_eq!(
+            JsonShape::of(b"[[[]]]"),
+            JsonShape {
+                depth: 3,
+                values: 4
+            }
+        );
+        assert_eq!(JsonShape::of(b"hello [[[["), JsonShape::default());
+        assert_eq!(JsonShape::of(br#""[[[""#), JsonShape::default());
+    }
+
+    /// A body holds room for its values parsed, not only for its bytes.
+    #[tokio::test]
+    async fn many_values_hold_room_for_their_parse_or_are_refused() {
+        let zeros = |n: usize| format!("[{}0]", "0,".repeat(n - 1)).into_bytes();
+        let parsed = 1001 * PARSED_VALUE_BYTES;
+        let budget = BodyBudget::new(1 << 20, 64 * 1024, Duration::from_secs(5));
+        let body = |bytes: Vec<u8>| Body::from(bytes);
+        let read = budget
+            .read(body(zeros(1000)), Some(2001), false)
+            .await
+            .unwrap();
+        let held = (1 << 20) - budget.free_bytes();
+        assert!(
+            (parsed..parsed + 2048).contains(&held),
+            "{held} for {parsed}"
+        );
+        drop(read);
+        assert_eq!(budget.free_bytes(), 1 << 20);
+        let small = BodyBudget::new(64 * 1024, 64 * 1024, Duration::from_secs(5));
+        assert_eq!(
+            small.read(body(zeros(1000)), Some(2001), false).await,
+            Err(Refusal::TooManyValues {
+                values: 1001,
+                limit: 64 * 1024 / PARSED_VALUE_BYTES
+            })
+        );
+        let deep = format!("{}{}", "[".repeat(101), "]".repeat(101)).into_bytes();
+        assert_eq!(
+            budget.read(body(deep), Some(202), false).await,
+            Err(Refusal::TooDeep { depth: 101 })
         );
     }
 

@@ -214,14 +214,20 @@ async fn read_body(
         Refusal::TooLarge { .. } => ApiError::PayloadTooLarge(message),
         Refusal::NoRoom { .. } => ApiError::Unavailable(message),
         Refusal::TimedOut { .. } => ApiError::RequestTimeout(message),
-        Refusal::Broken(_) => ApiError::bad_request(message),
+        Refusal::Broken(_) | Refusal::TooDeep { .. } => ApiError::bad_request(message),
+        Refusal::TooManyValues { .. } => ApiError::PayloadTooLarge(message),
     };
     let mut response = family_error(parts.uri.path(), error);
     let headers = response.headers_mut();
-    if matches!(refusal, Refusal::NoRoom { .. }) {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    } else {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    match refusal {
+        Refusal::NoRoom { .. } => {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // Read to its end: the connection can go on.
+        Refusal::TooDeep { .. } | Refusal::TooManyValues { .. } => {}
+        _ => {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
     }
     response
 }

@@ -20,7 +20,7 @@ use crate::core::bounds::MAX_REPEAT;
 use crate::core::error::{OllamaErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::core::validation::{
     StopSpec, LOGIT_BIAS_KEY_PATTERN, MAX_CHOICES, MAX_EMBED_INPUTS, MAX_KEEP_ALIVE_SECONDS,
-    MAX_LOGIT_BIAS_TOKENS, OLLAMA_ROLES, OPENAI_ROLES,
+    MAX_LOGIT_BIAS_TOKENS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, OLLAMA_ROLES, OPENAI_ROLES,
 };
 use llama_tiered::llama::{LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS};
 
@@ -347,7 +347,11 @@ fn keep_alive() -> Value {
 
 /// `stop`: a string or a list of them.
 fn stop() -> Value {
-    any_of(vec![string(), array(string(), 0, None)])
+    let one = json!({"type": "string", "maxLength": MAX_STOP_CHARS});
+    any_of(vec![
+        one.clone(),
+        array(one, 0, Some(MAX_STOP_SEQUENCES as u64)),
+    ])
 }
 
 /// The document's subset of JSON Schema, the shape of every schema field

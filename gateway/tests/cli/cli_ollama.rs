@@ -440,11 +440,15 @@ fn the_run_prompt_takes_ollamas_commands() {
     assert_eq!(messages, [], "/clear empties the conversation");
 }
 
-/// A child's output as it comes.
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
+/// A child's output as it comes, and the reader, which ends at the output's
+/// end (join it after the child exits: its last bytes may still be in the
+/// pipe).
+fn collect(
+    mut from: impl Read + Send + 'static,
+) -> (Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>) {
     let sink = Arc::new(Mutex::new(Vec::new()));
     let into = Arc::clone(&sink);
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n) = from.read(&mut buf) {
             if n == 0 {
@@ -453,7 +457,7 @@ fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
             into.lock().unwrap().extend_from_slice(&buf[..n]);
         }
     });
-    sink
+    (sink, reader)
 }
 
 fn now(sink: &Arc<Mutex<Vec<u8>>>) -> String {
@@ -484,8 +488,8 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let stdout = collect(child.stdout.take().unwrap());
-    let stderr = collect(child.stderr.take().unwrap());
+    let (stdout, stdout_read) = collect(child.stdout.take().unwrap());
+    let (stderr, stderr_read) = collect(child.stderr.take().unwrap());
     say(
         &mut stdin,
         "Write the numbers from 1 to 1000, one per line.\n",
@@ -542,6 +546,8 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
     );
     drop(stdin);
     let status = child.wait().unwrap();
+    stdout_read.join().unwrap();
+    stderr_read.join().unwrap();
     let err = now(&stderr);
     assert!(status.success(), "{err}");
     assert_eq!(eval_counts(&err), [4], "{err}");

@@ -190,6 +190,18 @@ pub fn client() -> reqwest::blocking::Client {
         .unwrap()
 }
 
+/// The most memory process `pid` has held, in bytes (`VmHWM` of
+/// /proc/PID/status).
+pub fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
 /// Polls `condition` until it holds, failing after `timeout`.
 pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

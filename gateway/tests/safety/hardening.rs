@@ -7,7 +7,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{client, wait_until, Server, MODEL};
+use common::{client, peak_memory, wait_until, Server, MODEL};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Map, Value};
@@ -129,7 +129,7 @@ fn a_ref_chain_is_a_400_not_a_crash() {
 
 /// Two 28 MB schemas of 100 properties nested 3 deep spent ~100 s each in
 /// conversion on the async workers and froze the server: now each is a
-/// quick 400 naming the limit, and `/api/version` answers meanwhile.
+/// quick 4xx naming a limit, and `/api/version` answers meanwhile.
 #[test]
 fn schema_bombs_are_refused_before_conversion() {
     let s = Server::start(&[]);
@@ -153,16 +153,30 @@ fn schema_bombs_are_refused_before_conversion() {
         })
         .collect();
     answers_within(&s, "/api/version", Duration::from_secs(10));
+    // Since session 34 a body this size is refused before it is parsed: its
+    // 2 million values would take 290 MB as JSON values, more than the
+    // bodies' budget.
     for sender in senders {
         let (status, message) = sender.join().unwrap();
-        assert_eq!(status, 400, "{message}");
-        assert_eq!(
-            message,
-            "format: the JSON Schema is too costly to turn into a grammar: its conversion \
-             would take more than 100000 steps (objects with many optional properties, \"type\" \
-             lists over large schemas): simplify it"
+        assert_eq!(status, 413, "{message}");
+        assert!(
+            message.starts_with("the request body's JSON has about 2030306 values"),
+            "{message}"
         );
     }
+    // Two levels of 100 properties (10,000 schemas, 300 KB)
+    // passes that bound and meets the conversion's.
+    let response = s.post(
+        "/api/generate",
+        json!({"model": MODEL, "prompt": "Hi", "format": nested_objects(100, 2)}),
+    );
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        error_of(response),
+        "format: the JSON Schema is too costly to turn into a grammar: its conversion \
+         would take more than 100000 steps (objects with many optional properties, \"type\" \
+         lists over large schemas): simplify it"
+    );
     // All required, the same shape passes the work bound and meets the
     // bound on properties.
     let mut required = nested_objects(20, 3);
@@ -186,9 +200,10 @@ fn schema_bombs_are_refused_before_conversion() {
     answers_within(&s, "/api/version", Duration::from_secs(10));
 }
 
-/// Two models (SmolLM2 under two names) in runners of their own.
-fn two_models() -> (PathBuf, Server) {
-    let dir = std::env::temp_dir().join(format!("hypura-hardening-{}", std::process::id()));
+/// Two models (SmolLM2 under two names) in runners of their own, in a
+/// folder of the test's (`tag`: tests run side by side).
+fn two_models(tag: &str) -> (PathBuf, Server) {
+    let dir = std::env::temp_dir().join(format!("hypura-hardening-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for name in ["alpha", "beta"] {
@@ -235,7 +250,7 @@ fn runner_pid(s: &Server, model: &str) -> i32 {
 /// dead: now nothing waits on it, and it is killed and restarted.
 #[test]
 fn a_stopped_runner_stalls_nothing_else() {
-    let (dir, s) = two_models();
+    let (dir, s) = two_models("stopped");
     generate(&s, "alpha");
     generate(&s, "beta");
     let alpha = runner_pid(&s, "alpha:latest");
@@ -432,4 +447,145 @@ fn keys_are_checked_as_clients_send_them() {
     assert_eq!(with_host("192.168.1.5:11434"), "200");
     assert_eq!(with_host("box.local"), "200");
     assert_eq!(with_host("localhost"), "200");
+}
+
+/// `n` arrays in one another around a 0.
+fn nested_arrays(n: usize) -> Value {
+    (0..n).fold(json!(0), |inner, _| json!([inner]))
+}
+
+/// Found reading the request paths (session 34): a template that puts a
+/// namespace in itself overflowed the stack of the process rendering it
+/// (the gateway's own for `/api/create`), tool calls nested 123 deep made
+/// the runner's frame unreadable and the runner exit, `repeat_last_n`
+/// near `i32::MAX` took 8 GiB in the runner, a body of 8 million zeros
+/// took ~36 bytes of parsed JSON for each of its bytes in the gateway,
+/// and stop lists had no bound. Each is now a 4xx naming its limit (or
+/// served within bounds), and the model's runner is the same process
+/// afterwards.
+#[test]
+fn odd_requests_are_refused_and_no_process_dies() {
+    let (dir, s) = two_models("odd");
+    generate(&s, "alpha");
+    let runner = runner_pid(&s, "alpha:latest");
+    let runner_lives = |s: &Server| {
+        assert_eq!(generate(s, "alpha")["done"], true);
+        assert_eq!(
+            runner_pid(s, "alpha:latest"),
+            runner,
+            "the runner was restarted"
+        );
+        answers_within(s, "/api/version", Duration::from_secs(10));
+    };
+    let in_itself = "{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}";
+    let deep_list = "{% set ns = namespace(x=[1]) %}{% for j in range(5) %}\
+                     {% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{% endfor %}ok";
+
+    // Templates: a request's own, rendered in the runner; a created
+    // model's, checked in the gateway.
+    for template in [in_itself, deep_list] {
+        let response = s.post(
+            "/api/generate",
+            json!({"model": "alpha", "prompt": "Hi", "template": template, "stream": false}),
+        );
+        assert_eq!(response.status(), 400, "{template}");
+        let error = error_of(response);
+        assert!(error.contains("deeper than 128 levels"), "{error}");
+        let response = s.post(
+            "/api/create",
+            json!({"model": "bomb", "from": "alpha", "template": template, "stream": false}),
+        );
+        assert_eq!(response.status(), 400, "{template}");
+        assert!(error_of(response).contains("deeper than 128 levels"));
+        runner_lives(&s);
+    }
+
+    // A body nested 100 deep is served (its frame to the runner nests
+    // deeper still); 101 is a 400 naming the limit.
+    let chat = |arguments_depth: usize| {
+        json!({"model": "alpha", "stream": false, "options": {"num_predict": 2},
+            "messages": [
+                {"role": "user", "content": "Call f."},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "f", "arguments": {"x": nested_arrays(arguments_depth)}}}]},
+                {"role": "user", "content": "Thanks."}]})
+    };
+    // body, messages, message, tool_calls, call, function, arguments: 7.
+    assert_eq!(s.post_json("/api/chat", chat(93), 200)["done"], true);
+    let response = s.post("/api/chat", chat(94));
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        error_of(response),
+        "the request body's JSON nests 101 levels deep: the limit is 100"
+    );
+    runner_lives(&s);
+
+    // The repetition window is the context at most.
+    let runner_peak = peak_memory(runner as u32);
+    let response = s.post_json(
+        "/api/generate",
+        json!({"model": "alpha", "prompt": "Hi", "stream": false,
+            "options": {"repeat_last_n": 2147483647, "repeat_penalty": 1.1, "num_predict": 4}}),
+        200,
+    );
+    assert_eq!(response["done"], true);
+    let grown = peak_memory(runner as u32).saturating_sub(runner_peak);
+    assert!(
+        grown < 256 << 20,
+        "the runner's peak grew {} MiB",
+        grown >> 20
+    );
+    runner_lives(&s);
+
+    // Stop sequences: 32 of 1,024 characters are taken; more, or longer, not.
+    let stops = |count: usize, bytes: usize| {
+        json!({"model": "alpha", "stream": false, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stop": vec!["s".repeat(bytes); count]})
+    };
+    s.post_json("/v1/chat/completions", stops(32, 1024), 200);
+    for (count, bytes, longest) in [(10_000, 1, 1), (1, 1025, 1025)] {
+        let response = s.post("/v1/chat/completions", stops(count, bytes));
+        assert_eq!(response.status(), 400);
+        assert_eq!(
+            error_of(response),
+            format!(
+                "stop: at most 32 stop sequences of at most 1024 characters each, got \
+                 {count} (the longest {longest} characters)"
+            )
+        );
+    }
+    let response = s.post(
+        "/api/generate",
+        json!({"model": "alpha", "prompt": "Hi", "options": {"stop": vec!["x"; 33]}}),
+    );
+    assert_eq!(response.status(), 400);
+    assert!(error_of(response).starts_with("options.stop: at most 32 stop sequences"));
+
+    // A body of 8 million zeros: refused before it is parsed.
+    let gateway_peak = peak_memory(s.pid());
+    let mut zeros = br#"{"model": "alpha", "messages": [], "pad": ["#.to_vec();
+    zeros.extend(std::iter::repeat_n(&b"0,"[..], 8_000_000).flatten());
+    zeros.extend_from_slice(b"0]}");
+    let response = client()
+        .post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(zeros)
+        .send()
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let error = error_of(response);
+    assert!(
+        error.starts_with("the request body's JSON has about 8000006 values: the limit is "),
+        "{error}"
+    );
+    let grown = peak_memory(s.pid()).saturating_sub(gateway_peak);
+    assert!(
+        grown < 128 << 20,
+        "the gateway's peak grew {} MiB",
+        grown >> 20
+    );
+    runner_lives(&s);
+    drop(s);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -218,10 +218,14 @@ impl Sampler {
         let penalties_on = params.repeat_penalty != 1.0
             || params.presence_penalty != 0.0
             || params.frequency_penalty != 0.0;
+        // The window holds at most the context's tokens: llama.cpp allocates
+        // it whole, so a larger one (up to `i32::MAX`) would take gigabytes
+        // for nothing.
+        let context = i32::try_from(n_ctx).unwrap_or(i32::MAX);
         let last_n = if params.repeat_last_n == -1 {
-            n_ctx as i32
+            context
         } else {
-            params.repeat_last_n
+            params.repeat_last_n.min(context)
         };
         let penalties = penalties_on && last_n != 0;
         let bias = logit_bias(&params.logit_bias);

@@ -164,11 +164,10 @@ impl OllamaOptions {
         Ok(GenerationParams {
             sampling,
             max_tokens,
-            stop: self
-                .stop
-                .clone()
-                .map(StopSpec::into_vec)
-                .unwrap_or_default(),
+            stop: match self.stop.clone() {
+                Some(stop) => stop.checked("options.stop")?,
+                None => Vec::new(),
+            },
             num_ctx,
             skip_prompt_cache: false,
             constraint: None,

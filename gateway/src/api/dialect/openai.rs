@@ -62,11 +62,10 @@ impl OpenAiSampling {
         Ok(GenerationParams {
             sampling,
             max_tokens: self.max_tokens,
-            stop: self
-                .stop
-                .clone()
-                .map(StopSpec::into_vec)
-                .unwrap_or_default(),
+            stop: match self.stop.clone() {
+                Some(stop) => stop.checked("stop")?,
+                None => Vec::new(),
+            },
             num_ctx: None,
             skip_prompt_cache: false,
             constraint: None,

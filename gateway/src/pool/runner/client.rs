@@ -22,7 +22,7 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::process::RunnerProcess;
-use super::protocol::{Call, Msg, Op, Reply};
+use super::protocol::{parse_frame, Call, Msg, Op, Reply};
 use crate::core::backend::{
     BackendError, BackendEvent, BackendStatus, EmbedOutput, EventStream, KvCache, MemoryUse,
     ModelBackend, ModelFacts, Residency, StreamCounters,
@@ -202,7 +202,7 @@ fn read_replies(stream: UnixStream, waiting: &Mutex<Waiting>) -> String {
             Ok(line) => line,
             Err(e) => return format!("reading from the runner: {e}"),
         };
-        let reply: Reply = match serde_json::from_str(&line) {
+        let reply: Reply = match parse_frame(&line) {
             Ok(reply) => reply,
             Err(e) => return format!("the runner sent a bad frame ({e})"),
         };

@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
-use super::protocol::{Call, LoadSpec, Msg, Op, Reply, TEST_HOOKS_ENV, VERSION};
+use super::protocol::{parse_frame, Call, LoadSpec, Msg, Op, Reply, TEST_HOOKS_ENV, VERSION};
 use crate::core::backend::{BackendError, ModelBackend, TierBytes};
 use crate::pool::local::LocalBackend;
 use crate::pool::registry::{self, Engine, LoadedModel, ModelLease};
@@ -164,7 +164,7 @@ pub async fn serve(socket: &Path) -> std::io::Result<()> {
     });
     let mut lines = BufReader::new(read).lines();
     while let Some(line) = lines.next_line().await? {
-        let call: Call = match serde_json::from_str(&line) {
+        let call: Call = match parse_frame(&line) {
             Ok(call) => call,
             Err(e) => {
                 eprintln!("hypura runner: a bad frame from the gateway ({e}): stopping");

@@ -46,6 +46,20 @@ pub const VERSION: u32 = 4;
 /// [`Op::Ballast`]) in a runner.
 pub const TEST_HOOKS_ENV: &str = "HYPURA_RUNNER_TEST_HOOKS";
 
+/// Parses one frame. Without serde_json's nesting limit (128): a frame wraps
+/// what it carries a few levels deeper, so a request's values within the
+/// body limit ([`crate::bodies::MAX_JSON_DEPTH`]) or a reply's tool calls
+/// parsed from a model's text (within serde_json's limit) could pass it,
+/// and a frame one side cannot read ends the connection. The depth stays
+/// that of what the other side wrote, which is bounded so.
+pub fn parse_frame<T: serde::de::DeserializeOwned>(line: &str) -> serde_json::Result<T> {
+    let mut frame = serde_json::Deserializer::from_str(line);
+    frame.disable_recursion_limit();
+    let value = T::deserialize(&mut frame)?;
+    frame.end()?;
+    Ok(value)
+}
+
 /// One request of the gateway.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Call {
@@ -211,6 +225,19 @@ pub struct FullSpec {
 mod tests {
     use super::*;
     use crate::core::backend::BackendError;
+
+    /// A request's tool calls 123 levels deep passed the gateway's parse
+    /// (serde_json's 128) and, wrapped 4 levels deeper in a frame, failed
+    /// the runner's: the runner stopped, ending every request of its model.
+    #[test]
+    fn a_frame_is_read_at_any_depth_its_writer_made() {
+        let depth = 200;
+        let nested = format!("{}0{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(serde_json::from_str::<serde_json::Value>(&nested).is_err());
+        let value: serde_json::Value = parse_frame(&nested).unwrap();
+        assert_eq!(serde_json::to_string(&value).unwrap(), nested);
+        assert!(parse_frame::<serde_json::Value>(&format!("{nested} x")).is_err());
+    }
 
     #[test]
     fn frames_are_single_lines_of_json_with_the_call_id() {

@@ -305,6 +305,54 @@ thread_local! {
     static VALUE_HANDLES: RefCell<ValueHandleRegistry> = const { RefCell::new(ValueHandleRegistry::new()) };
 }
 
+/// The deepest a value built by a template may nest: sequences and maps
+/// (namespaces included) in one another (hypura patch). Formatting,
+/// serializing, comparing and dropping a value recurse once a level, so a
+/// template that nests a list in itself a million times in a loop, or puts a
+/// namespace in itself, overflowed the render thread's stack.
+pub const MAX_NESTING: usize = 128;
+
+/// Whether `value` nests at most `max` levels of sequences and maps and
+/// holds no namespace when `no_namespace` (hypura patch); `visited` counts
+/// the containers looked at (a caller charges them as fuel). The walk stops,
+/// answering yes, once `visited` passes `max_visits` (the fuel left: a list
+/// that holds one list twice, doubled in a loop, has exponentially many
+/// paths, and the caller runs out of fuel instead).
+pub fn nesting_within(
+    value: &Value,
+    max: usize,
+    no_namespace: bool,
+    visited: &mut u64,
+    max_visits: u64,
+) -> bool {
+    let kind = value.kind();
+    if !matches!(kind, ValueKind::Seq | ValueKind::Map) || *visited > max_visits {
+        return true;
+    }
+    *visited += 1;
+    if max == 0
+        || (no_namespace
+            && value
+                .downcast_object_ref::<namespace_object::Namespace>()
+                .is_some())
+    {
+        return false;
+    }
+    let Ok(items) = value.try_iter() else {
+        return true;
+    };
+    for item in items {
+        let child = match kind {
+            ValueKind::Map => value.get_item_opt(&item).unwrap_or_default(),
+            _ => item,
+        };
+        if !nesting_within(&child, max - 1, no_namespace, visited, max_visits) {
+            return false;
+        }
+    }
+    true
+}
+
 /// Function that returns true when serialization for [`Value`] is taking place.
 ///
 /// MiniJinja internally creates [`Value`] objects from all values passed to the

@@ -278,6 +278,44 @@ impl<'env> Vm<'env> {
                 }};
             }
 
+            // hypura patch: a value built here nests at most MAX_NESTING
+            // levels (and, assigned to a namespace, holds no namespace: a
+            // namespace changed later could nest without bound, or in itself);
+            // the containers looked at are charged as fuel.
+            macro_rules! check_nesting {
+                ($value:expr, $max:expr, $no_namespace:expr) => {{
+                    let mut visited = 0u64;
+                    #[cfg(feature = "fuel")]
+                    let max_visits = state
+                        .fuel_tracker
+                        .as_ref()
+                        .map_or(u64::MAX, |tracker| tracker.remaining());
+                    #[cfg(not(feature = "fuel"))]
+                    let max_visits = u64::MAX;
+                    let within = crate::value::nesting_within(
+                        &$value,
+                        $max,
+                        $no_namespace,
+                        &mut visited,
+                        max_visits,
+                    );
+                    #[cfg(feature = "fuel")]
+                    if let Some(ref tracker) = state.fuel_tracker {
+                        ctx_ok!(tracker.consume(visited));
+                    }
+                    if !within {
+                        bail!(Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!(
+                                "a value may nest at most {} levels of lists and maps, and a \
+                                 namespace may hold no namespace",
+                                crate::value::MAX_NESTING
+                            )
+                        ));
+                    }
+                }};
+            }
+
             macro_rules! func_binop {
                 ($method:ident) => {{
                     b = stack.pop();
@@ -385,6 +423,7 @@ impl<'env> Vm<'env> {
                     b = stack.pop();
                     a = stack.pop();
                     if let Some(ns) = b.downcast_object_ref::<Namespace>() {
+                        check_nesting!(a, crate::value::MAX_NESTING - 1, true);
                         ns.set_value(name, a);
                     } else {
                         bail!(Error::new(
@@ -422,7 +461,9 @@ impl<'env> Vm<'env> {
                         let value = stack.pop();
                         map.insert(key, value);
                     }
-                    stack.push(Value::from_object(map))
+                    let map = Value::from_object(map);
+                    check_nesting!(map, crate::value::MAX_NESTING, false);
+                    stack.push(map)
                 }
                 Instruction::BuildKwargs(pair_count) => {
                     let mut map = value_map_with_capacity(*pair_count);
@@ -432,7 +473,9 @@ impl<'env> Vm<'env> {
                         let value = stack.pop();
                         map.insert(key, value);
                     }
-                    stack.push(Kwargs::wrap(map))
+                    let kwargs = Kwargs::wrap(map);
+                    check_nesting!(kwargs, crate::value::MAX_NESTING, false);
+                    stack.push(kwargs)
                 }
                 Instruction::MergeKwargs(count) => {
                     let mut kwargs_sources = Vec::from_iter((0..*count).map(|_| stack.pop()));
@@ -446,7 +489,9 @@ impl<'env> Vm<'env> {
                         v.push(stack.pop());
                     }
                     v.reverse();
-                    stack.push(Value::from_object(v))
+                    let list = Value::from_object(v);
+                    check_nesting!(list, crate::value::MAX_NESTING, false);
+                    stack.push(list)
                 }
                 Instruction::UnpackList(count) => {
                     ctx_ok!(self.unpack_list(&mut stack, *count));
