@@ -197,26 +197,13 @@ fn charge_value(state: &State, value: &Value) -> Result<(), Error> {
 }
 
 /// Bounds the nesting of what a filter or method `name` built, as the VM
-/// bounds the lists and maps it builds (the containers looked at cost fuel);
-/// only for the few that nest deeper than their input.
+/// bounds the lists and maps it builds; only for the few that nest deeper
+/// than their input.
 fn check_nesting(state: &State, name: &str, value: &Value) -> Result<(), Error> {
     if !NESTING_FILTERS.contains(&name) {
         return Ok(());
     }
-    let mut visited = 0;
-    let left = state.fuel_levels().map_or(u64::MAX, |(_, left)| left);
-    let within = minijinja::value::nesting_within(
-        value,
-        minijinja::value::MAX_NESTING,
-        false,
-        &mut visited,
-        left,
-    );
-    state.consume_fuel(visited)?;
-    if !within {
-        return Err(LimitExceeded::Nesting.into_error());
-    }
-    Ok(())
+    state.check_nesting(value, minijinja::value::MAX_NESTING, false)
 }
 
 fn is_collection(value: &Value) -> bool {

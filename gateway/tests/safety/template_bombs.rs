@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::templates::copy_with_template;
-use common::{Server, MODEL};
+use common::{peak_memory, Server, MODEL};
 use serde_json::{json, Value};
 
 /// The time limit's words: on a loaded machine a bomb may reach the time
@@ -113,14 +113,6 @@ fn still_answers(s: &Server) {
     assert_eq!(reply["done"], true);
 }
 
-/// The most memory the process `pid` has held, in bytes (`VmHWM`).
-fn peak_rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
-}
-
 #[test]
 fn template_bombs_are_a_400_naming_the_limit_on_every_route() {
     let dir = std::env::temp_dir().join(format!("hypura-bombs-{}", std::process::id()));
@@ -195,7 +187,7 @@ fn template_bombs_are_a_400_naming_the_limit_on_every_route() {
     assert_eq!(s.post_json("/api/generate", raw, 200)["done"], true);
 
     still_answers(&s);
-    let peak = peak_rss_bytes(s.pid());
+    let peak = peak_memory(s.pid());
     assert!(
         peak < 2 << 30,
         "the server peaked at {peak} bytes rendering bombs"

@@ -280,40 +280,11 @@ impl<'env> Vm<'env> {
 
             // hypura patch: a value built here nests at most MAX_NESTING
             // levels (and, assigned to a namespace, holds no namespace: a
-            // namespace changed later could nest without bound, or in itself);
-            // the containers looked at are charged as fuel.
+            // namespace changed later could nest without bound, or in itself).
             macro_rules! check_nesting {
-                ($value:expr, $max:expr, $no_namespace:expr) => {{
-                    let mut visited = 0u64;
-                    #[cfg(feature = "fuel")]
-                    let max_visits = state
-                        .fuel_tracker
-                        .as_ref()
-                        .map_or(u64::MAX, |tracker| tracker.remaining());
-                    #[cfg(not(feature = "fuel"))]
-                    let max_visits = u64::MAX;
-                    let within = crate::value::nesting_within(
-                        &$value,
-                        $max,
-                        $no_namespace,
-                        &mut visited,
-                        max_visits,
-                    );
-                    #[cfg(feature = "fuel")]
-                    if let Some(ref tracker) = state.fuel_tracker {
-                        ctx_ok!(tracker.consume(visited));
-                    }
-                    if !within {
-                        bail!(Error::new(
-                            ErrorKind::InvalidOperation,
-                            format!(
-                                "a value may nest at most {} levels of lists and maps, and a \
-                                 namespace may hold no namespace",
-                                crate::value::MAX_NESTING
-                            )
-                        ));
-                    }
-                }};
+                ($value:expr, $max:expr, $no_namespace:expr) => {
+                    ctx_ok!(state.check_nesting(&$value, $max, $no_namespace))
+                };
             }
 
             macro_rules! func_binop {

@@ -324,6 +324,36 @@ impl<'template, 'env> State<'template, 'env> {
         }
     }
 
+    /// Checks that `value` nests at most `max` levels of lists and maps
+    /// (and holds no namespace when `no_namespace`), charging the
+    /// containers looked at as fuel (hypura patch: see
+    /// [`crate::value::nesting_within`]).
+    pub fn check_nesting(&self, value: &Value, max: usize, no_namespace: bool) -> Result<(), Error> {
+        let mut visited = 0u64;
+        #[cfg(feature = "fuel")]
+        let max_visits = self
+            .fuel_tracker
+            .as_ref()
+            .map_or(u64::MAX, |tracker| tracker.remaining());
+        #[cfg(not(feature = "fuel"))]
+        let max_visits = u64::MAX;
+        let within =
+            crate::value::nesting_within(value, max, no_namespace, &mut visited, max_visits);
+        #[cfg(feature = "fuel")]
+        self.consume_fuel(visited)?;
+        if within {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "a value may nest at most {} levels of lists and maps, and a namespace may \
+                 hold no namespace",
+                crate::value::MAX_NESTING
+            ),
+        ))
+    }
+
     /// Returns the fuel levels.
     ///
     /// When the fuel feature is enabled, during evaluation the template will keep
